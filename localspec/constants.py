@@ -1,0 +1,110 @@
+"""The one place that reads environment variables and knows default paths.
+
+Functions, not module-level values, so tests can set variables (``HF_HOME``,
+``LOCALSPEC_HOME``...) with monkeypatch and see them take effect.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+EMBEDDED_DIR = PACKAGE_DIR / "embedded"
+EMBEDDED_TARGET = EMBEDDED_DIR / "tiny-target.gguf"
+EMBEDDED_DRAFT = EMBEDDED_DIR / "tiny-draft.gguf"
+EMBEDDED_PRESET = "tiny-embedded"
+
+DEFAULT_N_CTX = 4096
+DEFAULT_MAX_TOKENS = 256
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value).expanduser() if value else None
+
+
+def localspec_home() -> Path:
+    """Cache folder for fingerprints, benchmark peers and other derived data."""
+    return _env_path("LOCALSPEC_HOME") or Path(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")
+    ).expanduser() / "localspec"
+
+
+def config_dir() -> Path:
+    """User config folder (user presets live in ``presets/`` under it)."""
+    return _env_path("LOCALSPEC_CONFIG") or Path(
+        os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")
+    ).expanduser() / "localspec"
+
+
+def user_presets_dir() -> Path:
+    return config_dir() / "presets"
+
+
+def builtin_presets_dir() -> Path:
+    """Presets shipped with localspec: ``presets/`` in a checkout, package data when installed."""
+    checkout = PACKAGE_DIR.parent / "presets"
+    if checkout.is_dir():
+        return checkout
+    from importlib.resources import files
+
+    return Path(str(files("localspec.presets_data")))
+
+
+def hf_home() -> Path:
+    return _env_path("HF_HOME") or Path(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")
+    ).expanduser() / "huggingface"
+
+
+def hf_hub_cache() -> Path:
+    return _env_path("HF_HUB_CACHE") or _env_path("HUGGINGFACE_HUB_CACHE") or hf_home() / "hub"
+
+
+def hf_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def lmstudio_dirs() -> list[Path]:
+    home = Path.home()
+    return [home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"]
+
+
+def ollama_dirs() -> list[Path]:
+    dirs = []
+    env = _env_path("OLLAMA_MODELS")
+    if env:
+        dirs.append(env)
+    dirs.append(Path.home() / ".ollama" / "models")
+    if sys.platform.startswith("linux"):
+        dirs.append(Path("/usr/share/ollama/.ollama/models"))
+    return dirs
+
+
+def extra_model_dirs() -> list[Path]:
+    """Folders named in ``LOCALSPEC_MODELS`` (os.pathsep-separated)."""
+    value = os.environ.get("LOCALSPEC_MODELS", "")
+    return [Path(p).expanduser() for p in value.split(os.pathsep) if p.strip()]
+
+
+def default_scan_dirs() -> list[Path]:
+    """Where ``localspec scan`` looks when given no path: only folders that exist."""
+    candidates = [*extra_model_dirs(), hf_hub_cache(), *lmstudio_dirs(), *ollama_dirs()]
+    seen: list[Path] = []
+    for c in candidates:
+        if c.is_dir() and c not in seen:
+            seen.append(c)
+    return seen
+
+
+def default_threads() -> int:
+    """Physical cores are what llama.cpp scales with; fall back to logical count."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except Exception:  # pragma: no cover - psutil missing or odd platform
+        n = None
+    return max(1, n or os.cpu_count() or 1)
