@@ -1,0 +1,462 @@
+"""Ready-made model pairs, stored as TOML data (``presets/*.toml`` and the user's presets folder).
+
+A preset file holds one or more ``[[preset]]`` tables and an optional ``[defaults]`` table merged
+into each of them. A preset names a target and (optionally) a draft model, each as a Hub file
+(``{ repo = "...", file = "..." }``, ``file`` may be a glob), a file shipped with localspec
+(``{ embedded = "tiny-target.gguf" }``) or a local path (``{ path = "/models/x.gguf" }``).
+See ``docs/presets-and-hub.md`` for the full format.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from localspec import constants
+from localspec.errors import PresetError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+STRATEGIES = ("model", "ngram", "model+ngram", "none")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Where a model comes from: a Hub file (``repo_id`` + ``filename`` glob), an embedded file or a path."""
+
+    repo_id: str | None = None
+    filename: str | None = None
+    revision: str = "main"
+    path: Path | None = None
+    kind: str = "hub"  # "hub" | "embedded" | "path"
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind in ("embedded", "path")
+
+    @property
+    def is_pattern(self) -> bool:
+        return self.kind == "hub" and any(c in (self.filename or "") for c in "*?[")
+
+    def describe(self) -> str:
+        if self.kind == "hub":
+            rev = "" if self.revision == "main" else f"@{self.revision}"
+            return f"{self.repo_id}{rev}/{self.filename}"
+        return f"{self.kind}:{self.path.name if self.kind == 'embedded' and self.path else self.path}"
+
+    def to_toml_dict(self) -> dict[str, Any]:
+        if self.kind == "hub":
+            out: dict[str, Any] = {"repo": self.repo_id, "file": self.filename}
+            if self.revision != "main":
+                out["revision"] = self.revision
+            return out
+        if self.kind == "embedded":
+            return {"embedded": self.path.name if self.path else ""}
+        return {"path": str(self.path)}
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """How the drafter runs: proposal length bounds, confidence cut-off, adaptivity, strategy."""
+
+    n_max: int = 4
+    n_min: int = 0
+    p_min: float = 0.75
+    adaptive: bool = False
+    strategy: str = "model"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named target/draft pair with its settings and what it costs to fetch and run."""
+
+    name: str
+    target: ModelRef
+    draft_model: ModelRef | None = None
+    description: str = ""
+    family: str = ""
+    n_ctx: int = constants.DEFAULT_N_CTX
+    draft: DraftSettings = field(default_factory=DraftSettings)
+    chat_format: str = "auto"
+    licence: str = ""
+    gated: str | None = None  # None when no access request is needed, else a note saying what to accept
+    download_bytes: int = 0
+    ram_bytes: int = 0
+    source: str = "builtin"  # "builtin" | "user" | path of the file it came from
+
+    @property
+    def needs_download(self) -> bool:
+        refs = [self.target] + ([self.draft_model] if self.draft_model else [])
+        return any(r.kind == "hub" for r in refs)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["target"] = self.target.to_toml_dict()
+        d["draft_model"] = self.draft_model.to_toml_dict() if self.draft_model else None
+        return d
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def parse_size(value: Any, *, where: str) -> int:
+    """``123``, ``"4.7 GB"``, ``"900MiB"`` -> bytes (decimal units for k/M/G/T, binary for Ki/Mi/Gi/Ti)."""
+    if isinstance(value, bool):
+        raise PresetError(
+            f"{where}: expected a size, got {value!r}", hint='write e.g. 4700000000 or "4.7 GB"'
+        )
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, float) and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            unit = (m.group(2) or "").lower().rstrip("b")
+            return int(float(m.group(1)) * _UNITS[unit])
+    raise PresetError(f"{where}: {value!r} is not a size", hint='write e.g. 4700000000 or "4.7 GB"')
+
+
+def _expect(table: dict, key: str, types: type | tuple, where: str, default: Any = None, required=False):
+    if key not in table:
+        if required:
+            raise PresetError(f"{where}: missing key '{key}'", hint=f"add `{key} = ...` to that preset")
+        return default
+    value = table[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        names = " or ".join(t.__name__ for t in _as_tuple(types))
+        raise PresetError(
+            f"{where}: key '{key}' must be {names}, got {value!r}", hint="fix the value in the preset file"
+        )
+    return value
+
+
+def _as_tuple(types: type | tuple) -> tuple:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def parse_model_ref(value: Any, where: str, *, base_dir: Path | None = None) -> ModelRef:
+    """Turn ``{repo, file, revision}`` / ``{embedded}`` / ``{path}`` into a :class:`ModelRef`."""
+    if not isinstance(value, dict):
+        raise PresetError(
+            f'{where}: expected a table like {{ repo = "org/name", file = "*.gguf" }}',
+            hint="see docs/presets-and-hub.md for the model reference forms",
+        )
+    kinds = [k for k in ("repo", "embedded", "path") if k in value]
+    if len(kinds) != 1:
+        raise PresetError(
+            f"{where}: give exactly one of 'repo', 'embedded' or 'path' (got {kinds or 'none'})",
+            hint="a Hub model needs `repo` and `file`; a local one `path`",
+        )
+    allowed = {"repo": {"repo", "file", "revision"}, "embedded": {"embedded"}, "path": {"path"}}[kinds[0]]
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise PresetError(
+            f"{where}: unknown key(s) {', '.join(unknown)}", hint=f"allowed: {', '.join(sorted(allowed))}"
+        )
+    if kinds[0] == "repo":
+        repo = _expect(value, "repo", str, where, required=True)
+        if not _REPO_RE.match(repo):
+            raise PresetError(
+                f"{where}.repo: {repo!r} is not a Hub repository id", hint='write it as "org/name"'
+            )
+        filename = _expect(value, "file", str, where, required=True)
+        if not filename.lower().endswith(".gguf"):
+            raise PresetError(
+                f"{where}.file: {filename!r} does not name a .gguf file",
+                hint='use the GGUF file name or a pattern such as "*Q4_K_M.gguf"',
+            )
+        revision = _expect(value, "revision", str, where, default="main")
+        return ModelRef(repo_id=repo, filename=filename, revision=revision, kind="hub")
+    if kinds[0] == "embedded":
+        name = _expect(value, "embedded", str, where, required=True)
+        return ModelRef(filename=name, path=constants.EMBEDDED_DIR / name, kind="embedded")
+    raw = Path(_expect(value, "path", str, where, required=True)).expanduser()
+    if not raw.is_absolute() and base_dir is not None:
+        raw = base_dir / raw
+    return ModelRef(filename=raw.name, path=raw, kind="path")
+
+
+_PRESET_KEYS = {
+    "name",
+    "description",
+    "family",
+    "target",
+    "draft_model",
+    "n_ctx",
+    "draft",
+    "chat_format",
+    "licence",
+    "gated",
+    "download_size",
+    "ram",
+}
+_DRAFT_KEYS = {"n_max", "n_min", "p_min", "adaptive", "strategy"}
+
+
+def _parse_draft_settings(table: Any, where: str) -> DraftSettings:
+    if not isinstance(table, dict):
+        raise PresetError(
+            f"{where}: expected a table of draft settings", hint=f"keys: {', '.join(sorted(_DRAFT_KEYS))}"
+        )
+    unknown = sorted(set(table) - _DRAFT_KEYS)
+    if unknown:
+        raise PresetError(
+            f"{where}: unknown key(s) {', '.join(unknown)}", hint=f"allowed: {', '.join(sorted(_DRAFT_KEYS))}"
+        )
+    d = DraftSettings()
+    n_max = _expect(table, "n_max", int, where, d.n_max)
+    n_min = _expect(table, "n_min", int, where, d.n_min)
+    p_min = float(_expect(table, "p_min", (int, float), where, d.p_min))
+    adaptive = _expect(table, "adaptive", bool, where, d.adaptive)
+    strategy = _expect(table, "strategy", str, where, d.strategy)
+    if not 1 <= n_max <= 64:
+        raise PresetError(
+            f"{where}.n_max: {n_max} is out of range", hint="use a value from 1 to 64 (4-8 is usual)"
+        )
+    if not 0 <= n_min <= n_max:
+        raise PresetError(f"{where}.n_min: {n_min} must be between 0 and n_max ({n_max})", hint="lower n_min")
+    if not 0.0 <= p_min <= 1.0:
+        raise PresetError(f"{where}.p_min: {p_min} must be between 0 and 1", hint="0.75 is a good start")
+    if strategy not in STRATEGIES:
+        raise PresetError(
+            f"{where}.strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}",
+            hint='use "model" for a draft model',
+        )
+    return DraftSettings(n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive, strategy=strategy)
+
+
+def _merge(defaults: dict, table: dict) -> dict:
+    out = dict(defaults)
+    for key, value in table.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key == "draft":
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def parse_preset(table: dict, *, where: str, source: str, base_dir: Path | None = None) -> Preset:
+    """Validate one preset table; every error names ``where`` (file and preset) and the key."""
+    unknown = sorted(set(table) - _PRESET_KEYS)
+    if unknown:
+        raise PresetError(
+            f"{where}: unknown key(s) {', '.join(unknown)}",
+            hint=f"allowed keys: {', '.join(sorted(_PRESET_KEYS))}",
+        )
+    name = _expect(table, "name", str, where, required=True)
+    if not _NAME_RE.match(name):
+        raise PresetError(
+            f"{where}: name {name!r} may only hold lowercase letters, digits and . _ + -",
+            hint='rename the preset, e.g. "my-pair-7b"',
+        )
+    target = parse_model_ref(
+        _expect(table, "target", dict, where, required=True), f"{where}.target", base_dir=base_dir
+    )
+    draft_raw = table.get("draft_model")
+    if draft_raw is None or draft_raw is False or draft_raw == "none":
+        draft_model = None
+    else:
+        draft_model = parse_model_ref(draft_raw, f"{where}.draft_model", base_dir=base_dir)
+    gated = table.get("gated", False)
+    if gated is True:
+        gated_note: str | None = "accept the licence on the repository page"
+    elif gated is False:
+        gated_note = None
+    elif isinstance(gated, str):
+        gated_note = gated
+    else:
+        raise PresetError(f"{where}: key 'gated' must be true, false or a note", hint="e.g. gated = true")
+    n_ctx = _expect(table, "n_ctx", int, where, constants.DEFAULT_N_CTX)
+    if n_ctx < 64:
+        raise PresetError(f"{where}.n_ctx: {n_ctx} is too small", hint="use at least 512 (4096 is usual)")
+    return Preset(
+        name=name,
+        target=target,
+        draft_model=draft_model,
+        description=_expect(table, "description", str, where, ""),
+        family=_expect(table, "family", str, where, ""),
+        n_ctx=n_ctx,
+        draft=_parse_draft_settings(table.get("draft", {}), f"{where}.draft"),
+        chat_format=_expect(table, "chat_format", str, where, "auto"),
+        licence=_expect(table, "licence", str, where, ""),
+        gated=gated_note,
+        download_bytes=parse_size(table.get("download_size", 0), where=f"{where}.download_size"),
+        ram_bytes=parse_size(table.get("ram", 0), where=f"{where}.ram"),
+        source=source,
+    )
+
+
+def load_file(path: Path, *, source: str) -> list[Preset]:
+    """All presets of one TOML file (``source`` is "builtin" or "user")."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise PresetError(f"{path}: not valid TOML ({exc})", hint="fix the syntax at the line shown") from exc
+    except OSError as exc:
+        raise PresetError(
+            f"{path}: cannot read ({exc.strerror})", hint="check the file's permissions"
+        ) from exc
+    unknown = sorted(set(data) - {"defaults", "preset"})
+    if unknown:
+        raise PresetError(
+            f"{path}: unknown top-level key(s) {', '.join(unknown)}",
+            hint="a preset file holds [defaults] and [[preset]] tables only",
+        )
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise PresetError(f"{path}: 'defaults' must be a table", hint="write it as [defaults]")
+    tables = data.get("preset", [])
+    if not isinstance(tables, list) or not tables:
+        raise PresetError(
+            f"{path}: no [[preset]] table", hint="add at least one [[preset]] with name and target"
+        )
+    out = []
+    for i, table in enumerate(tables):
+        label = table.get("name", f"#{i + 1}") if isinstance(table, dict) else f"#{i + 1}"
+        where = f"{path} [preset {label}]"
+        if not isinstance(table, dict):
+            raise PresetError(f"{where}: expected a table", hint="write each preset as [[preset]]")
+        out.append(parse_preset(_merge(defaults, table), where=where, source=source, base_dir=path.parent))
+    return out
+
+
+def _load_dir(folder: Path, source: str) -> list[Preset]:
+    if not folder.is_dir():
+        return []
+    presets: list[Preset] = []
+    seen: dict[str, Path] = {}
+    for path in sorted(folder.glob("*.toml")):
+        for preset in load_file(path, source=source if source == "builtin" else str(path)):
+            if preset.name in seen:
+                raise PresetError(
+                    f"{path}: preset '{preset.name}' is also defined in {seen[preset.name]}",
+                    hint="rename one of them",
+                )
+            seen[preset.name] = path
+            presets.append(preset)
+    return presets
+
+
+def list_presets() -> list[Preset]:
+    """Built-in presets plus the user's (a user preset replaces a built-in one of the same name)."""
+    by_name = {p.name: p for p in _load_dir(constants.builtin_presets_dir(), "builtin")}
+    for p in _load_dir(constants.user_presets_dir(), "user"):
+        by_name[p.name] = p
+    return list(by_name.values())
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; an unknown name raises :class:`PresetError` listing close matches."""
+    presets = {p.name: p for p in list_presets()}
+    if name in presets:
+        return presets[name]
+    close = difflib.get_close_matches(name, presets, n=5, cutoff=0.5)
+    close += [n for n in presets if name.lower() in n and n not in close][: 5 - len(close)]
+    msg = f"no preset named '{name}'"
+    if close:
+        msg += f"; did you mean: {', '.join(close)}?"
+    raise PresetError(msg, hint="run `localspec presets` to list them all")
+
+
+def save_user_preset(preset: Preset | dict, name: str | None = None) -> Path:
+    """Write a preset into the user presets folder as ``<name>.toml`` and return the path.
+
+    ``preset`` may be a :class:`Preset` (e.g. a built-in one with tuned ``draft`` settings, via
+    ``dataclasses.replace``) or a dict in the TOML layout. It is validated before writing.
+    """
+    if isinstance(preset, Preset):
+        table = _preset_to_table(replace(preset, name=name or preset.name))
+    else:
+        table = dict(preset)
+        if name:
+            table["name"] = name
+    folder = constants.user_presets_dir()
+    final_name = table.get("name", "")
+    path = folder / f"{final_name}.toml"
+    parse_preset(table, where=f"{path} [preset {final_name}]", source=str(path), base_dir=folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(dump_toml({"preset": [table]}), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _preset_to_table(p: Preset) -> dict[str, Any]:
+    table: dict[str, Any] = {
+        "name": p.name,
+        "description": p.description,
+        "family": p.family,
+        "target": p.target.to_toml_dict(),
+    }
+    if p.draft_model:
+        table["draft_model"] = p.draft_model.to_toml_dict()
+    table.update(
+        n_ctx=p.n_ctx,
+        chat_format=p.chat_format,
+        licence=p.licence,
+        gated=p.gated if p.gated else False,
+        download_size=p.download_bytes,
+        ram=p.ram_bytes,
+    )
+    table["draft"] = asdict(p.draft)
+    return table
+
+
+# ------------------------------------------------------------------------------------ a tiny TOML writer
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(v, Path):
+        return _toml_value(str(v))
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dump_toml(data: dict[str, list[dict[str, Any]]]) -> str:
+    """Write ``{"preset": [tables]}``: scalars and inline tables first, the ``draft`` table last."""
+    lines: list[str] = []
+    for table in data["preset"]:
+        lines.append("[[preset]]")
+        sub = {k: v for k, v in table.items() if k == "draft" and isinstance(v, dict)}
+        for key, value in table.items():
+            if key in sub or value is None:
+                continue
+            lines.append(f"{key} = {_toml_value(value)}")
+        for value in sub.values():
+            lines.append("")
+            lines.append("[preset.draft]")
+            lines.extend(f"{k} = {_toml_value(x)}" for k, x in value.items())
+        lines.append("")
+    return "\n".join(lines)
