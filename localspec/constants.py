@@ -108,3 +108,13 @@ def default_threads() -> int:
     except Exception:  # pragma: no cover - psutil missing or odd platform
         n = None
     return max(1, n or os.cpu_count() or 1)
+
+
+def hf_endpoint() -> str:
+    """The Hub to talk to (``HF_ENDPOINT``, e.g. a mirror or a test server)."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hf_token() -> str | None:
+    """``HF_TOKEN`` (or the older ``HUGGING_FACE_HUB_TOKEN``); None lets huggingface_hub use a saved login."""
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
