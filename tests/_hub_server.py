@@ -103,8 +103,15 @@ class FakeHub:
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------------------------ repositories
-    def add_repo(self, repo_id: str, files: dict[str, bytes | Path], *, gated: bool = False,
-                 tags: list[str] | None = None, downloads: int = 0) -> FakeRepo:
+    def add_repo(
+        self,
+        repo_id: str,
+        files: dict[str, bytes | Path],
+        *,
+        gated: bool = False,
+        tags: list[str] | None = None,
+        downloads: int = 0,
+    ) -> FakeRepo:
         folder = self.root / repo_id.replace("/", "--")
         folder.mkdir(parents=True, exist_ok=True)
         entries: dict[str, RepoFileEntry] = {}
@@ -164,7 +171,9 @@ class FakeHub:
             self.log.append(entry)
 
     def requests_for(self, filename: str, method: str | None = None) -> list[LogEntry]:
-        return [e for e in self.log if e.path.endswith("/" + filename) and (method is None or e.method == method)]
+        return [
+            e for e in self.log if e.path.endswith("/" + filename) and (method is None or e.method == method)
+        ]
 
 
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
@@ -183,8 +192,13 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # ------------------------------------------------------------------------------------ helpers
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              content_type: str = "application/json") -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -193,8 +207,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-        self.fake.record(LogEntry(self.command, self.path, status, bytes_sent=0 if self.command == "HEAD"
-                                  else len(body), authorization=self.headers.get("Authorization")))
+        self.fake.record(
+            LogEntry(
+                self.command,
+                self.path,
+                status,
+                bytes_sent=0 if self.command == "HEAD" else len(body),
+                authorization=self.headers.get("Authorization"),
+            )
+        )
 
     def _json(self, status: int, obj, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), headers)
@@ -219,14 +240,22 @@ class _Handler(BaseHTTPRequestHandler):
         if not repo.gated:
             return True
         auth = self.headers.get("Authorization", "")
-        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
+        token = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
         if token is None:
-            self._error(401, "GatedRepo", f"Access to model {repo.repo_id} is restricted. You must have access "
-                        "to it and be authenticated to access it. Please log in.")
+            self._error(
+                401,
+                "GatedRepo",
+                f"Access to model {repo.repo_id} is restricted. You must have access "
+                "to it and be authenticated to access it. Please log in.",
+            )
             return False
         if repo.repo_id not in self.fake.tokens.get(token, set()):
-            self._error(403, "GatedRepo", f"Access to model {repo.repo_id} is restricted and you are not in the "
-                        f"authorized list. Visit https://huggingface.co/{repo.repo_id} to ask for access.")
+            self._error(
+                403,
+                "GatedRepo",
+                f"Access to model {repo.repo_id} is restricted and you are not in the "
+                f"authorized list. Visit https://huggingface.co/{repo.repo_id} to ask for access.",
+            )
             return False
         return True
 
@@ -267,8 +296,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         entry = repo.files.get(filename)
         if entry is None:
-            self._error(404, "EntryNotFound", f"{filename} does not exist on \"{rev}\"",
-                        {"X-Repo-Commit": repo.commit})
+            self._error(
+                404, "EntryNotFound", f'{filename} does not exist on "{rev}"', {"X-Repo-Commit": repo.commit}
+            )
             return
         headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{entry.git_oid}"', "Accept-Ranges": "bytes"}
         if entry.is_lfs:
@@ -303,8 +333,12 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 start, end = max(0, size - int(m[2])), size - 1
             if start >= size or start > end:
-                self._error(416, "RangeNotSatisfiable", f"range {rng} outside 0-{size - 1}",
-                            {"Content-Range": f"bytes */{size}"})
+                self._error(
+                    416,
+                    "RangeNotSatisfiable",
+                    f"range {rng} outside 0-{size - 1}",
+                    {"Content-Range": f"bytes */{size}"},
+                )
                 return
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
@@ -315,8 +349,14 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
-        log = LogEntry(self.command, self.path, status, start if rng else None, end if rng else None,
-                       authorization=self.headers.get("Authorization"))
+        log = LogEntry(
+            self.command,
+            self.path,
+            status,
+            start if rng else None,
+            end if rng else None,
+            authorization=self.headers.get("Authorization"),
+        )
         if self.command == "HEAD":
             self.fake.record(log)
             return
@@ -360,11 +400,15 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None or (rev is not None and not self._check_revision(repo, rev)):
             return
         blobs = query.get("blobs", ["false"])[0].lower() == "true"
-        self._json(200, self._model_summary(repo) | {
-            "sha": repo.commit,
-            "siblings": [self._sibling(e, blobs) for e in repo.files.values()],
-            "usedStorage": sum(e.size for e in repo.files.values()),
-        })
+        self._json(
+            200,
+            self._model_summary(repo)
+            | {
+                "sha": repo.commit,
+                "siblings": [self._sibling(e, blobs) for e in repo.files.values()],
+                "usedStorage": sum(e.size for e in repo.files.values()),
+            },
+        )
 
     def _model_summary(self, repo: FakeRepo) -> dict:
         return {
@@ -399,7 +443,7 @@ class _Handler(BaseHTTPRequestHandler):
         for e in repo.files.values():
             if not e.path.startswith(prefix):
                 continue
-            rest = e.path[len(prefix):]
+            rest = e.path[len(prefix) :]
             if "/" in rest and not recursive:
                 folders.add(prefix + rest.split("/", 1)[0])
             else:
@@ -431,7 +475,10 @@ class _Handler(BaseHTTPRequestHandler):
         search = query.get("search", [""])[0].lower()
         author = query.get("author", [""])[0].lower()
         limit = int(query.get("limit", ["1000"])[0])
-        hits = [r for r in self.fake.repos.values()
-                if search in r.repo_id.lower() and (not author or r.author.lower() == author)]
+        hits = [
+            r
+            for r in self.fake.repos.values()
+            if search in r.repo_id.lower() and (not author or r.author.lower() == author)
+        ]
         hits.sort(key=lambda r: -r.downloads)
         self._json(200, [self._model_summary(r) for r in hits[:limit]])
