@@ -1,0 +1,424 @@
+"""The localspec web page: pick a pair, run it with the draft's tokens highlighted, compare, bench.
+
+``build_app()`` returns the Gradio Blocks; ``launch()`` serves it on localhost. Every handler
+catches localspec's own errors and shows them in the page, so a bad path or an incompatible
+pair never ends the server. Presentation only: the work is done by ``localspec.load`` and
+the pipeline's ``stream``/``chat_stream``/``compare``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+
+from localspec import constants  # noqa: E402
+from localspec.errors import LocalspecError, ModelNotFoundError  # noqa: E402
+
+from . import pairs  # noqa: E402
+from .render import (  # noqa: E402
+    CSS,
+    chat_prefix_html,
+    empty_panel_html,
+    error_html,
+    legend_html,
+    ok_html,
+    result_panel_html,
+    tokens_html,
+)
+from .session import PairSpec, PipelineHolder  # noqa: E402
+
+log = logging.getLogger("localspec.ui")
+
+STRATEGIES = ["pair default", "model", "ngram", "model+ngram", "none"]
+INTRO = (
+    "## localspec: speculative decoding on your own machine\n"
+    "A small draft model proposes tokens, the target checks them in one pass; the text stays exactly "
+    "the target's. Pick a pair, run a prompt, then **Compare** to see what it buys and what it costs."
+)
+REFRESH_SECONDS = 0.08  # how often the streaming output is pushed to the page
+
+
+def gpu_offload_available() -> bool:
+    """True when the installed llama.cpp build can offload layers to a GPU (decides if the sliders show)."""
+    try:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:  # no llama_cpp, or a build without the symbol
+        return False
+
+
+def _load(**kwargs: Any) -> Any:
+    import localspec
+
+    return localspec.load(**kwargs)
+
+
+def friendly(exc: BaseException) -> str:
+    """The error box for any exception: localspec errors as they are, others without a traceback."""
+    if isinstance(exc, LocalspecError):
+        return error_html(exc)
+    log.exception("unexpected error in the UI", exc_info=exc)
+    return error_html(f"{type(exc).__name__}: {exc}", title="Unexpected error (details in the server log)")
+
+
+def _progress_adapter(progress: Any) -> Callable[[str, int, int], None]:
+    def report(stage: str, done: int, total: int) -> None:
+        try:
+            progress((done, total) if total else None, desc=f"{stage}", unit="bytes")
+        except Exception:  # progress display is best effort
+            pass
+
+    return report
+
+
+class App:
+    """The page's state: one PipelineHolder and the last scan, shared by every browser tab."""
+
+    def __init__(self, loader: Callable[..., Any] = _load) -> None:
+        self.holder = PipelineHolder(loader)
+        self.view = pairs.ScanView({})
+        self.gpu = gpu_offload_available()
+
+    # -- pair selection ------------------------------------------------------------------------
+
+    def spec(self, v: dict[str, Any]) -> PairSpec:
+        c = self.c
+        common = {
+            "n_ctx": int(v[c["n_ctx"]] or 0) or None,
+            "n_gpu_layers": int(v[c["ngl_t"]] or 0) if self.gpu else 0,
+            "draft_n_gpu_layers": int(v[c["ngl_d"]] or 0) if self.gpu else 0,
+        }
+        if v[c["source"]] == "Preset":
+            name = v[c["preset"]] or constants.EMBEDDED_PRESET
+            return PairSpec(preset=name, **common)
+        target = (v[c["target"]] or "").strip()
+        if not target:
+            raise ModelNotFoundError(
+                "no target model chosen",
+                hint="press Scan and pick a target, or type the path of a .gguf file",
+            )
+        draft = (v[c["draft"]] or "").strip() or None
+        return PairSpec(target=target, draft=draft, **common)
+
+    def gen_opts(self, v: dict[str, Any]) -> dict[str, Any]:
+        c = self.c
+        strategy = v[c["strategy"]]
+        return {
+            "max_tokens": int(v[c["max_tokens"]]),
+            "temperature": float(v[c["temperature"]]),
+            "n_max": int(v[c["n_max"]]),
+            "p_min": float(v[c["p_min"]]),
+            "adaptive": bool(v[c["adaptive"]]),
+            "strategy": None if strategy == "pair default" else strategy,
+        }
+
+    def on_preset(self, name: str):
+        md = pairs.preset_info_html(name)
+        try:
+            d = self._presets_module().get_preset(name).draft
+            return md, gr.update(value=d.n_max), gr.update(value=d.p_min), gr.update(value=d.adaptive)
+        except Exception:
+            return md, gr.update(), gr.update(), gr.update()
+
+    @staticmethod
+    def _presets_module():
+        from localspec import presets
+
+        return presets
+
+    def on_download(self, name: str, progress: gr.Progress = gr.Progress()):  # noqa: B008
+        try:
+            pair = pairs.download(name, _progress_adapter(progress))
+        except Exception as exc:  # noqa: BLE001 - shown in the page
+            return friendly(exc), pairs.preset_info_html(name), gr.update()
+        verdict = f", verdict {pair.verdict}" if getattr(pair, "verdict", None) else ""
+        msg = ok_html(
+            f"{name}: target {pair.target}" + (f", draft {pair.draft}" if pair.draft else "") + verdict
+        )
+        choices = pairs.preset_choices(pairs.list_presets())
+        return msg, pairs.preset_info_html(name), gr.update(choices=choices, value=name)
+
+    def on_scan(self, folders: str):
+        try:
+            self.view = pairs.scan_models(folders or "")
+        except Exception as exc:  # noqa: BLE001
+            return friendly(exc), gr.update(), gr.update(), ""
+        choices = self.view.target_choices()
+        if not choices:
+            msg = error_html("no GGUF models found there", title="Nothing found")
+            return msg, gr.update(choices=[], value=None), gr.update(choices=[], value=None), ""
+        msg = ok_html(f"found {len(choices)} model(s)")
+        return msg, gr.update(choices=choices, value=choices[0][1]), gr.update(), ""
+
+    def on_target(self, target: str | None):
+        if not target:
+            return "", gr.update(), ""
+        try:
+            info = self.view.models.get(target) or pairs.inspect_model(target)
+            choices, md = pairs.draft_options(info, self.view)
+        except Exception as exc:  # noqa: BLE001
+            return friendly(exc), gr.update(choices=[], value=None), ""
+        return "", gr.update(choices=choices, value=choices[0][1]), md
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _pipe(self, v: dict[str, Any], progress: Any) -> Any:
+        return self.holder.get(self.spec(v), _progress_adapter(progress))
+
+    def on_run(self, v: dict[str, Any], progress: gr.Progress = gr.Progress()) -> Iterator[dict]:  # noqa: B008
+        c = self.c
+        out, panel, err, chat = c["output"], c["result"], c["error"], c["chat"]
+        prompt = v[c["prompt"]] or ""
+        history = list(v[chat] or [])
+        is_chat = v[c["mode"]] == "Chat"
+        prefix = chat_prefix_html(history + [{"role": "user", "content": prompt}]) if is_chat else ""
+        pieces: list[tuple[str, bool]] = []
+        stats = None
+        try:
+            if not prompt.strip():
+                raise LocalspecError(
+                    "the prompt is empty", hint="type something to continue in the prompt box"
+                )
+            yield {err: "", out: tokens_html([], prefix=prefix, status="loading the pair...")}
+            pipe = self._pipe(v, progress)
+            opts = self.gen_opts(v)
+            if is_chat:
+                messages = history + [{"role": "user", "content": prompt}]
+
+                def make():
+                    return pipe.chat_stream(messages, **opts)
+            else:
+
+                def make():
+                    return pipe.stream(prompt, **opts)
+
+            last = 0.0
+            finish = None
+            for tr in self.holder.stream(make):
+                pieces.append((tr.text, tr.from_draft))
+                stats, finish = tr.stats, tr.finish_reason
+                now = time.monotonic()
+                if now - last >= REFRESH_SECONDS:
+                    last = now
+                    yield {out: tokens_html(pieces, prefix=prefix)}
+            status = "stopped" if self.holder.stopped and finish is None else ""
+            update = {out: tokens_html(pieces, prefix=prefix, status=status)}
+            if stats is not None:
+                update[panel] = result_panel_html(stats, note="target-alone speed and speedup: press Compare")
+            if is_chat:
+                reply = "".join(t for t, _ in pieces)
+                update[chat] = history + [
+                    {"role": "user", "content": prompt},
+                    {"role": "assistant", "content": reply},
+                ]
+            yield update
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
+            if isinstance(exc, LocalspecError):
+                gr.Warning(exc.message)
+            yield {err: friendly(exc), out: tokens_html(pieces, prefix=prefix, status="failed")}
+
+    def on_compare(self, v: dict[str, Any], progress: gr.Progress = gr.Progress()) -> dict:  # noqa: B008
+        c = self.c
+        prompt = v[c["prompt"]] or ""
+        try:
+            if not prompt.strip():
+                raise LocalspecError("the prompt is empty", hint="type a prompt, then press Compare")
+            pipe = self._pipe(v, progress)
+            progress(None, desc="target alone, then with the draft")
+            opts = self.gen_opts(v)
+            with self.holder.busy():
+                cmp = pipe.compare(prompt, **opts)
+            spec = cmp.speculative.stats
+            panel = result_panel_html(
+                spec,
+                baseline=cmp.baseline.stats,
+                speedup=cmp.speedup,
+                memory=getattr(pipe, "memory", None) or spec.memory,
+                note="same text with and without the draft: "
+                + ("yes" if getattr(cmp, "same_text", True) else "NO (sampling with temperature > 0?)"),
+            )
+            text = tokens_html(
+                [(str(cmp.speculative), False)], status="compare: text of the run with the draft"
+            )
+            return {c["error"]: "", c["result"]: panel, c["output"]: text}
+        except Exception as exc:  # noqa: BLE001
+            if isinstance(exc, LocalspecError):
+                gr.Warning(exc.message)
+            return {c["error"]: friendly(exc)}
+
+    def on_stop(self) -> None:
+        self.holder.request_stop()
+
+    # -- layout --------------------------------------------------------------------------------
+
+    def build(self) -> gr.Blocks:
+        presets = pairs.list_presets()
+        preset_choices = pairs.preset_choices(presets)
+        default_preset = (
+            constants.EMBEDDED_PRESET
+            if any(p.name == constants.EMBEDDED_PRESET for p in presets)
+            else (presets[0].name if presets else None)
+        )
+        c: dict[str, Any] = {}
+        self.c = c
+        with gr.Blocks(title="localspec", analytics_enabled=False) as demo:
+            gr.Markdown(INTRO)
+            with gr.Tab("Generate"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=1, min_width=320):
+                        gr.Markdown("### 1. Pair")
+                        c["source"] = gr.Radio(
+                            ["Preset", "My models"], value="Preset", show_label=False, elem_id="ls-source"
+                        )
+                        with gr.Group(visible=True) as preset_box:
+                            c["preset"] = gr.Dropdown(
+                                preset_choices, value=default_preset, label="Preset", elem_id="ls-preset"
+                            )
+                            preset_md = gr.HTML(
+                                pairs.preset_info_html(default_preset), elem_id="ls-preset-info"
+                            )
+                            dl_btn = gr.Button("Download", size="sm", elem_id="ls-download")
+                        with gr.Group(visible=False) as own_box:
+                            folders = gr.Textbox(
+                                label="Folders to scan",
+                                placeholder="empty: the usual places "
+                                "(HF cache, LM Studio, Ollama, LOCALSPEC_MODELS)",
+                                lines=1,
+                                elem_id="ls-folders",
+                            )
+                            scan_btn = gr.Button("Scan", size="sm", elem_id="ls-scan")
+                            c["target"] = gr.Dropdown(
+                                [],
+                                label="Target (pick, or type a .gguf path)",
+                                allow_custom_value=True,
+                                elem_id="ls-target",
+                            )
+                            c["draft"] = gr.Dropdown(
+                                [], label="Draft", allow_custom_value=True, elem_id="ls-draft"
+                            )
+                            cand_md = gr.Markdown("", elem_id="ls-candidates")
+                        pair_msg = gr.HTML("", elem_id="ls-pair-msg")
+                        with gr.Accordion("Load options", open=False):
+                            c["n_ctx"] = gr.Number(
+                                0,
+                                label="Context (tokens; 0 = the preset's, else 4096)",
+                                precision=0,
+                                minimum=0,
+                            )
+                            c["ngl_t"] = gr.Slider(
+                                0, 200, 0, step=1, label="Target n_gpu_layers", visible=self.gpu
+                            )
+                            c["ngl_d"] = gr.Slider(
+                                0, 200, 0, step=1, label="Draft n_gpu_layers", visible=self.gpu
+                            )
+                    with gr.Column(scale=2, min_width=480):
+                        gr.Markdown("### 2. Run")
+                        c["mode"] = gr.Radio(
+                            ["Prompt", "Chat"], value="Prompt", show_label=False, elem_id="ls-mode"
+                        )
+                        c["prompt"] = gr.Textbox(
+                            label="Prompt", lines=4, elem_id="ls-prompt", value="def fibonacci(n):"
+                        )
+                        with gr.Row():
+                            run_btn = gr.Button("Run", variant="primary", elem_id="ls-run")
+                            cmp_btn = gr.Button("Compare", elem_id="ls-compare")
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="ls-stop")
+                            clear_btn = gr.Button("Clear chat", elem_id="ls-clear", visible=False)
+                        with gr.Accordion("Settings", open=False):
+                            with gr.Row():
+                                c["max_tokens"] = gr.Slider(1, 2048, 128, step=1, label="Max tokens")
+                                c["temperature"] = gr.Slider(0, 2, 0, step=0.05, label="Temperature")
+                            with gr.Row():
+                                c["n_max"] = gr.Slider(1, 16, 4, step=1, label="Draft length n_max")
+                                c["p_min"] = gr.Slider(
+                                    0, 1, 0.75, step=0.01, label="p_min (draft confidence)"
+                                )
+                            with gr.Row():
+                                c["adaptive"] = gr.Checkbox(False, label="Adaptive draft length")
+                                c["strategy"] = gr.Radio(STRATEGIES, value="pair default", label="Strategy")
+                        c["error"] = gr.HTML("", elem_id="ls-error-box")
+                        c["output"] = gr.HTML(tokens_html([]), elem_id="ls-output-box")
+                        gr.HTML(legend_html())
+                gr.Markdown("### 3. Speed next to memory")
+                c["result"] = gr.HTML(empty_panel_html(), elem_id="ls-result-box")
+                c["chat"] = gr.State([])
+            with gr.Tab("Bench"):
+                from .bench_tab import build_bench_tab
+
+                build_bench_tab(self)
+
+            inputs = {v for k, v in c.items() if k not in ("output", "result", "error")}
+            outputs = [c["output"], c["result"], c["error"], c["chat"]]
+            c["source"].change(
+                lambda s: (gr.update(visible=s == "Preset"), gr.update(visible=s != "Preset")),
+                c["source"],
+                [preset_box, own_box],
+                queue=False,
+            )
+            c["mode"].change(lambda m: gr.update(visible=m == "Chat"), c["mode"], clear_btn, queue=False)
+            c["preset"].change(
+                self.on_preset, c["preset"], [preset_md, c["n_max"], c["p_min"], c["adaptive"]]
+            )
+            dl_btn.click(
+                self.on_download,
+                c["preset"],
+                [pair_msg, preset_md, c["preset"]],
+                concurrency_limit=1,
+                concurrency_id="download",
+            )
+            scan_btn.click(
+                self.on_scan,
+                folders,
+                [pair_msg, c["target"], c["draft"], cand_md],
+                concurrency_limit=1,
+                concurrency_id="scan",
+            )
+            c["target"].change(
+                self.on_target,
+                c["target"],
+                [pair_msg, c["draft"], cand_md],
+                concurrency_limit=1,
+                concurrency_id="scan",
+            )
+            run_btn.click(self.on_run, inputs, outputs, concurrency_limit=1, concurrency_id="engine")
+            c["prompt"].submit(self.on_run, inputs, outputs, concurrency_limit=1, concurrency_id="engine")
+            cmp_btn.click(self.on_compare, inputs, outputs, concurrency_limit=1, concurrency_id="engine")
+            stop_btn.click(self.on_stop, None, None, queue=False)
+            clear_btn.click(
+                lambda: ([], tokens_html([]), ""), None, [c["chat"], c["output"], c["error"]], queue=False
+            )
+        demo.queue(default_concurrency_limit=1)
+        return demo
+
+
+def theme() -> Any:
+    """The default theme with system fonts, so nothing is fetched from a font CDN (works offline)."""
+    return gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
+
+
+def build_app(loader: Callable[..., Any] = _load) -> gr.Blocks:
+    return App(loader).build()
+
+
+def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, *, block: bool = True) -> Any:
+    """Serve the page; ``block=False`` returns at once (the server runs in a thread)."""
+    demo = build_app()
+    return demo.launch(
+        server_name=host,
+        server_port=port,
+        share=share,
+        prevent_thread_lock=not block,
+        theme=theme(),
+        css=CSS,
+        show_error=False,
+        footer_links=["settings"],
+        ssr_mode=False,
+    )

@@ -1,0 +1,176 @@
+"""Picking a pair: preset facts (size, RAM, cached?) and the scanner's view of the user's own models.
+
+Only reads localspec's public modules (``presets``, ``hub``, ``scan``); every function returns
+plain data or Markdown for the page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localspec import constants
+from localspec.errors import LocalspecError, UnusableModelError
+
+from .render import error_html, esc, fmt_bytes, markdown_table
+
+EMBEDDED = constants.EMBEDDED_PRESET
+
+
+def _hub():
+    from localspec import hub
+
+    return hub
+
+
+def _presets():
+    from localspec import presets
+
+    return presets
+
+
+# ----------------------------------------------------------------------------------------- presets
+
+
+def ref_cached(ref: Any) -> bool:
+    """True when the model file is on this machine (embedded/path file exists, or in the HF cache)."""
+    if ref is None:
+        return True
+    if getattr(ref, "is_local", False):
+        path = getattr(ref, "path", None)
+        return bool(path) and path.is_file()
+    try:
+        return bool(_hub().resolve_cached(ref))
+    except LocalspecError:
+        return False
+
+
+def preset_cached(preset: Any) -> bool:
+    return ref_cached(preset.target) and ref_cached(getattr(preset, "draft_model", None))
+
+
+def list_presets() -> list[Any]:
+    """All presets, the embedded pair first; an empty list when the presets module is not there."""
+    try:
+        presets = list(_presets().list_presets())
+    except ImportError:
+        return []
+    return sorted(presets, key=lambda p: (p.name != EMBEDDED, p.name))
+
+
+def preset_choices(presets: list[Any]) -> list[tuple[str, str]]:
+    """Dropdown (label, value) pairs: name, download size, RAM need, cached or not."""
+    out = []
+    for p in presets:
+        size = "no download" if not p.download_bytes else f"{fmt_bytes(p.download_bytes)} download"
+        cached = "cached" if preset_cached(p) else "not cached"
+        out.append((f"{p.name}  ({size}, RAM {fmt_bytes(p.ram_bytes)}, {cached})", p.name))
+    return out
+
+
+def preset_info_html(name: str | None) -> str:
+    """Facts for one preset: what it pairs, cost to fetch and run, draft settings, licence."""
+    if not name:
+        return '<div class="ls-note">Pick a preset.</div>'
+    try:
+        p = _presets().get_preset(name)
+    except LocalspecError as exc:
+        return error_html(exc)
+    cached = preset_cached(p)
+    draft = p.draft_model.describe() if p.draft_model else "none (n-gram lookup or target alone)"
+    d = p.draft
+    rows = [
+        ("Target", p.target.describe()),
+        ("Draft", draft),
+        ("Download", "none needed" if not p.download_bytes else fmt_bytes(p.download_bytes)),
+        ("RAM needed", fmt_bytes(p.ram_bytes)),
+        ("On this machine", "yes, ready" if cached else "not yet: press Download"),
+        (
+            "Draft settings",
+            f"n_max {d.n_max}, p_min {d.p_min:g}, adaptive {'on' if d.adaptive else 'off'}, "
+            f"strategy {d.strategy}",
+        ),
+        ("Context", f"{p.n_ctx} tokens"),
+    ]
+    if p.licence:
+        rows.append(("Licence", p.licence))
+    if p.gated:
+        rows.append(("Access", p.gated))
+    cells = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
+    desc = f'<div class="ls-note">{esc(p.description)}</div>' if p.description else ""
+    state = "ls-cached" if cached else "ls-missing"
+    return f'<div id="ls-preset-facts" class="{state}">{desc}<table class="ls-kv">{cells}</table></div>'
+
+
+def download(name: str, progress: Any = None) -> Any:
+    """Fetch a preset through the hub (progress(stage, done, total)); returns the resolved pair."""
+    return _hub().ensure_preset(name, progress=progress)
+
+
+# ----------------------------------------------------------------------------------------- own models
+
+
+@dataclass
+class ScanView:
+    """What the scanner found, keyed by path, with labels for the dropdowns."""
+
+    models: dict[str, Any]
+
+    def target_choices(self) -> list[tuple[str, str]]:
+        return [(model_label(m), p) for p, m in self.models.items() if getattr(m, "usable", True)]
+
+
+def model_path(m: Any) -> str:
+    return str(m.path)
+
+
+def model_label(m: Any) -> str:
+    """``name (architecture, quant, size)`` for a scanned ModelInfo."""
+    name = m.name or Path(m.path).name
+    bits = [b for b in (m.architecture, m.quant, fmt_bytes(m.size_bytes) if m.size_bytes else "") if b]
+    return f"{name} ({', '.join(bits)})" if bits else str(name)
+
+
+def scan_models(folders: str) -> ScanView:
+    """Run the scanner on the given folders (one per line or separated by ``;``/``:``), or its defaults."""
+    from localspec import scan
+
+    paths = [f.strip() for f in folders.replace(";", "\n").splitlines() if f.strip()] if folders else []
+    found = scan.scan(paths or None)
+    return ScanView({model_path(m): m for m in found})
+
+
+def inspect_model(path: str) -> Any:
+    from localspec import scan
+
+    return scan.inspect(path)
+
+
+def draft_options(target: Any, view: ScanView) -> tuple[list[tuple[str, str]], str]:
+    """Compatible drafts for ``target`` (best first, then n-gram and none) and a Markdown table of every
+    candidate with its verdict and why it fits or was refused."""
+    from localspec import scan
+
+    if getattr(target, "error", None) or not getattr(target, "usable", True):
+        raise UnusableModelError(
+            f"{model_path(target)}: {target.error or target.unusable_reason or 'cannot be used as a model'}",
+            hint="pick a complete, text-only .gguf model as the target",
+        )
+    tpath = model_path(target)
+    candidates = [m for p, m in view.models.items() if p != tpath]
+    ranked = scan.rank_drafts(target, candidates) if candidates else []
+    choices: list[tuple[str, str]] = []
+    rows = []
+    for r in ranked:
+        verdict = r.verdict.verdict if r.verdict is not None else "-"
+        if r.fits:
+            choices.append((f"{model_label(r.model)} ({verdict})", model_path(r.model)))
+        rows.append(("yes" if r.fits else "no", model_label(r.model), verdict, r.why))
+    choices += [("n-gram lookup (no draft model)", "ngram"), ("none (target alone)", "none")]
+    md = (
+        markdown_table(["fits", "candidate", "verdict", "why"], rows)
+        if rows
+        else "No other models found to draft with; n-gram lookup still works."
+    )
+    return choices, md

@@ -1,0 +1,121 @@
+"""The one loaded pipeline the page works with, kept between runs.
+
+Switching to another pair closes the old pipeline first (frees both models); a Stop
+request makes the running stream end at the next token, and the stream is always closed
+(``generator.close()``) so the engine rewinds its caches.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """What to load: a preset name, or a target path with a draft (path, "ngram", "none" or None)."""
+
+    preset: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    n_ctx: int | None = None  # None: the preset's context, else the library default
+    n_gpu_layers: int = 0
+    draft_n_gpu_layers: int = 0
+
+    def load_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {}
+        if self.n_ctx:
+            kw["n_ctx"] = self.n_ctx
+        if self.n_gpu_layers:
+            kw["n_gpu_layers"] = self.n_gpu_layers
+        if self.draft_n_gpu_layers:
+            kw["draft_n_gpu_layers"] = self.draft_n_gpu_layers
+        if self.preset:
+            kw["preset"] = self.preset
+        else:
+            kw["target"] = self.target
+            kw["draft"] = self.draft
+        return kw
+
+    def label(self) -> str:
+        if self.preset:
+            return f"preset {self.preset}"
+        return f"{self.target} + {self.draft or 'automatic draft'}"
+
+
+@dataclass
+class PipelineHolder:
+    """Holds at most one pipeline. ``loader`` is ``localspec.load`` (injectable for tests)."""
+
+    loader: Callable[..., Any]
+    spec: PairSpec | None = None
+    pipe: Any = None
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _stream: Iterator[Any] | None = None
+
+    def get(self, spec: PairSpec, progress: Callable[[str, int, int], None] | None = None) -> Any:
+        """The pipeline for ``spec``: reused if loaded, else the old one is closed and a new one loaded."""
+        with self._lock:
+            if self.pipe is not None and self.spec == spec:
+                return self.pipe
+            self.close()
+            kwargs = spec.load_kwargs()
+            if progress is not None:
+                kwargs["progress"] = progress
+            self.pipe = self.loader(**kwargs)
+            self.spec = spec
+            return self.pipe
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_stream()
+            if self.pipe is not None:
+                try:
+                    self.pipe.close()
+                finally:
+                    self.pipe, self.spec = None, None
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Hold the pipeline for one blocking call (compare, bench) so nothing else switches it meanwhile."""
+        with self._lock:
+            yield
+
+    # -- streaming with Stop ---------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stream(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """Iterate ``make()``, ending early on Stop; the inner generator is closed in every case."""
+        with self._lock:
+            self._close_stream()
+            self._stop.clear()
+            inner = make()
+            self._stream = inner
+        try:
+            for item in inner:
+                yield item
+                if self._stop.is_set():
+                    break
+        finally:
+            with self._lock:
+                self._close_stream()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def _close_stream(self) -> None:
+        inner, self._stream = self._stream, None
+        if inner is not None:
+            close = getattr(inner, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except ValueError:  # "generator already executing": its own thread will close it
+                    pass
