@@ -1,0 +1,280 @@
+"""The peer: llama.cpp's own speculative decoding, built from the llama.cpp that llama-cpp-python vendors.
+
+``build_server()`` downloads the sdist of the installed llama-cpp-python (``pip download --no-binary :all:``),
+extracts ``vendor/llama.cpp`` and builds ``llama-server`` once into ``localspec_home()/peer/<version>``, so
+both sides run the same kernels. ``PeerServer`` runs one server per setting (target alone, draft model,
+n-gram lookup); ``peer_runner`` sends one ``/completion`` request per prompt and returns stats dicts shaped
+like ``GenerationStats.as_dict()`` (from ``timings``: ``predicted_*``, ``draft_n``, ``draft_n_accepted``).
+Never used by the test suite in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from localspec.bench import Config, Prompt, Runner
+from localspec.constants import localspec_home
+from localspec.errors import BenchError
+
+SERVER = "llama-server"
+CMAKE_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release",  # what scikit-build-core uses for llama-cpp-python
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",  # no download of the web UI at build time
+]
+
+
+def installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llama-cpp-python")
+    except PackageNotFoundError as exc:
+        raise BenchError("llama-cpp-python is not installed", hint="pip install llama-cpp-python") from exc
+
+
+def peer_dir(version: str | None = None) -> Path:
+    return localspec_home() / "peer" / f"llama.cpp-{version or installed_version()}"
+
+
+def server_binary(version: str | None = None) -> Path | None:
+    """The built ``llama-server`` for the installed llama-cpp-python, or None when not built yet."""
+    path = peer_dir(version) / "build" / "bin" / SERVER
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write(f"\n$ {shlex.join(cmd)}\n")
+        fh.flush()
+        rc = subprocess.call(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT)
+    if rc != 0:
+        raise BenchError(
+            f"building the llama.cpp peer failed (exit {rc}): {shlex.join(cmd[:4])} ...",
+            hint=f"see the log {log}; cmake, a C++ compiler and network access to PyPI are needed",
+        )
+
+
+def _extract_vendor(sdist: Path, dest: Path) -> Path:
+    """Extract only ``<sdist>/vendor/llama.cpp`` into ``dest``; refuses unsafe member paths."""
+    with tarfile.open(sdist) as tar:
+        members = []
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            if len(parts) > 2 and parts[1:3] == ("vendor", "llama.cpp"):
+                if m.name.startswith("/") or ".." in parts or m.islnk() or m.issym():
+                    continue
+                m.name = str(Path(*parts[3:])) if len(parts) > 3 else "."
+                members.append(m)
+        dest.mkdir(parents=True, exist_ok=True)
+        for m in members:
+            if m.name != ".":
+                tar.extract(m, dest)
+    if not (dest / "CMakeLists.txt").is_file():
+        raise BenchError(f"{sdist}: no vendor/llama.cpp inside", hint="is this a llama-cpp-python sdist?")
+    return dest
+
+
+def build_server(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
+    """Build ``llama-server`` once (minutes) and return its path; later calls return the cached binary."""
+    found = server_binary()
+    if found:
+        return found
+    version = installed_version()
+    root = peer_dir(version)
+    root.mkdir(parents=True, exist_ok=True)
+    logfile = root / "build.log"
+    say = log or (lambda _m: None)
+    sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
+    if not sdists:
+        say(f"downloading the llama-cpp-python {version} source (sdist) ...")
+        _run(
+            [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+             f"llama-cpp-python=={version}", "-d", str(root)],
+            logfile,
+        )  # fmt: skip
+        sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
+    src = root / "src"
+    if not (src / "CMakeLists.txt").is_file():
+        say("extracting vendor/llama.cpp ...")
+        _extract_vendor(sdists[-1], src)
+    flags = CMAKE_FLAGS + shlex.split(os.environ.get("CMAKE_ARGS", ""))  # same GPU flags as the wheel build
+    say(f"configuring llama.cpp (log: {logfile}) ...")
+    _run(["cmake", "-S", str(src), "-B", str(root / "build"), *flags], logfile)
+    say(f"building {SERVER} with {jobs} jobs (several minutes, once) ...")
+    _run(["cmake", "--build", str(root / "build"), "--target", SERVER, "-j", str(jobs)], logfile)
+    found = server_binary(version)
+    if not found:
+        raise BenchError(f"{SERVER} was not produced by the build", hint=f"see the log {logfile}")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_args(config: Config, *, target: Path, draft: Path | None, threads: int, n_ctx: int) -> list[str]:
+    """llama-server flags for one setting (same pair, threads, context, draft length and p_min)."""
+    args = ["--model", str(target), "--threads", str(threads), "--threads-batch", str(threads),
+            "-c", str(n_ctx), "-np", "1", "--cache-ram", "0", "--no-webui",
+            "--host", "127.0.0.1"]  # fmt: skip
+    k = config.n_max or 4
+    if config.strategy == "model":
+        if draft is None:
+            raise BenchError("the draft-model strategy needs a draft model", hint="pass --draft PATH")
+        args += ["--spec-type", "draft-simple", "--model-draft", str(draft),
+                 "--spec-draft-threads", str(threads), "--spec-draft-threads-batch", str(threads),
+                 "--spec-draft-n-max", str(k),
+                 "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{config.p_min or 0.0:g}"]  # fmt: skip
+    elif config.strategy == "ngram":
+        # lookup n-gram of up to 3 tokens (ours tries 4..2); draft the k tokens that followed it
+        args += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(min(3, k)),
+                 "--spec-ngram-simple-size-m", str(k)]  # fmt: skip
+    elif config.strategy != "none":
+        raise BenchError(f"the llama.cpp peer has no equivalent of strategy {config.strategy!r}",
+                         hint="compare model or ngram")  # fmt: skip
+    return args
+
+
+class PeerServer:
+    """One llama-server process for one setting; a context manager."""
+
+    def __init__(self, binary: Path, args: list[str], log: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = log.open("w", encoding="utf-8")
+        self.proc = subprocess.Popen(
+            [str(binary), *args, "--port", str(self.port)], stdout=self._fh, stderr=subprocess.STDOUT
+        )
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BenchError(f"llama-server exited with {self.proc.returncode}", hint=f"see {self.log}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.25)
+        raise BenchError("llama-server did not become ready", hint=f"see {self.log}")
+
+    def post(self, path: str, body: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._fh.close()
+
+    def __enter__(self) -> PeerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_servers(
+    configs: list[Config], *, target: Path, draft: Path | None, threads: int, n_ctx: int,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, PeerServer]:  # fmt: skip
+    """One server per config label (the baseline included). The weights are mmapped, so shared."""
+    binary = server_binary() or build_server(log=log)
+    servers: dict[str, PeerServer] = {}
+    try:
+        for cfg in configs:
+            args = server_args(cfg, target=target, draft=draft, threads=threads, n_ctx=n_ctx)
+            name = cfg.label.replace(" ", "_").replace("=", "")
+            servers[cfg.label] = PeerServer(binary, args, peer_dir() / "logs" / f"{name}.log")
+        for s in servers.values():
+            s.wait_ready()
+    except BaseException:
+        for s in servers.values():
+            s.close()
+        raise
+    return servers
+
+
+def peer_runner(
+    servers: dict[str, PeerServer],
+    *,
+    render: Callable[[Prompt], list[int]] | None = None,
+    temperature: float = 0.0,
+    seed: int = 1234,
+) -> Runner:
+    """A runner that sends each prompt to the server of its config.
+
+    With ``render`` (prompt -> token ids, see ``localspec.bench.render``) the server gets exactly the tokens
+    localspec decodes; without it, chat prompts go through the server's own ``/apply-template``.
+    """
+    cache: dict[str, Any] = {}
+
+    def run(prompt: Prompt, config: Config, max_tokens: int) -> dict:
+        server = servers[config.label]
+        if prompt.id not in cache:
+            if render is not None:
+                cache[prompt.id] = render(prompt)
+            elif prompt.chat:
+                messages = [{"role": "user", "content": prompt.text}]
+                cache[prompt.id] = server.post("/apply-template", {"messages": messages})["prompt"]
+            else:
+                cache[prompt.id] = prompt.text
+        body = {"prompt": cache[prompt.id], "n_predict": max_tokens, "temperature": temperature, "seed": seed,
+                "cache_prompt": False, "stream": False}  # fmt: skip
+        if temperature <= 0:
+            body["top_k"] = 1
+        out = server.post("/completion", body)
+        t = out.get("timings", {})
+        drafted, accepted = int(t.get("draft_n") or 0), int(t.get("draft_n_accepted") or 0)
+        return {
+            "strategy": config.strategy,
+            "prompt_tokens": t.get("prompt_n"),
+            "generated_tokens": t.get("predicted_n") or 0,
+            "prompt_seconds": (t.get("prompt_ms") or 0) / 1000,
+            "total_seconds": (t.get("predicted_ms") or 0) / 1000,
+            "tokens_per_second": t.get("predicted_per_second") or 0.0,
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "text": out.get("content", ""),
+        }
+
+    return run
+
+
+def clean(version: str | None = None) -> None:
+    """Remove the cached peer build."""
+    shutil.rmtree(peer_dir(version), ignore_errors=True)
