@@ -482,3 +482,55 @@ class _Handler(BaseHTTPRequestHandler):
         ]
         hits.sort(key=lambda r: -r.downloads)
         self._json(200, [self._model_summary(r) for r in hits[:limit]])
+
+
+# ------------------------------------------------------------------------------------------ test GGUFs
+
+
+def ordinary_tokens(n: int) -> list[str]:
+    """``n`` distinct ordinary token texts (byte-level BPE style)."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    out = []
+    i = 0
+    while len(out) < n:
+        a, b = divmod(i, 26)
+        out.append(("Ġ" if a % 2 else "") + letters[b] + (letters[a % 26] * (a // 2)))
+        i += 1
+    return out
+
+
+def make_gguf(
+    path: Path,
+    tokens: list[str],
+    *,
+    control: set[int] = frozenset(),
+    bos: int = 0,
+    eos: int = 1,
+    tensor_bytes: int = 0,
+    arch: str = "llama",
+    name: str = "test",
+) -> Path:
+    """A small GGUF with a gpt2-style vocabulary (ids in ``control`` typed CONTROL) and, optionally,
+    one zero tensor of ``tensor_bytes`` bytes so the file is much larger than its header."""
+    import gguf
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(name)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(
+        [int(gguf.TokenType.CONTROL if i in control else gguf.TokenType.NORMAL) for i in range(len(tokens))]
+    )
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+    if tensor_bytes:
+        w.add_tensor("token_embd.weight", np.zeros(tensor_bytes // 4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,0 +1,123 @@
+"""``localspec presets``, ``localspec download NAME``, ``localspec find-draft REPO``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from localspec import constants, hub
+from localspec.presets import list_presets
+
+
+def _short(ref) -> str:
+    if ref is None:
+        return "-"
+    return ref.repo_id if ref.kind == "hub" else ref.describe()
+
+
+@click.command("presets")
+@click.option("--json", "as_json", is_flag=True, help="Print every preset as JSON, with its source.")
+def presets(as_json: bool) -> None:
+    """List ready-made model pairs (built-in and your own)."""
+    rows = []
+    for p in list_presets():
+        d = p.as_dict()
+        d["cached"] = hub.is_cached(p)
+        rows.append((p, d))
+    if as_json:
+        click.echo(json.dumps([d for _, d in rows], indent=2, default=str))
+        return
+    header = ("NAME", "TARGET", "DRAFT", "DOWNLOAD", "RAM", "CACHED", "SOURCE")
+    table = [header]
+    for p, d in rows:
+        table.append(
+            (
+                p.name + (" *" if p.gated else ""),
+                _short(p.target),
+                _short(p.draft_model),
+                hub.format_bytes(p.download_bytes) if p.download_bytes else "none",
+                hub.format_bytes(p.ram_bytes) if p.ram_bytes else "?",
+                "yes" if d["cached"] else "no",
+                p.source if p.source in ("builtin", "user") else "user",
+            )
+        )
+    widths = [max(len(str(r[i])) for r in table) for i in range(len(header))]
+    widths[1] = min(widths[1], 64)
+    widths[2] = min(widths[2], 64)
+    for r in table:
+        cells = [
+            str(c) if len(str(c)) <= w else "…" + str(c)[-(w - 1) :] for c, w in zip(r, widths, strict=True)
+        ]
+        click.echo("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    if any(p.gated for p, _ in rows):
+        click.echo("\n* gated: accept the licence on the repository page, then set HF_TOKEN (see the docs).")
+    click.echo(
+        f"Download one with `localspec download NAME`; add your own in {constants.user_presets_dir()}."
+    )
+
+
+@click.command("download")
+@click.argument("name")
+def download(name: str) -> None:
+    """Fetch a preset's target and draft into the Hugging Face cache and check that they pair."""
+    from localspec.presets import get_preset
+
+    preset = get_preset(name)
+    for label, ref in (("target", preset.target), ("draft", preset.draft_model)):
+        if ref is not None:
+            click.echo(f"{label:6}  {ref.describe()}")
+    if preset.gated:
+        click.echo(f"note    gated: {preset.gated}")
+    stages_seen: set[str] = set()
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if stage not in stages_seen:
+            stages_seen.add(stage)
+            if stage == "check":
+                click.echo("checking the pair ...", err=True)
+            elif done < total:
+                click.echo(f"downloading {stage} ({hub.format_bytes(total)}) ...", err=True)
+
+    pair = hub.ensure_preset(name, progress=progress)
+    click.echo(f"target  {pair.target}")
+    if pair.draft is not None:
+        click.echo(f"draft   {pair.draft}")
+        click.echo(f"pair    {pair.verdict}")
+        for reason in pair.reasons:
+            click.echo(f"        - {reason}")
+    click.echo(f'Run it: localspec.generate("...", preset="{name}")')
+
+
+@click.command("find-draft")
+@click.argument("repo")
+@click.option(
+    "--file", "filename", default=None, help="The target's GGUF file (default: its Q4_K_M or first)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the candidates as JSON.")
+def find_draft(repo: str, filename: str | None, as_json: bool) -> None:
+    """Find draft models on the Hub for a target repository (reads only GGUF headers)."""
+    found = hub.find_drafts(repo, filename=filename)
+    if as_json:
+        click.echo(json.dumps([c.as_dict() for c in found], indent=2))
+        return
+    if not found:
+        click.echo(f"No smaller GGUF model of the same author or family found for {repo}.")
+        return
+    header = ("VERDICT", "REPOSITORY", "FILE", "DOWNLOAD", "WHY")
+    table = [header] + [
+        (
+            c.verdict,
+            c.repo_id,
+            c.filename or "-",
+            hub.format_bytes(c.download_bytes),
+            (c.reasons[0] if c.reasons else ""),
+        )
+        for c in found
+    ]
+    widths = [max(len(str(r[i])) for r in table) for i in range(len(header))]
+    for r in table:
+        click.echo("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+COMMANDS = [presets, download, find_draft]

@@ -1,0 +1,352 @@
+"""localspec.hub against a local Hub stand-in: real huggingface_hub, real HTTP, temporary cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _hub_server import FakeHub, make_gguf, ordinary_tokens
+
+from localspec import constants, hub
+from localspec.errors import (
+    DiskSpaceError,
+    DownloadError,
+    GatedRepoError,
+    IncompatiblePairError,
+    OfflineError,
+)
+from localspec.presets import save_user_preset
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+VOCAB = SPECIAL + ordinary_tokens(400)
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """A running FakeHub with HF_ENDPOINT, HF_HOME and the user presets folder pointed at tmp_path."""
+    server = FakeHub(tmp_path / "served").start()
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("LOCALSPEC_CONFIG", str(tmp_path / "config"))
+    for var in (
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_HUB_OFFLINE",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def ggufs(tmp_path) -> dict[str, Path]:
+    d = tmp_path / "src"
+    return {
+        "target": make_gguf(d / "target.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=2 << 20, name="t"),
+        "draft": make_gguf(d / "draft.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=512 << 10, name="d"),
+        # same size, but the ordinary tokens differ from id 3 on: a different tokenizer
+        "alien": make_gguf(
+            d / "alien.gguf",
+            SPECIAL + [t + "x" for t in ordinary_tokens(400)],
+            control={0, 1, 2},
+            tensor_bytes=64 << 10,
+            name="a",
+        ),
+    }
+
+
+def _pair_preset(name: str, target: tuple[str, str], draft: tuple[str, str]) -> None:
+    save_user_preset(
+        {
+            "name": name,
+            "target": {"repo": target[0], "file": target[1]},
+            "draft_model": {"repo": draft[0], "file": draft[1]},
+            "download_size": "3 MB",
+        }
+    )
+
+
+def _embedded_or_generated(ggufs) -> tuple[Path, Path]:
+    """The real embedded pair when it has been built, else the generated vocab GGUFs."""
+    if constants.EMBEDDED_TARGET.is_file() and constants.EMBEDDED_DRAFT.is_file():
+        return constants.EMBEDDED_TARGET, constants.EMBEDDED_DRAFT
+    return ggufs["target"], ggufs["draft"]
+
+
+def _incomplete_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.endswith(".incomplete")]
+
+
+def test_preset_download_of_the_embedded_pair(fake_hub, ggufs, tmp_path):
+    target, draft = _embedded_or_generated(ggufs)
+    fake_hub.add_repo(
+        "localspec/tiny-embedded-GGUF",
+        {"tiny-target.gguf": target, "tiny-draft.gguf": draft, "README.md": b"# tiny pair\n"},
+    )
+    _pair_preset(
+        "tiny-remote",
+        ("localspec/tiny-embedded-GGUF", "tiny-target*.gguf"),
+        ("localspec/tiny-embedded-GGUF", "tiny-draft*.gguf"),
+    )
+    seen: list[tuple[str, int, int]] = []
+    pair = hub.ensure_preset("tiny-remote", progress=lambda *a: seen.append(a))
+
+    cache = tmp_path / "hf" / "hub"
+    assert pair.target.is_relative_to(cache) and pair.draft.is_relative_to(cache)
+    assert pair.target.read_bytes() == target.read_bytes()
+    assert pair.draft.read_bytes() == draft.read_bytes()
+    assert pair.verdict == "identical"
+    # the standard cache layout other tools read: refs/main -> snapshots/<commit>/file -> blobs/<sha256>
+    repo_dir = cache / "models--localspec--tiny-embedded-GGUF"
+    commit = (repo_dir / "refs" / "main").read_text()
+    assert (repo_dir / "snapshots" / commit / "tiny-target.gguf").exists()
+    # progress: per-stage byte counts that end at the total, then the pair check
+    t_total = target.stat().st_size
+    assert ("target", t_total, t_total) in seen
+    assert max(d for s, d, t in seen if s == "draft") == draft.stat().st_size
+    assert seen[-1] == ("check", 1, 1)
+    assert _incomplete_files(cache) == []
+    # a second call finds everything in the cache: no file is fetched again
+    fake_hub.log.clear()
+    again = hub.ensure_preset("tiny-remote")
+    assert again.target == pair.target
+    assert [e for e in fake_hub.log if "/resolve/" in e.path and e.method == "GET"] == []
+
+
+def test_resume_after_the_connection_drops(fake_hub, ggufs, tmp_path):
+    # huggingface_hub streams in 10 MiB chunks and resumes from the last whole chunk it wrote, so the
+    # file must be larger than one chunk and the cut must come after the first chunk.
+    big = make_gguf(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=24 << 20)
+    fake_hub.add_repo("org/big-GGUF", {"big-q4_k_m.gguf": big})
+    fake_hub.add_repo("org/small-GGUF", {"small-q4_k_m.gguf": ggufs["draft"]})
+    _pair_preset("cut", ("org/big-GGUF", "*q4_k_m.gguf"), ("org/small-GGUF", "*q4_k_m.gguf"))
+    cut_at = 13 << 20
+    fake_hub.drop_after["org/big-GGUF/big-q4_k_m.gguf"] = cut_at
+
+    pair = hub.ensure_preset("cut")
+
+    assert pair.target.read_bytes() == big.read_bytes()
+    gets = fake_hub.requests_for("big-q4_k_m.gguf", "GET")
+    assert len(gets) == 2, gets
+    first, second = gets
+    assert first.range_start is None and first.bytes_sent == cut_at  # cut mid-file
+    assert second.status == 206 and 0 < second.range_start <= cut_at  # resumed with a Range request
+    assert second.range_start + second.bytes_sent == big.stat().st_size  # ... and finished the file
+    assert second.bytes_sent < big.stat().st_size - (8 << 20)  # not a restart from zero
+    assert _incomplete_files(tmp_path / "hf") == []
+
+
+def test_gated_repo_without_and_with_a_token(fake_hub, ggufs, monkeypatch):
+    fake_hub.add_repo("google/secret-GGUF", {"secret-q4_0.gguf": ggufs["target"]}, gated=True)
+    fake_hub.add_repo("org/small-GGUF", {"small-q4_0.gguf": ggufs["draft"]})
+    _pair_preset("secret", ("google/secret-GGUF", "*q4_0.gguf"), ("org/small-GGUF", "*q4_0.gguf"))
+
+    with pytest.raises(GatedRepoError) as info:
+        hub.ensure_preset("secret")
+    text = str(info.value)
+    assert "google/secret-GGUF is a gated repository (401)" in text
+    assert f"{fake_hub.endpoint}/google/secret-GGUF" in info.value.hint  # where to accept the terms
+    assert "HF_TOKEN" in info.value.hint and "hf auth login" in info.value.hint
+
+    monkeypatch.setenv("HF_TOKEN", "hf_no_access")
+    with pytest.raises(GatedRepoError, match=r"\(403\).*not been granted access"):
+        hub.ensure_preset("secret")
+    assert fake_hub.requests_for("secret-q4_0.gguf")[-1].authorization == "Bearer hf_no_access"
+
+    fake_hub.tokens["hf_granted"] = {"google/secret-GGUF"}
+    monkeypatch.setenv("HF_TOKEN", "hf_granted")
+    pair = hub.ensure_preset("secret")
+    assert pair.target.read_bytes() == ggufs["target"].read_bytes()
+
+
+def test_missing_file_lists_what_the_repo_has(fake_hub, ggufs):
+    fake_hub.add_repo(
+        "org/m-GGUF", {"m-Q8_0.gguf": ggufs["draft"], "m-Q4_K_M.gguf": ggufs["draft"], "README.md": b"x"}
+    )
+    # a direct fetch of a file that is not there: the server answers 404, the message lists the repo
+    with pytest.raises(DownloadError) as info:
+        hub.download_file(hub.RemoteFile("org/m-GGUF", "m-Q2_K.gguf", "main", None))
+    msg = str(info.value)
+    assert "no file m-Q2_K.gguf (404)" in msg and "m-Q4_K_M.gguf" in msg and "m-Q8_0.gguf" in msg
+    assert any(e.status == 404 for e in fake_hub.requests_for("m-Q2_K.gguf"))
+    # a preset whose pattern matches nothing fails before any download, with the same listing
+    _pair_preset("nomatch", ("org/m-GGUF", "*IQ1_S*.gguf"), ("org/m-GGUF", "*Q8_0.gguf"))
+    with pytest.raises(DownloadError, match=r"no single model matches '\*IQ1_S\*\.gguf'.*m-Q4_K_M\.gguf"):
+        hub.ensure_preset("nomatch")
+
+
+def test_unknown_repository(fake_hub):
+    _pair_preset("ghost", ("nobody/ghost-GGUF", "*.gguf"), ("nobody/ghost-GGUF", "*.gguf"))
+    with pytest.raises(DownloadError, match="nobody/ghost-GGUF was not found"):
+        hub.ensure_preset("ghost")
+
+
+def test_offline_mode_uses_the_cache_and_names_missing_files(fake_hub, ggufs, monkeypatch):
+    fake_hub.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
+    fake_hub.add_repo("org/d-GGUF", {"d-Q4_K_M.gguf": ggufs["draft"]})
+    _pair_preset("both", ("org/t-GGUF", "*Q4_K_M.gguf"), ("org/d-GGUF", "*Q4_K_M.gguf"))
+    _pair_preset("half", ("org/t-GGUF", "*Q4_K_M.gguf"), ("org/other-GGUF", "*Q4_K_M.gguf"))
+    online = hub.ensure_preset("both")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fake_hub.log.clear()
+    offline = hub.ensure_preset("both")
+    assert (offline.target, offline.draft) == (online.target, online.draft)
+    assert fake_hub.log == []  # not a single request
+    with pytest.raises(OfflineError) as info:
+        hub.ensure_preset("half")
+    assert "org/other-GGUF@main/*Q4_K_M.gguf is not in the cache" in str(info.value)
+    assert "unset HF_HUB_OFFLINE" in info.value.hint
+    assert fake_hub.log == []
+
+
+def test_too_little_disk_space_stops_before_downloading(fake_hub, ggufs, monkeypatch, tmp_path):
+    fake_hub.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
+    fake_hub.add_repo("org/d-GGUF", {"d-Q4_K_M.gguf": ggufs["draft"]})
+    _pair_preset("full-disk", ("org/t-GGUF", "*Q4_K_M.gguf"), ("org/d-GGUF", "*Q4_K_M.gguf"))
+    asked: list[Path] = []
+    monkeypatch.setattr(hub, "disk_free", lambda p: asked.append(p) or 1_000_000)
+
+    with pytest.raises(DiskSpaceError) as info:
+        hub.ensure_preset("full-disk")
+    need = ggufs["target"].stat().st_size + ggufs["draft"].stat().st_size
+    assert f"needs {hub.format_bytes(need)} (2 file(s)) but only 1.0 MB is free" in str(info.value)
+    assert "HF_HUB_CACHE" in info.value.hint
+    assert asked == [tmp_path / "hf" / "hub"]
+    assert [e for e in fake_hub.log if "/resolve/" in e.path] == []
+
+
+def test_sharded_gguf_is_fetched_whole(fake_hub, ggufs):
+    data = ggufs["target"].read_bytes()
+    third = len(data) // 3
+    shards = {
+        "m-q4_k_m-00001-of-00003.gguf": data[:third],
+        "m-q4_k_m-00002-of-00003.gguf": data[third : 2 * third],
+        "m-q4_k_m-00003-of-00003.gguf": data[2 * third :],
+        "m-q8_0.gguf": b"GGUF-not-this-one",
+    }
+    fake_hub.add_repo("org/split-GGUF", shards)
+    resolved = hub.resolve_remote(hub.ModelRef(repo_id="org/split-GGUF", filename="m-q4_k_m*.gguf"))
+    assert [f.filename for f in resolved.files] == sorted(n for n in shards if "q4_k_m" in n)
+    first = hub._fetch_resolved(resolved, "target", None)
+    assert first.name == "m-q4_k_m-00001-of-00003.gguf"
+    assert b"".join((first.parent / n).read_bytes() for n in sorted(shards)[:3]) == data
+
+
+def test_select_files_rules():
+    names = [
+        "a-Q4_K_M.gguf",
+        "a-Q8_0.gguf",
+        "mmproj-a-f16.gguf",
+        "b-00001-of-00002.gguf",
+        "b-00002-of-00002.gguf",
+    ]
+    assert hub.select_files(names, "*q4_k_m.gguf") == ["a-Q4_K_M.gguf"]  # case-insensitive
+    assert hub.select_files(names, "b-00001-of-00002.gguf") == [
+        "b-00001-of-00002.gguf",
+        "b-00002-of-00002.gguf",
+    ]
+    with pytest.raises(LookupError, match="ambiguous"):
+        hub.select_files(names, "a-*.gguf")
+    with pytest.raises(LookupError, match="missing shard"):
+        hub.select_files(["c-00001-of-00003.gguf", "c-00003-of-00003.gguf"], "c*.gguf")
+
+
+def test_remote_fingerprint_reads_only_the_header(fake_hub, tmp_path):
+    big = make_gguf(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=24 << 20)
+    size = big.stat().st_size
+    fake_hub.add_repo("org/big-GGUF", {"big-Q4_K_M.gguf": big})
+
+    from localspec import gguf_meta, vocab
+
+    remote = hub.remote_fingerprint("org/big-GGUF", "big-Q4_K_M.gguf")
+    local = vocab.fingerprint(gguf_meta.read_metadata(big, tensors=False))
+    assert remote.fingerprint == local.fingerprint and remote.tokens == local.tokens
+    reads = [e for e in fake_hub.requests_for("big-Q4_K_M.gguf", "GET")]
+    assert reads and all(e.status == 206 for e in reads)  # range requests only
+    furthest = max(e.range_end for e in reads)
+    sent = sum(e.bytes_sent for e in reads)
+    assert furthest < 3 << 20 and sent < 3 << 20, (furthest, sent, size)  # a few MB of a 24 MB file
+    assert size > 8 * furthest
+
+
+def test_pair_check_refuses_an_incompatible_pair(fake_hub, ggufs):
+    fake_hub.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
+    fake_hub.add_repo("other/alien-GGUF", {"alien-Q4_K_M.gguf": ggufs["alien"]})
+    _pair_preset("mismatch", ("org/t-GGUF", "*Q4_K_M.gguf"), ("other/alien-GGUF", "*Q4_K_M.gguf"))
+    with pytest.raises(IncompatiblePairError) as info:
+        hub.ensure_preset("mismatch")
+    assert "preset 'mismatch': the draft alien-Q4_K_M.gguf cannot be used" in str(info.value)
+    assert info.value.reasons  # the verdict's reasons travel with the error
+
+
+def test_pair_differing_only_in_special_tokens_is_used_with_a_mask(fake_hub, tmp_path):
+    # like DeepSeek-R1-Distill-Qwen vs Qwen2.5: same ordinary tokens, other special tokens after them
+    # (and a longer list); the pair is usable with the draft barred from the differing ids
+    ordinary = ordinary_tokens(400)
+    qwen = ordinary + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    distill = ordinary + ["<|begin_of_sentence|>", "<|end_of_sentence|>", "<think>", "<|pad_0|>", "<|pad_1|>"]
+    specials = set(range(400, 405))
+    kw = {"bos": 400, "eos": 401, "tensor_bytes": 256 << 10}
+    target = make_gguf(tmp_path / "distill.gguf", distill, control=specials, **kw)
+    draft = make_gguf(tmp_path / "qwen.gguf", qwen, control=specials, **kw)
+    fake_hub.add_repo("org/distill-GGUF", {"distill-Q4_K_M.gguf": target})
+    fake_hub.add_repo("org/qwen-GGUF", {"qwen-Q4_K_M.gguf": draft})
+    _pair_preset("masked", ("org/distill-GGUF", "*Q4_K_M.gguf"), ("org/qwen-GGUF", "*Q4_K_M.gguf"))
+    pair = hub.ensure_preset("masked")
+    assert pair.verdict == "compatible-with-mask", pair.reasons
+    assert pair.reasons
+
+
+def test_redirected_downloads_and_metadata(tmp_path, monkeypatch, ggufs):
+    """The real Hub answers LFS files with a 302 to a CDN on another host; that path works too."""
+    with FakeHub(tmp_path / "served", redirect_lfs=True) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+        monkeypatch.setenv("LOCALSPEC_CONFIG", str(tmp_path / "config"))
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        server.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
+        server.add_repo("org/d-GGUF", {"d-Q4_K_M.gguf": ggufs["draft"]})
+        _pair_preset("cdn", ("org/t-GGUF", "*Q4_K_M.gguf"), ("org/d-GGUF", "*Q4_K_M.gguf"))
+        pair = hub.ensure_preset("cdn")
+        assert pair.target.read_bytes() == ggufs["target"].read_bytes()
+        assert any(e.path.startswith("/cdn-lfs/") and e.method == "GET" for e in server.log)
+
+
+def test_find_drafts_ranks_candidates(fake_hub, ggufs):
+    fake_hub.add_repo("Qwen/Toy-7B-Instruct-GGUF", {"toy-7b-instruct-q4_k_m.gguf": ggufs["target"]})
+    fake_hub.add_repo(
+        "Qwen/Toy-0.5B-Instruct-GGUF",
+        {"toy-0.5b-instruct-q4_k_m.gguf": ggufs["draft"], "toy-0.5b-instruct-q8_0.gguf": ggufs["draft"]},
+    )
+    fake_hub.add_repo("someone/Toy-1B-GGUF", {"Toy-1B-Q4_K_M.gguf": ggufs["alien"]})
+    fake_hub.add_repo(
+        "Qwen/Toy-14B-Instruct-GGUF", {"toy-14b-q4_k_m.gguf": ggufs["draft"]}
+    )  # larger: skipped
+    fake_hub.add_repo("Qwen/Toy-0.5B-Instruct", {"model.safetensors": b"x"})  # not GGUF: skipped
+
+    found = hub.find_drafts("Qwen/Toy-7B-Instruct-GGUF")
+    assert [c.repo_id for c in found] == ["Qwen/Toy-0.5B-Instruct-GGUF", "someone/Toy-1B-GGUF"]
+    best, worst = found
+    assert (best.verdict, best.filename, best.same_author) == (
+        "identical",
+        "toy-0.5b-instruct-q4_k_m.gguf",
+        True,
+    )
+    assert best.download_bytes == ggufs["draft"].stat().st_size
+    assert worst.verdict == "incompatible" and worst.reasons
+    # only headers were read: no candidate was downloaded whole
+    assert all(e.status == 206 for e in fake_hub.log if "/resolve/" in e.path and e.method == "GET")
+
+
+def test_embedded_preset_needs_no_network(monkeypatch, tmp_path):
+    if not (constants.EMBEDDED_TARGET.is_file() and constants.EMBEDDED_DRAFT.is_file()):
+        with pytest.raises(Exception, match="does not exist"):
+            hub.ensure_preset(constants.EMBEDDED_PRESET, check=False)
+        return
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    pair = hub.ensure_preset(constants.EMBEDDED_PRESET)
+    assert (pair.target, pair.draft) == (constants.EMBEDDED_TARGET, constants.EMBEDDED_DRAFT)
