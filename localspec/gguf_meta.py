@@ -158,7 +158,7 @@ class GGUFMetadata:
 
 
 def read_metadata(
-    path: str | os.PathLike[str], *, tensors: bool = True, merges: bool = False
+    path: str | os.PathLike[str], *, tensors: bool = True, merges: bool = True
 ) -> GGUFMetadata:
     """Read the header of a local GGUF file. Raises ``GGUFError`` for anything that is not a sound GGUF."""
     name = os.fspath(path)
@@ -181,14 +181,15 @@ def read_metadata_fileobj(
     size: int,
     *,
     tensors: bool = True,
-    merges: bool = False,
+    merges: bool = True,
     chunk_size: int = REMOTE_CHUNK,
 ) -> GGUFMetadata:
     """Parse a GGUF header from a seekable binary file object of ``size`` bytes, starting at offset 0.
 
     With ``tensors=False`` reading stops at the end of the key/value section (at most one chunk past
-    it), which is what a remote fingerprint needs. ``tokenizer.ggml.merges`` (only used to tokenize,
-    which llama.cpp does itself) is walked but kept as a ``SkippedArray`` unless ``merges=True``.
+    it), which is what a remote fingerprint needs. With ``merges=False``, ``tokenizer.ggml.merges`` (only
+    used to tokenize, which llama.cpp does itself) is walked but kept as a ``SkippedArray``: about twice
+    as fast for a BPE vocabulary, which is what scanning and fingerprinting use.
     """
     skip = frozenset() if merges else frozenset({"tokenizer.ggml.merges"})
     return _Parser(fh, name, size, chunk_size, skip).parse(tensors)
@@ -205,7 +206,7 @@ def is_gguf_file(path: str | os.PathLike[str]) -> bool:
 
 @dataclass(frozen=True)
 class SkippedArray:
-    """An array that was walked but not decoded (``tokenizer.ggml.merges`` unless asked for)."""
+    """An array that was walked but not decoded (``tokenizer.ggml.merges`` when read with merges=False)."""
 
     item_type: GGUFValueType
     count: int

@@ -78,7 +78,7 @@ class ModelInfo:
     def load_vocab(self) -> VocabInfo:
         """The full vocabulary (token texts), read from the file when not loaded yet."""
         if self.vocab is None:
-            self.vocab = fingerprint(read_metadata(self.path, tensors=False))
+            self.vocab = fingerprint(read_metadata(self.path, tensors=False, merges=False))
         return self.vocab
 
 
@@ -106,7 +106,7 @@ def inspect(path: str | os.PathLike[str]) -> ModelInfo:
     info = ModelInfo(path=p, name=Path(p).name)
     try:
         info.size_bytes = os.stat(p).st_size
-        meta = read_metadata(p, tensors=True)
+        meta = read_metadata(p, tensors=True, merges=False)
     except GGUFError as exc:
         info.error = exc.message
         info.unusable_reason = "not a readable GGUF file"
