@@ -118,3 +118,8 @@ def hf_endpoint() -> str:
 def hf_token() -> str | None:
     """``HF_TOKEN`` (or the older ``HUGGING_FACE_HUB_TOKEN``); None lets huggingface_hub use a saved login."""
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+def peer_dir() -> Path:
+    """Where ``localspec bench --peer`` builds and caches llama.cpp's own server (``LOCALSPEC_PEER_DIR``)."""
+    return _env_path("LOCALSPEC_PEER_DIR") or localspec_home() / "peer"
