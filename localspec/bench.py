@@ -9,7 +9,7 @@ llama.cpp peer (``localspec.peer``) produces the same dicts from llama-server. T
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,11 +193,19 @@ def run_interleaved(
 def render(pipe: Any, prompt: Prompt) -> tuple[list[int], list[str]]:
     """The exact token ids (and stop strings) a prompt becomes: chat prompts through the target's own chat
     template, others as plain text. Both localspec and the llama.cpp peer are fed these ids."""
-    if prompt.chat:
+    if prompt.chat and _has_chat_template(pipe):
         fmt = getattr(pipe, "format_chat", None) or pipe._format_chat
         tokens, stops = fmt([{"role": "user", "content": prompt.text}])
         return list(tokens), list(stops)
     return list(pipe.tokenize(prompt.text)), []
+
+
+def _has_chat_template(pipe: Any) -> bool:
+    """A model without a chat template (the embedded tiny pair) gets chat prompts as plain text."""
+    try:
+        return bool(pipe._target.metadata.get("tokenizer.chat_template"))
+    except AttributeError:
+        return True
 
 
 def engine_runner(pipe: Any, *, temperature: float = 0.0, seed: int | None = None) -> Runner:
@@ -228,3 +236,123 @@ def engine_runner(pipe: Any, *, temperature: float = 0.0, seed: int | None = Non
         return stats
 
     return run
+
+
+# ---------------------------------------------------------------------------------------------- one call
+
+
+def default_strategies(pipe: Any) -> list[str]:
+    """Both drafters when the pair has a draft model, n-gram lookup otherwise."""
+    return ["model", "ngram"] if pipe.info.draft_path is not None else ["ngram"]
+
+
+def load_workloads(
+    names: Sequence[str] | None = None, prompts_file: str | Path | None = None, limit: int | None = None
+) -> list[Workload]:
+    if prompts_file:
+        w = load_prompts(prompts_file)
+        w.prompts = w.prompts[:limit] if limit else w.prompts
+        return [w]
+    return select_workloads(names, limit)
+
+
+def open_pipeline(target=None, draft=None, preset=None, *, threads=None, n_ctx=None, n_max=None, p_min=None):
+    import localspec
+
+    return localspec.load(
+        target=target, draft=draft, preset=preset, n_threads=threads, n_ctx=n_ctx, n_max=n_max, p_min=p_min
+    )
+
+
+def pair_info(pipe: Any) -> dict[str, Any]:
+    info = pipe.info
+    return {
+        "target": str(info.target_path),
+        "draft": str(info.draft_path) if info.draft_path else None,
+        "verdict": info.verdict,
+        "note": info.note,
+        "n_ctx": pipe.n_ctx,
+        "n_max": pipe.options.n_max,
+        "p_min": pipe.options.p_min,
+    }
+
+
+def benchmark(
+    *,
+    target: str | None = None,
+    draft: str | None = None,
+    preset: str | None = None,
+    workloads: Sequence[str] | None = None,
+    prompts_file: str | Path | None = None,
+    limit: int | None = None,
+    max_tokens: int = 128,
+    temperature: float = 0.0,
+    repeats: int = 1,
+    threads: int | None = None,
+    n_ctx: int | None = None,
+    strategies: Sequence[str] | None = None,
+    n_max: int | None = None,
+    p_min: float | None = None,
+    peer: bool = False,
+    warmup: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the benchmark and return the report dict (see ``localspec.report`` to print and write it)."""
+    from localspec import constants
+    from localspec.benchmath import summarise
+    from localspec.report import machine_info
+
+    wl = load_workloads(workloads, prompts_file, limit)
+    threads = threads or constants.default_threads()
+    pipe = open_pipeline(target, draft, preset, threads=threads, n_ctx=n_ctx, n_max=n_max, p_min=p_min)
+    servers: dict[str, Any] = {}
+    try:
+        strategies = list(strategies or default_strategies(pipe))
+        k, p = pipe.options.n_max, pipe.options.p_min
+        configs = [Config(s, k, None if s == "ngram" else p) for s in strategies if s != "none"]
+        if not configs:
+            raise BenchError(
+                "nothing to compare: no speculative strategy", hint="use --strategy model or ngram"
+            )
+        peer_run, peer_configs, peer_note = None, [], ""
+        if peer:
+            from localspec import peer as peer_mod
+
+            peer_configs = [c for c in configs if c.strategy in ("model", "ngram")]
+            servers = peer_mod.start_servers(
+                [BASELINE, *peer_configs], target=pipe.info.target_path, draft=pipe.info.draft_path,
+                threads=threads, n_ctx=pipe.n_ctx, log=progress,
+            )  # fmt: skip
+            peer_run = peer_mod.peer_runner(
+                servers, render=lambda pr: render(pipe, pr)[0], temperature=temperature
+            )
+            peer_note = (
+                f"llama-server from llama-cpp-python {peer_mod.installed_version()}'s vendored llama.cpp "
+                f"({peer_mod.server_binary()}); draft model: --spec-type draft-simple, n-gram: ngram-simple "
+                "(lookup n-gram min(3, k), draft k); same token ids, threads, context, k and p_min"
+            )
+        records = run_interleaved(
+            engine_runner(pipe, temperature=temperature), wl, configs, max_tokens=max_tokens,
+            repeats=repeats, warmup=warmup, peer=peer_run, peer_configs=peer_configs, progress=progress,
+        )  # fmt: skip
+        cells, slope = summarise(wl, configs, records)
+        report: dict[str, Any] = {
+            "machine": machine_info(threads),
+            "settings": {"max_tokens": max_tokens, "temperature": temperature, "repeats": repeats,
+                         "threads": threads, "warmup": warmup, "strategies": strategies,
+                         "workloads": [w.name for w in wl], "prompts": {w.name: len(w.prompts) for w in wl}},
+            "pair": pair_info(pipe),
+            "memory": pipe.memory.as_dict(),
+            "verify_slope": slope,
+            "cells": [c.as_dict() for c in cells],
+            "runs": [{**r, "stats": {**r["stats"], "text": (r["stats"].get("text") or "")[:300]}}
+                     for r in records],
+        }  # fmt: skip
+        if peer_run is not None:
+            peer_cells, _ = summarise(wl, peer_configs, records, engine="llama.cpp")
+            report["peer"] = {"cells": [c.as_dict() for c in peer_cells], "note": peer_note}
+        return report
+    finally:
+        for srv in servers.values():
+            srv.close()
+        pipe.close()

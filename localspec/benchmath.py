@@ -112,6 +112,7 @@ class CellResult:
     draft_share: float
     verify_share: float
     other_share: float
+    identical_output: float | None
     prompt_seconds_baseline: float
     prompt_seconds_speculative: float
     target_token_seconds: float = float("nan")
@@ -143,6 +144,8 @@ def summarise_cell(
 ) -> CellResult:
     """Medians and pooled rates for one config; ceiling fields are filled by :func:`add_ceilings`."""
     base_tps, spec_tps = _per_prompt_tps(base_runs), _per_prompt_tps(spec_runs)
+    base_text = {pid: s.get("text") for pid, s in base_runs}
+    same = [base_text[pid] == s.get("text") for pid, s in spec_runs if base_text.get(pid) is not None]
     ratios = [spec_tps[p] / base_tps[p] for p in spec_tps if base_tps.get(p)]
     bs, ss = [s for _, s in base_runs], [s for _, s in spec_runs]
     drafted, accepted, rounds = _sum(ss, "drafted"), _sum(ss, "accepted"), _sum(ss, "rounds")
@@ -177,6 +180,7 @@ def summarise_cell(
         draft_share=draft_s / total if total else 0.0,
         verify_share=verify_s / total if total else 0.0,
         other_share=max(0.0, 1.0 - (draft_s + verify_s) / total) if total else 0.0,
+        identical_output=sum(same) / len(same) if same else None,
         prompt_seconds_baseline=median(s.get("prompt_seconds") or 0 for s in bs),
         prompt_seconds_speculative=median(s.get("prompt_seconds") or 0 for s in ss),
         target_token_seconds=t_dec,

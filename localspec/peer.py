@@ -1,8 +1,8 @@
 """The peer: llama.cpp's own speculative decoding, built from the llama.cpp that llama-cpp-python vendors.
 
 ``build_server()`` downloads the sdist of the installed llama-cpp-python (``pip download --no-binary :all:``),
-extracts ``vendor/llama.cpp`` and builds ``llama-server`` once into ``localspec_home()/peer/<version>``, so
-both sides run the same kernels. ``PeerServer`` runs one server per setting (target alone, draft model,
+extracts ``vendor/llama.cpp`` and builds ``llama-server`` once into ``peer_dir()/llama.cpp-<version>``,
+so both sides run the same kernels. ``PeerServer`` runs one server per setting (target alone, draft model,
 n-gram lookup); ``peer_runner`` sends one ``/completion`` request per prompt and returns stats dicts shaped
 like ``GenerationStats.as_dict()`` (from ``timings``: ``predicted_*``, ``draft_n``, ``draft_n_accepted``).
 Never used by the test suite in CI.
@@ -25,8 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from localspec import constants
 from localspec.bench import Config, Prompt, Runner
-from localspec.constants import localspec_home
 from localspec.errors import BenchError
 
 SERVER = "llama-server"
@@ -52,7 +52,7 @@ def installed_version() -> str:
 
 
 def peer_dir(version: str | None = None) -> Path:
-    return localspec_home() / "peer" / f"llama.cpp-{version or installed_version()}"
+    return constants.peer_dir() / f"llama.cpp-{version or installed_version()}"
 
 
 def server_binary(version: str | None = None) -> Path | None:

@@ -152,10 +152,16 @@ def _md_table(headers: list[str], body: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+TUNE_ROWS = 8
+
+
 def _by_workload(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Rows grouped per workload; after a tuning sweep only the best few per workload."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows(report):
         groups.setdefault(r["workload"], []).append(r)
+    if report.get("tuning"):
+        groups = {w: rs[:TUNE_ROWS] for w, rs in groups.items()}
     return groups
 
 

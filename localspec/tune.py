@@ -93,6 +93,7 @@ def tune(
                 f" (best: {best.config} at {best.speedup:.2f}x)" if best else ""
             )
         result["workloads"][w.name] = {
+            "records": records,
             "winner": winner,
             "note": note,
             "cells": [
@@ -137,3 +138,119 @@ def overall_winner(tuning: dict[str, Any]) -> dict[str, Any]:
         "p_min": c["p_min"],
         "speedup": best,
     }
+
+
+def parse_int_range(text: str) -> list[int]:
+    """``"1-8"`` or ``"2,4,6"`` -> a list of ints."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                out.extend(range(int(lo), int(hi) + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError as exc:
+        raise BenchError(f"not a list of draft lengths: {text!r}", hint='use e.g. "1-8" or "2,4,6"') from exc
+    if not out or min(out) < 1:
+        raise BenchError(f"draft lengths must be >= 1: {text!r}", hint='use e.g. "1-8"')
+    return out
+
+
+def tune_benchmark(
+    *,
+    target: str | None = None,
+    draft: str | None = None,
+    preset: str | None = None,
+    workloads: Sequence[str] | None = None,
+    prompts_file: str | None = None,
+    limit: int | None = 2,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    threads: int | None = None,
+    n_ctx: int | None = None,
+    strategies: Sequence[str] | None = None,
+    n_max_values: Sequence[int] = tuple(range(1, 9)),
+    p_min_values: Sequence[float] = (0.5, 0.75, 0.9),
+    margin: float = 0.02,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Load the pair, sweep the grid on every workload and return a report dict with ``tuning``."""
+    from localspec import constants
+    from localspec.bench import default_strategies, engine_runner, load_workloads, open_pipeline, pair_info
+    from localspec.benchmath import summarise as summarise_cells
+    from localspec.report import machine_info
+
+    wl = load_workloads(workloads, prompts_file, limit)
+    threads = threads or constants.default_threads()
+    pipe = open_pipeline(target, draft, preset, threads=threads, n_ctx=n_ctx)
+    try:
+        if not strategies:
+            strategies = default_strategies(pipe) + (["model+ngram"] if pipe.info.draft_path else [])
+        strategies = list(strategies)
+        configs = tune_configs(strategies, n_max_values, p_min_values)
+        runner = engine_runner(pipe, temperature=temperature)
+        runner(wl[0].prompts[0], BASELINE, min(8, max_tokens))  # warm-up, not counted
+        tuning = tune(runner, wl, configs, max_tokens=max_tokens, margin=margin, progress=progress)
+        cells = []
+        for w in wl:
+            cs, _ = summarise_cells([w], configs, tuning["workloads"][w.name].pop("records"))
+            cells += [
+                c.as_dict() for c in sorted(cs, key=lambda c: -(c.speedup if c.speedup == c.speedup else 0))
+            ]
+        tuning["overall"] = overall_winner(tuning)
+        return {
+            "machine": machine_info(threads),
+            "settings": {"max_tokens": max_tokens, "temperature": temperature, "repeats": 1,
+                         "threads": threads, "strategies": strategies, "n_max": list(n_max_values),
+                         "p_min": list(p_min_values),
+                         "workloads": [w.name for w in wl], "prompts": {w.name: len(w.prompts) for w in wl}},
+            "pair": pair_info(pipe),
+            "memory": pipe.memory.as_dict(),
+            "cells": cells,
+            "tuning": tuning,
+        }  # fmt: skip
+    finally:
+        pipe.close()
+
+
+def _draft_table(winner: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"strategy": winner["strategy"]}
+    if winner.get("n_max"):
+        out["n_max"] = int(winner["n_max"])
+    if winner.get("p_min") is not None:
+        out["p_min"] = float(winner["p_min"])
+    return out
+
+
+def save_winners(report: dict[str, Any], name: str, *, preset: str | None = None) -> list[str]:
+    """Write the overall winner as user preset ``name`` and each workload's winner as ``name-<workload>``.
+
+    Built on ``preset`` when the bench ran one (its download references are kept), else on local paths.
+    Returns the paths written.
+    """
+    from dataclasses import replace
+
+    from localspec.presets import DraftSettings, get_preset, save_user_preset
+
+    tuning, pair = report["tuning"], report["pair"]
+    winners = [(name, tuning["overall"])] + [
+        (f"{name}-{w}", t["winner"]) for w, t in tuning["workloads"].items()
+    ]
+    paths = []
+    for pname, win in winners:
+        draft = _draft_table(win)
+        desc = f"tuned by localspec bench: {win['config']} ({win.get('speedup', 1.0):.2f}x)"
+        if preset:
+            base = get_preset(preset)
+            settings = DraftSettings(**{**base.draft.__dict__, **draft})
+            p = save_user_preset(replace(base, name=pname, description=desc, draft=settings, source="user"))
+        else:
+            table: dict[str, Any] = {"name": pname, "description": desc, "target": {"path": pair["target"]},
+                                     "n_ctx": pair["n_ctx"], "draft": draft}  # fmt: skip
+            if pair.get("draft"):
+                table["draft_model"] = {"path": pair["draft"]}
+            p = save_user_preset(table)
+        paths.append(str(p))
+    return paths

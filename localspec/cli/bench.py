@@ -1,0 +1,97 @@
+"""``localspec bench``: speedup, acceptance, ceiling and memory per workload; tuner; llama.cpp peer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from localspec.bench import STRATEGIES, WORKLOADS
+
+
+def _split(values: tuple[str, ...]) -> list[str]:
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+@click.command("bench")
+@click.option("--target", "-t", type=click.Path(dir_okay=False), help="Target GGUF (default: embedded pair).")
+@click.option("--draft", "-d", help="Draft GGUF path, 'ngram' or 'none' (default: automatic pairing).")
+@click.option("--preset", "-p", help="A preset name (see `localspec presets`).")
+@click.option("--workloads", "-w", multiple=True, help=f"Comma-separated subset of: {', '.join(WORKLOADS)}.")
+@click.option("--prompts", type=click.Path(dir_okay=False), help="Your own prompt file (lines or JSONL).")
+@click.option("--limit", type=int, help="Use only the first N prompts of each workload.")
+@click.option("--max-tokens", "-n", default=128, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--repeats", default=1, show_default=True, type=int, help="Runs per prompt and setting.")
+@click.option("--threads", type=int, help="CPU threads (default: physical cores).")
+@click.option("--n-ctx", type=int, help="Context size (default 4096 or the preset's).")
+@click.option("--strategy", "strategies", multiple=True, type=click.Choice(STRATEGIES[:3]),
+              help="Strategies to measure (default: model and ngram with a draft, else ngram).")  # fmt: skip
+@click.option("--n-max", type=int, help="Draft length k (default: the pair's / preset's).")
+@click.option("--p-min", type=float, help="Draft confidence cut-off (default: the pair's / preset's).")
+@click.option("--peer", is_flag=True, help="Also run llama.cpp's own speculative decoding (built once).")
+@click.option("--tune", is_flag=True, help="Sweep strategy x draft length x p_min and pick the best.")
+@click.option("--tune-n-max", default="1-8", show_default=True, help="Draft lengths to sweep.")
+@click.option("--tune-p-min", default="0.5,0.75,0.9", show_default=True, help="p_min values to sweep.")
+@click.option(
+    "--save-preset", help="With --tune: save the winners as user preset NAME (and NAME-<workload>)."
+)
+@click.option("--no-warmup", is_flag=True, help="Skip the uncounted warm-up runs.")
+@click.option("--out", "out_dir", default="bench-out", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for bench.json, bench.md and bench.png.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of tables.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+def bench(target, draft, preset, workloads, prompts, limit, max_tokens, temperature, repeats, threads, n_ctx,
+          strategies, n_max, p_min, peer, tune, tune_n_max, tune_p_min, save_preset, no_warmup, out_dir,
+          as_json, quiet) -> None:  # fmt: skip
+    """Measure whether speculative decoding pays off on this machine, per kind of text.
+
+    Runs the target alone and each strategy interleaved on the same prompts, in one process, and reports
+    acceptance, tokens/s, speedup (median over prompts), the theoretical ceiling, efficiency and the
+    draft's memory overhead. Writes bench.json, bench.md and bench.png into --out.
+    """
+    from localspec import report as rep
+    from localspec.bench import benchmark
+
+    if target and preset:
+        raise click.UsageError("give either --target or --preset, not both")
+    if save_preset and not tune:
+        raise click.UsageError("--save-preset needs --tune")
+    if peer and tune:
+        raise click.UsageError("--peer compares fixed settings; run it without --tune")
+    names = _split(workloads) or None
+    for n in names or []:
+        if n not in WORKLOADS:
+            raise click.UsageError(f"unknown workload {n!r}; choose from {', '.join(WORKLOADS)}")
+    progress = None if (quiet or as_json) else (lambda m: click.echo(f"  {m}", err=True))
+    common = dict(target=target, draft=draft, preset=preset, workloads=names, prompts_file=prompts,
+                  max_tokens=max_tokens, temperature=temperature, threads=threads, n_ctx=n_ctx,
+                  progress=progress)  # fmt: skip
+    if tune:
+        from localspec.tune import parse_int_range, tune_benchmark
+
+        try:
+            p_values = [float(v) for v in tune_p_min.split(",") if v.strip()]
+        except ValueError as exc:
+            raise click.UsageError(f"--tune-p-min: not a list of numbers: {tune_p_min!r}") from exc
+        result = tune_benchmark(**common, limit=limit or 2, strategies=list(strategies) or None,
+                                n_max_values=parse_int_range(tune_n_max), p_min_values=p_values)  # fmt: skip
+        if save_preset:
+            from localspec.tune import save_winners
+
+            result["tuning"]["saved"] = save_winners(result, save_preset, preset=preset)
+    else:
+        result = benchmark(**common, limit=limit, repeats=repeats, strategies=list(strategies) or None,
+                           n_max=n_max, p_min=p_min, peer=peer, warmup=not no_warmup)  # fmt: skip
+    files = rep.write_all(result, Path(out_dir))
+    if as_json:
+        click.echo(json.dumps(json.loads(files["json"].read_text()), indent=1))
+        return
+    click.echo(rep.format_text(result))
+    for path in result.get("tuning", {}).get("saved", []):
+        click.echo(f"saved preset {path}")
+    click.echo(f"\nwrote {files['json']}, {files['markdown']}, {files['png']}")
+
+
+COMMANDS = [bench]
