@@ -1,0 +1,171 @@
+"""Fingerprints and pair verdicts on llama.cpp's own test vocabularies, worked out by hand from the rule in
+llama.cpp's common/speculative.cpp (same vocab type; add_bos equal and, if set, the same BOS id; the same
+for EOS; sizes within 128; token texts equal from id 5 on)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+
+import numpy as np
+import pytest
+from _gguf_build import load_tokens, synthetic_tokens, vocab_path, write_gguf
+
+from localspec.gguf_meta import read_metadata
+from localspec.vocab import VocabInfo, compare, fingerprint, fingerprint_tokens, usability
+
+
+@cache
+def vocab(name: str) -> VocabInfo:
+    return fingerprint(read_metadata(vocab_path(name), tensors=False, merges=False))
+
+
+def test_fingerprint_is_pinned():
+    # The recipe is part of the cache and of what users compare across machines: it must not drift.
+    assert vocab("qwen2").short == "cfa5dd10e5f2"
+    assert vocab("llama-spm").short == "d25504c9fd1b"
+    assert vocab("qwen2").fingerprint == fingerprint_tokens("gpt2", vocab("qwen2").tokens)
+
+
+def test_fingerprint_ignores_file_details_but_not_texts(tmp_path):
+    tokens, types = load_tokens("gpt-2")
+    # the same table written by another writer, with another architecture, name and pre-tokenizer
+    p = write_gguf(tmp_path / "other.gguf", arch="starcoder", name="x", tokens=tokens, token_types=types,
+                   pre="starcoder", bos=0, eos=0)
+    assert fingerprint(read_metadata(p)).fingerprint == vocab("gpt-2").fingerprint
+    changed = list(tokens)
+    changed[1000] += "!"
+    p2 = write_gguf(tmp_path / "changed.gguf", tokens=changed, token_types=types)
+    assert fingerprint(read_metadata(p2)).fingerprint != vocab("gpt-2").fingerprint
+    # moving a byte between neighbours keeps the concatenation but not the table
+    assert fingerprint_tokens("gpt2", ["ab", "c"]) != fingerprint_tokens("gpt2", ["a", "bc"])
+    assert fingerprint_tokens("gpt2", ["a"]) != fingerprint_tokens("llama", ["a"])
+
+
+def test_special_token_facts_follow_llama_cpp_defaults():
+    spm = vocab("llama-spm")
+    assert (spm.vocab_type, spm.bos_id, spm.eos_id, spm.add_bos, spm.add_eos) == ("SPM", 1, 2, True, False)
+    q = vocab("qwen2")  # BPE: no add_bos key, so llama.cpp's BPE default (False) applies
+    assert (q.vocab_type, q.bos_id, q.eos_id, q.add_bos) == ("BPE", 151643, 151643, False)
+
+
+def test_identical_lists_under_different_names():
+    # qwen2 and qwen35 files: same 151,936 texts, only tokenizer.ggml.pre differs ("qwen2" vs "qwen35"),
+    # which decides how text is split into tokens, not what an id means.
+    r = compare(vocab("qwen2"), vocab("qwen35"))
+    assert r.verdict == "identical" and not r.masked_ids
+    # gpt-neox and mpt: architectures "gptneox" and "mpt", the same GPT-NeoX-20B tokenizer (50,432 tokens).
+    assert compare(vocab("gpt-neox"), vocab("mpt")).verdict == "identical"
+
+
+def test_near_identical_spm_pair_is_compatible():
+    # phi-3 is llama's 32,000 SentencePiece tokens plus 64 added ones: ids 0..31999 agree, the size
+    # difference (64) is within 128, both add BOS id 1; EOS ids differ (2 vs 32000) but neither adds EOS,
+    # so llama.cpp does not compare them.
+    r = compare(vocab("llama-spm"), vocab("phi-3"))
+    assert r.verdict == "compatible"
+    assert r.masked_ids == list(range(32000, 32064))  # draft ids the target does not have
+    assert any("64 more tokens" in x for x in r.reasons)
+    back = compare(vocab("phi-3"), vocab("llama-spm"))
+    assert back.verdict == "compatible" and back.masked_ids == []
+
+
+@pytest.mark.parametrize("target, draft, needle", [
+    # gpt-2 has 50,257 tokens, gpt-neox 50,432 (175 more: beyond 128) and reorders ordinary tokens.
+    ("gpt-2", "gpt-neox", "175 more tokens"),
+    # refact's 49,216 BPE tokens are another list altogether: id 19 is '4' in gpt-2, '!' in refact.
+    ("gpt-2", "refact", "token 19 differs: target '4' vs draft '!'"),
+    # SentencePiece vs byte-level BPE: the same id is a different kind of string.
+    ("llama-spm", "qwen2", "different tokenizer types"),
+    ("qwen2", "gpt-2", "token 256 differs"),
+])
+def test_plainly_different_vocabularies(target, draft, needle):
+    r = compare(vocab(target), vocab(draft))
+    assert r.verdict == "incompatible"
+    assert any(needle in x for x in r.reasons), r.reasons
+    assert not r.usable
+
+
+# -- compatible-with-mask: a DeepSeek-R1-Distill-Qwen-like vocabulary built from the real Qwen2 list -------
+R1_SPECIAL = ["<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜begin▁of▁sentence｜>",
+              "<|EOT|>", "<think>", "</think>"]
+
+
+@pytest.fixture(scope="module")
+def r1(tmp_path_factory) -> VocabInfo:
+    """Written once per module: GGUFWriter needs a second or two for 152K tokens."""
+    tokens, types = load_tokens("qwen2")
+    tokens, types = list(tokens), list(types)
+    for i, text in enumerate(R1_SPECIAL):  # ids 151643.. are redefined, as control tokens
+        tokens[151643 + i] = text
+        types[151643 + i] = 3
+    tokens += [f"<|pad_{i}|>" for i in range(128)]  # 152,064 rows, like the 7B+ models
+    types += [4] * 128
+    path = write_gguf(tmp_path_factory.mktemp("r1") / "r1.gguf", arch="qwen2", tokens=tokens,
+                      token_types=types, bos=151646, eos=151643, add_bos=True, add_eos=False)
+    return fingerprint(read_metadata(path))
+
+
+def test_special_tokens_only_differ_gives_mask(r1):
+    qwen = vocab("qwen2")
+    assert r1.n_vocab == 152064 and qwen.n_vocab == 151936
+    # target R1-distill (152,064), draft Qwen2.5 (151,936): llama.cpp refuses (add_bos differs, texts differ
+    # at 151643); every difference is a control token, so the draft just must not propose those ids.
+    r = compare(r1, qwen)
+    assert r.verdict == "compatible-with-mask", r.reasons
+    assert r.masked_ids == list(range(151643, 151643 + len(R1_SPECIAL)))
+    assert "ordinary tokens agree" in r.reasons[0]
+    assert any("adds BOS" in x for x in r.reasons) and any("llama.cpp" in x for x in r.reasons)
+    # the other way round the draft's 128 extra ids must be masked too
+    back = compare(qwen, r1)
+    assert back.verdict == "compatible-with-mask"
+    assert back.masked_ids == [*range(151643, 151643 + len(R1_SPECIAL)), *range(151936, 152064)]
+
+
+def test_an_ordinary_difference_is_incompatible(r1):
+    tokens = list(r1.tokens)
+    tokens[1000] = "Ġsomething-else"
+    broken = replace(r1, tokens=tokens, fingerprint=fingerprint_tokens(r1.model, tokens))
+    r = compare(broken, vocab("qwen2"))
+    assert r.verdict == "incompatible"
+    assert any("token 1000 differs" in x for x in r.reasons), r.reasons
+
+
+def test_bos_only_difference_on_same_list(tmp_path):
+    toks = synthetic_tokens(300)
+    a = fingerprint(read_metadata(write_gguf(tmp_path / "a.gguf", tokens=toks, bos=1, add_bos=True)))
+    b = fingerprint(read_metadata(write_gguf(tmp_path / "b.gguf", tokens=toks, bos=1, add_bos=False)))
+    assert a.fingerprint == b.fingerprint
+    r = compare(a, b)
+    assert r.verdict == "compatible-with-mask" and r.masked_ids == []
+    assert any("does not add BOS" not in x and "adds BOS" in x for x in r.reasons)
+    c = fingerprint(read_metadata(write_gguf(tmp_path / "c.gguf", tokens=toks, bos=2, add_bos=True)))
+    assert any("different BOS" in x for x in compare(a, c).reasons)
+
+
+def test_no_vocabulary(tmp_path):
+    empty = fingerprint(read_metadata(write_gguf(tmp_path / "e.gguf")))
+    assert empty.fingerprint is None and empty.n_vocab == 0
+    r = compare(empty, vocab("gpt-2"))
+    assert r.verdict == "incompatible" and "no vocabulary" in r.reasons[0]
+
+
+# -- usability -------------------------------------------------------------------------------------------
+def _model(tmp_path, name, **kw):
+    return read_metadata(write_gguf(tmp_path / f"{name}.gguf", tokens=synthetic_tokens(10),
+                                   tensors={"w": np.zeros(4, dtype=np.float32)}, **kw))
+
+
+def test_usability(tmp_path):
+    assert usability(_model(tmp_path, "ok")) == (True, None)
+    assert usability(read_metadata(vocab_path("qwen2")))[1].startswith("vocab-only")
+    mmproj = _model(tmp_path, "mm", arch="clip", extra=lambda w: w.add_string("general.type", "mmproj"))
+    ok, why = usability(mmproj)
+    assert not ok and "mmproj" in why
+    ok, why = usability(_model(tmp_path, "shard", extra=lambda w: (w.add_uint16("split.no", 1),
+                                                                    w.add_uint16("split.count", 3))))
+    assert not ok and "shard 2 of 3" in why and "first shard" in why
+    for arch in ("mamba", "rwkv7", "jamba", "qwen3next", "qwen35", "lfm2", "granitehybrid"):
+        ok, why = usability(_model(tmp_path, arch, arch=arch))
+        assert not ok and "roll back" in why, arch
+    assert usability(_model(tmp_path, "q3", arch="qwen3"))[0]
