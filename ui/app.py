@@ -353,14 +353,14 @@ class App:
             with gr.Tab("Bench"):
                 from .bench_tab import build_bench_tab
 
-                build_bench_tab(self)
+                bench = build_bench_tab(self)
 
             inputs = {v for k, v in c.items() if k not in ("output", "result", "error")}
             outputs = [c["output"], c["result"], c["error"], c["chat"]]
             c["source"].change(
-                lambda s: (gr.update(visible=s == "Preset"), gr.update(visible=s != "Preset")),
+                lambda s: (gr.update(visible=s == "Preset"), gr.update(visible=s != "Preset"), ""),
                 c["source"],
-                [preset_box, own_box],
+                [preset_box, own_box, pair_msg],
                 queue=False,
             )
             c["mode"].change(lambda m: gr.update(visible=m == "Chat"), c["mode"], clear_btn, queue=False)
@@ -391,6 +391,9 @@ class App:
             run_btn.click(self.on_run, inputs, outputs, concurrency_limit=1, concurrency_id="engine")
             c["prompt"].submit(self.on_run, inputs, outputs, concurrency_limit=1, concurrency_id="engine")
             cmp_btn.click(self.on_compare, inputs, outputs, concurrency_limit=1, concurrency_id="engine")
+            if bench is not None:
+                button, fn, bench_outputs = bench
+                button.click(fn, inputs, bench_outputs, concurrency_limit=1, concurrency_id="engine")
             stop_btn.click(self.on_stop, None, None, queue=False)
             clear_btn.click(
                 lambda: ([], tokens_html([]), ""), None, [c["chat"], c["output"], c["error"]], queue=False

@@ -1,11 +1,119 @@
-"""The Bench tab: run localspec's workload benchmark on the chosen pair, show its table and chart."""
+"""The Bench tab: run localspec's workload benchmark on the chosen pair, show its table and chart.
+
+The benchmark itself is ``localspec.bench.benchmark``; its report files come from ``localspec.report``.
+The tab only maps the page's choices onto those calls and counts progress lines for the bar.
+"""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
+from .render import ok_html
 
-def build_bench_tab(app: Any) -> None:
-    gr.Markdown("The benchmark is not available in this build yet.")
+
+def _bench():
+    from localspec import bench
+
+    return bench
+
+
+def expected_runs(workloads: list[Any], n_configs: int, repeats: int) -> int:
+    """How many counted runs the benchmark reports: every prompt under the baseline and each config."""
+    return max(1, sum(len(w.prompts) for w in workloads) * (1 + n_configs) * max(1, repeats))
+
+
+def run_bench(app: Any, v: dict[str, Any], progress: Any) -> tuple[str, str, str | None, str | None]:
+    """Run the benchmark for the pair chosen in the Generate tab; returns (message, table md, png, json)."""
+    from localspec import report as rep
+
+    c = app.c
+    spec = app.spec(v)
+    names = list(v[c["bench_workloads"]] or []) or None
+    limit = int(v[c["bench_limit"]] or 0) or None
+    repeats = int(v[c["bench_repeats"]] or 1)
+    strategies = list(v[c["bench_strategies"]] or []) or None
+    workloads = _bench().load_workloads(names, None, limit)
+    total = expected_runs(workloads, len(strategies or ["model", "ngram"]), repeats)
+    done = [0]
+
+    def tick(message: str) -> None:
+        if ":" in message and " tok/s" in message:  # one counted run finished
+            done[0] += 1
+        try:
+            progress((min(done[0], total), total), desc=message[:80], unit="runs")
+        except Exception:  # progress display is best effort
+            pass
+
+    kwargs: dict[str, Any] = (
+        {"preset": spec.preset} if spec.preset else {"target": spec.target, "draft": spec.draft}
+    )
+    progress(0.0, desc="loading the pair")
+    with app.holder.busy():
+        app.holder.close()  # the bench loads its own pipeline: one pair in memory at a time
+        report = _bench().benchmark(
+            **kwargs,
+            workloads=names,
+            limit=limit,
+            max_tokens=int(v[c["bench_max_tokens"]]),
+            temperature=0.0,
+            repeats=repeats,
+            n_ctx=spec.n_ctx,
+            strategies=strategies,
+            progress=tick,
+        )
+    out = Path(tempfile.mkdtemp(prefix="localspec-bench-"))
+    files = rep.write_all(report, out)
+    table = files["markdown"].read_text(encoding="utf-8")
+    msg = ok_html(f"benchmark done: {done[0]} runs; files in {out}")
+    return msg, table, str(files["png"]), str(files["json"])
+
+
+def build_bench_tab(app: Any) -> tuple[Any, Any, list[Any]] | None:
+    """Controls, a Run bench button, the report table (Markdown), its chart (PNG) and the JSON file.
+
+    Returns (button, handler, outputs) for the caller to wire once all inputs exist (the pair is picked
+    in the Generate tab)."""
+    c = app.c
+    try:
+        workloads = list(_bench().WORKLOADS)
+        strategies = list(_bench().STRATEGIES[:3])
+    except ImportError:
+        gr.Markdown("The benchmark module is not part of this installation.")
+        return None
+    gr.Markdown(
+        "Runs the target alone and each strategy **interleaved on the same prompts** in this process, "
+        "for the pair picked in the Generate tab, and reports acceptance, tokens/s, speedup (median over "
+        "prompts), the theoretical ceiling and the draft's memory cost. Same as `localspec bench`; the "
+        "loaded pair is closed while it runs."
+    )
+    with gr.Row():
+        c["bench_workloads"] = gr.CheckboxGroup(
+            workloads, value=["code"], label="Workloads", elem_id="ls-bench-workloads"
+        )
+        c["bench_strategies"] = gr.CheckboxGroup(
+            strategies, value=[], label="Strategies (none ticked: the pair's defaults)"
+        )
+    with gr.Row():
+        c["bench_limit"] = gr.Number(2, label="Prompts per workload (0 = all)", precision=0, minimum=0)
+        c["bench_max_tokens"] = gr.Number(64, label="Max tokens per run", precision=0, minimum=1)
+        c["bench_repeats"] = gr.Number(1, label="Repeats", precision=0, minimum=1)
+    bench_btn = gr.Button("Run bench", variant="primary", elem_id="ls-bench-run")
+    msg = gr.HTML("", elem_id="ls-bench-msg")
+    table = gr.Markdown("", elem_id="ls-bench-table")
+    with gr.Row():
+        chart = gr.Image(label="Speedup per workload", type="filepath", elem_id="ls-bench-chart", height=320)
+        report_file = gr.File(label="bench.json")
+
+    def on_bench(v: dict[str, Any], progress: gr.Progress = gr.Progress()):  # noqa: B008
+        try:
+            return run_bench(app, v, progress)
+        except Exception as exc:  # noqa: BLE001 - shown in the page
+            from .app import friendly
+
+            return friendly(exc), "", None, None
+
+    return bench_btn, on_bench, [msg, table, chart, report_file]

@@ -154,7 +154,7 @@ def draft_options(target: Any, view: ScanView) -> tuple[list[tuple[str, str]], s
 
     if getattr(target, "error", None) or not getattr(target, "usable", True):
         raise UnusableModelError(
-            f"{model_path(target)}: {target.error or target.unusable_reason or 'cannot be used as a model'}",
+            target.error or f"{model_path(target)}: {target.unusable_reason or 'cannot be used as a model'}",
             hint="pick a complete, text-only .gguf model as the target",
         )
     tpath = model_path(target)

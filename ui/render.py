@@ -40,12 +40,15 @@ CSS = """
 .ls-bar { flex: 1; display: flex; flex-direction: column; justify-content: flex-end; align-items: center;
   height: 100%; font-size: 0.75rem; }
 .ls-bar .fill { width: 100%; background: #3e8ed0; border-radius: 3px 3px 0 0; min-height: 1px; }
-.ls-kv { width: 100%; border-collapse: collapse; font-size: 0.85rem; margin-top: 4px; }
-.ls-kv th, .ls-kv td { border: none !important; padding: 2px 6px; text-align: left; vertical-align: top;
-  background: transparent !important; }
-.ls-kv th { font-weight: 600; white-space: nowrap; color: var(--body-text-color-subdued); }
 .ls-card table, .ls-card td, .ls-card tr { border: none !important; background: transparent !important; }
 .ls-card tr + tr td { border-top: 1px solid var(--border-color-primary) !important; }
+.ls-kv, .ls-kv tr, .ls-kv th, .ls-kv td { border: none !important; background: transparent !important; }
+.ls-kv { width: 100%; border-collapse: collapse; font-size: 0.85rem; margin: 4px 0 0 0 !important; }
+.ls-kv th, .ls-kv td { padding: 2px 6px !important; text-align: left; vertical-align: top; }
+.ls-kv th { font-weight: 600; white-space: nowrap; }
+#ls-preset-facts { padding: 6px 8px; }
+#ls-preset-facts.ls-missing { border-left: 3px solid #f5a524; }
+#ls-preset-facts.ls-cached { border-left: 3px solid #46a758; }
 .ls-note { font-size: 0.82rem; color: var(--body-text-color-subdued); margin-top: 6px; }
 """
 
@@ -126,11 +129,11 @@ def error_html(exc: BaseException | str, *, title: str = "Could not do that") ->
     body = esc(message)
     if hint:
         body += f"\n\u2192 {esc(hint)}"
-    return f'<div class="ls-err" id="ls-error"><b>{esc(title)}</b>{body}</div>'
+    return f'<div class="ls-err"><b>{esc(title)}</b>{body}</div>'
 
 
 def ok_html(text: str) -> str:
-    return f'<div class="ls-ok" id="ls-ok">{esc(text)}</div>'
+    return f'<div class="ls-ok">{esc(text)}</div>'
 
 
 # ----------------------------------------------------------------------------- result panel

@@ -1,0 +1,234 @@
+"""The web UI: presentation functions, the pipeline holder on the embedded pair, and a real browser run.
+
+The browser test starts ``localspec ui`` on a free local port and drives headless Chromium (Debian's package,
+through Playwright) on the embedded pair: run a prompt, see highlighted draft tokens, Compare, read the
+speedup and memory values from the page, and get readable messages for bad input.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+from _browser import browser_page, ui_server
+from localspec.ui.render import error_html, memory_rows, result_panel_html, tokens_html
+
+from localspec import constants
+from localspec.errors import ContextOverflowError, GGUFError
+
+ARTIFACTS = Path(__file__).parent / "artifacts"
+EMBEDDED = constants.EMBEDDED_TARGET.is_file() and constants.EMBEDDED_DRAFT.is_file()
+needs_embedded = pytest.mark.skipif(not EMBEDDED, reason="the embedded pair is not built yet")
+
+
+# ------------------------------------------------------------------------------------------ presentation
+
+
+def test_tokens_html_escapes_text_and_marks_draft_tokens():
+    html = tokens_html([("<script>", True), ("a & b", False), ("", True), ('"x"', True)])
+    assert "<script>" not in html
+    assert '<span class="ls-t ls-d">&lt;script&gt;</span>' in html
+    assert '<span class="ls-t">a &amp; b</span>' in html
+    assert '<span class="ls-t ls-d">&quot;x&quot;</span>' in html
+    assert html.count("ls-d") == 2  # the empty piece (half a UTF-8 char) is not drawn
+
+
+def test_error_html_shows_message_and_next_step_without_traceback():
+    exc = ContextOverflowError("the prompt (3000 tokens) exceeds the context", hint="lower max_tokens")
+    html = error_html(exc)
+    assert "exceeds the context" in html and "lower max_tokens" in html
+    assert "Traceback" not in html
+    assert "&lt;b&gt;" in error_html(GGUFError("<b>.gguf", "bad magic"))
+
+
+def test_result_panel_puts_speedup_next_to_memory_with_readable_numbers():
+    stats = {
+        "tokens_per_second": 30.0,
+        "acceptance_rate": 0.5,
+        "mean_accepted_length": 1.5,
+        "tokens_per_round": 2.5,
+        "drafted": 10,
+        "accepted": 5,
+        "acceptance_by_position": [0.75, 0.25],
+        "drafted_by_position": [4, 4],
+        "strategy": "model",
+    }
+    memory = {
+        "target_weights_bytes": 90 * 2**20,
+        "target_kv_bytes": 10 * 2**20,
+        "draft_weights_bytes": 20 * 2**20,
+        "draft_kv_bytes": 5 * 2**20,
+        "draft_overhead_bytes": 25 * 2**20,
+        "draft_overhead_pct": 25.0,
+        "draft_rss_delta_bytes": 30 * 2**20,
+        "rss_baseline_bytes": 100 * 2**20,
+        "rss_after_target_bytes": 200 * 2**20,
+    }
+    html = result_panel_html(stats, baseline={"tokens_per_second": 20.0}, speedup=1.5, memory=memory)
+
+    def value(eid: str) -> float:
+        return float(re.search(rf'id="{eid}" data-value="([^"]*)"', html).group(1))
+
+    assert value("ls-speedup") == 1.5
+    assert value("ls-base-tps") == 20.0 and value("ls-spec-tps") == 30.0
+    assert value("ls-acceptance") == 50.0
+    assert value("ls-overhead-mb") == 25.0 and value("ls-overhead-pct") == 25.0
+    assert value("ls-rss-mb") == 30.0 and value("ls-rss-pct") == 30.0  # 30 MB over a 100 MB target RSS
+    assert 'style="height:75.0%"' in html and 'style="height:25.0%"' in html
+    rows = {eid: raw for _, eid, raw, _ in memory_rows(memory)}
+    assert rows["ls-target-mb"] == 100.0
+
+
+# ------------------------------------------------------------------------------------------ pipeline holder
+
+
+class _Counted:
+    """A real pipeline, with its close() calls counted."""
+
+    def __init__(self, pipe):
+        self.pipe, self.closed = pipe, 0
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
+
+    def close(self):
+        self.closed += 1
+        self.pipe.close()
+
+
+@needs_embedded
+def test_holder_reuses_the_pipeline_closes_it_on_switch_and_stop_leaves_it_consistent():
+    from localspec.ui.session import PairSpec, PipelineHolder
+
+    import localspec
+
+    loaded: list[_Counted] = []
+
+    def loader(**kw):
+        loaded.append(_Counted(localspec.load(**kw)))
+        return loaded[-1]
+
+    holder = PipelineHolder(loader)
+    pair = PairSpec(target=str(constants.EMBEDDED_TARGET), draft=str(constants.EMBEDDED_DRAFT))
+    pipe = holder.get(pair)
+    assert holder.get(pair) is pipe and len(loaded) == 1
+
+    full = pipe.generate("def add(a, b):", max_tokens=24)
+    got = []
+    for tr in holder.stream(lambda: pipe.stream("def add(a, b):", max_tokens=24)):
+        got.append(tr.text)
+        if len(got) == 3:
+            holder.request_stop()
+    assert len(got) == 3 and holder.stopped
+    assert "".join(got) == full[: len("".join(got))]
+    assert pipe.generate("def add(a, b):", max_tokens=24) == full  # the early stop left it consistent
+
+    other = holder.get(PairSpec(target=str(constants.EMBEDDED_TARGET), draft="ngram"))
+    assert other is not pipe and loaded[0].closed == 1 and loaded[1].closed == 0
+    holder.close()
+    assert loaded[1].closed == 1 and holder.pipe is None
+
+
+# ------------------------------------------------------------------------------------------ browser
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    if not EMBEDDED:
+        pytest.skip("the embedded pair is not built yet")
+    home = tmp_path_factory.mktemp("ui")
+    env = {
+        "LOCALSPEC_HOME": str(home / "cache"),
+        "LOCALSPEC_CONFIG": str(home / "config"),
+        "HF_HOME": str(home / "hf"),
+        "LOCALSPEC_MODELS": str(home / "models"),
+    }
+    (home / "models").mkdir()
+    with browser_page() as page, ui_server(env, home / "server.log") as url:
+        page.goto(url)
+        page.wait_for_selector("#ls-run", timeout=30_000)
+        yield page, home
+        assert page.external == [], f"the page fetched from outside localhost: {page.external[:5]}"
+
+
+def _number(page, elem_id: str) -> float:
+    raw = page.get_attribute(f"#{elem_id}", "data-value")
+    assert raw not in (None, ""), f"#{elem_id} has no value"
+    value = float(raw)
+    assert math.isfinite(value)
+    return value
+
+
+def _run(page, prompt: str) -> None:
+    page.fill("#ls-prompt textarea", prompt)
+    page.click("#ls-run")
+
+
+@pytest.mark.browser
+def test_browser_run_highlights_draft_tokens_and_compare_shows_speed_and_memory(ui):
+    page, _ = ui
+    assert "tiny-embedded" in page.input_value("#ls-preset input")  # the default selection
+    assert "ready" in page.inner_text("#ls-preset-facts")
+
+    _run(page, "def fibonacci(n):")
+    page.wait_for_selector("#ls-result-box #ls-acceptance", timeout=30_000)
+    assert page.locator("#ls-error-box .ls-err").count() == 0
+    n_tokens = page.locator("#ls-output .ls-t").count()
+    n_draft = page.locator("#ls-output .ls-t.ls-d").count()
+    assert n_tokens > 0 and 0 < n_draft <= n_tokens
+    assert page.locator("#ls-output .ls-t.ls-d").first.is_visible()
+    assert page.get_attribute("#ls-speedup", "data-value") == ""  # only Compare measures the speedup
+
+    page.click("#ls-compare")
+    page.wait_for_selector('#ls-speedup:not([data-value=""])', timeout=30_000)
+    speedup = _number(page, "ls-speedup")
+    base, spec = _number(page, "ls-base-tps"), _number(page, "ls-spec-tps")
+    assert speedup > 0 and base > 0 and spec > 0
+    assert speedup == pytest.approx(spec / base, rel=0.05)
+    overhead_mb, overhead_pct = _number(page, "ls-overhead-mb"), _number(page, "ls-overhead-pct")
+    assert overhead_mb > 0 and overhead_pct > 0
+    assert _number(page, "ls-draft-weights-mb") > 0
+    _number(page, "ls-rss-mb")  # measured: any finite number (RSS can even shrink)
+    assert 0 <= _number(page, "ls-acceptance") <= 100
+    assert page.locator("#ls-bars .ls-bar").count() >= 1
+    assert "same text with and without the draft: yes" in page.inner_text("#ls-result-box")
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ui.png"), full_page=True)
+
+
+@pytest.mark.browser
+def test_browser_bad_input_shows_a_message_and_the_app_keeps_serving(ui):
+    page, home = ui
+    # A prompt longer than the context window.
+    _run(page, "x = 1\n" * 3000)
+    err = page.wait_for_selector("#ls-error-box .ls-err", timeout=30_000)
+    text = err.inner_text()
+    assert "context" in text and "Traceback" not in text
+
+    # A file that is not a GGUF, typed as the target.
+    bad = home / "models" / "not-a-model.gguf"
+    bad.write_bytes(b"this is not a GGUF file\n" * 10)
+    page.click("#ls-source label:has-text('My models')")
+    page.fill("#ls-target input", str(bad))
+    page.keyboard.press("Enter")
+    page.click("#ls-prompt textarea")
+    _run(page, "def f():")
+    page.wait_for_function(
+        "() => (document.querySelector('#ls-error-box .ls-err') || {}).innerText"
+        "?.includes('not-a-model.gguf')",
+        timeout=30_000,
+    )
+    text = page.inner_text("#ls-error-box .ls-err")
+    assert "Traceback" not in text
+
+    # The server is still there, and the embedded pair still runs.
+    page.click("#ls-source label:has-text('Preset')")
+    _run(page, "import os")
+    page.wait_for_function(
+        "() => !document.querySelector('#ls-error-box .ls-err') && "
+        "document.querySelectorAll('#ls-output .ls-t').length > 0",
+        timeout=30_000,
+    )
