@@ -1,0 +1,114 @@
+"""`localspec scan` and `localspec pair`: the JSON contract, exit codes and readable tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _gguf_build import synthetic_tokens, tiny_model, vocab_path
+from click.testing import CliRunner
+
+from localspec.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    d = tmp_path / "models"
+    d.mkdir()
+    for name in ("qwen2", "qwen35", "gpt-2", "llama-spm", "phi-3"):
+        os.symlink(vocab_path(name), d / f"{name}.gguf")
+    (d / "broken.gguf").write_bytes(b"this is not a gguf file at all")
+    return d
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_scan_json_contract(folder):
+    res = run("scan", str(folder), "--json")
+    assert res.exit_code == 0
+    rows = json.loads(res.output)
+    by = {Path(r["path"]).name: r for r in rows}
+    assert set(by) == {"qwen2.gguf", "qwen35.gguf", "gpt-2.gguf", "llama-spm.gguf", "phi-3.gguf",
+                       "broken.gguf"}
+    for r in rows:
+        assert {"path", "architecture", "n_params", "n_vocab", "fingerprint", "error"} <= set(r)
+    assert by["broken.gguf"]["error"] and "bad magic" in by["broken.gguf"]["error"]
+    assert by["qwen2.gguf"]["error"] is None and by["qwen2.gguf"]["n_vocab"] == 151936
+    assert by["qwen2.gguf"]["fingerprint"] == by["qwen35.gguf"]["fingerprint"]
+    assert by["qwen2.gguf"]["architecture"] == "qwen2"
+
+
+def test_scan_table_is_readable(folder):
+    res = run("scan", str(folder))
+    assert res.exit_code == 0
+    lines = res.output.splitlines()
+    assert lines[0].split()[:3] == ["FILE", "ARCH", "PARAMS"]
+    assert all(len(line) <= 110 for line in lines if not line.startswith("  ERROR"))
+    assert any(line.startswith("qwen2.gguf") and "cfa5dd10e5f2" in line for line in lines)
+    assert any("ERROR" in line and "broken.gguf" in line and "bad magic" in line for line in lines)
+
+
+@pytest.mark.parametrize("target, draft, verdict", [
+    ("qwen2", "qwen35", "identical"),
+    ("llama-spm", "phi-3", "compatible"),
+    ("gpt-2", "qwen2", "incompatible"),
+])
+def test_pair_two_json(target, draft, verdict):
+    res = run("pair", str(vocab_path(target)), str(vocab_path(draft)), "--json")
+    assert res.exit_code == 0  # whatever the verdict
+    out = json.loads(res.output)
+    assert out["verdict"] == verdict and isinstance(out["reasons"], list) and out["reasons"]
+    assert out["target_usable"] is False and out["draft_usable"] is False  # vocab-only files
+    assert out["target"]["usable"] is False and "vocab-only" in out["target"]["unusable_reason"]
+
+
+def test_pair_text_explains(tmp_path):
+    res = run("pair", str(vocab_path("gpt-2")), str(vocab_path("refact")))
+    assert res.exit_code == 0
+    assert "Verdict: incompatible" in res.output and "token 19 differs" in res.output
+
+
+def test_pair_ranking(tmp_path):
+    d = tmp_path / "zoo"
+    d.mkdir()
+    toks = synthetic_tokens(200)
+    tiny_model(d / "big.gguf", toks, n_embd=40, basename="Fam")
+    tiny_model(d / "small.gguf", toks, n_embd=4, basename="Fam")
+    res = run("pair", str(d / "big.gguf"), "--search", str(d), "--search", str(vocab_path("gpt-2")), "--json")
+    assert res.exit_code == 0
+    out = json.loads(res.output)
+    assert [Path(x["path"]).name for x in out["drafts"]] == ["small.gguf"]
+    assert out["drafts"][0]["verdict"] == "identical" and "sweet spot" in out["drafts"][0]["why"]
+    assert [Path(x["path"]).name for x in out["rejected"]] == ["ggml-vocab-gpt-2.gguf"]
+    text = run("pair", str(d / "big.gguf"), "--search", str(d)).output
+    assert "Drafts that fit, best first:" in text and "small.gguf" in text
+
+
+def test_usage_and_bad_files(tmp_path):
+    assert CliRunner().invoke(main, ["pair", str(tmp_path / "nope.gguf")]).exit_code == 2
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF\x01\x00\x00\x00" + bytes(40))
+    res = CliRunner().invoke(main, ["pair", str(bad)])
+    assert res.exit_code == 1 and "version 1" in res.output
+
+
+def test_console_script_subprocess(folder, tmp_path):
+    exe = shutil.which("localspec", path=os.path.dirname(sys.executable))
+    cmd = [exe] if exe else [sys.executable, "-m", "localspec"]
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "h")}
+    proc = subprocess.run([*cmd, "scan", str(folder), "--json"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)) == 6
