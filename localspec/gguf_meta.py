@@ -451,20 +451,25 @@ def _fast_strings(
     How: the length field of a string shorter than 64 KiB is ``lo hi 0 0 0 0 0 0`` followed by the
     first (non-zero) text byte, so candidate field starts come from vectorised compares. Candidates are
     then *verified* as a chain (``start[i+1] == start[i] + 8 + len[i]`` from the known first field), so
-    a false candidate can only shorten the result, never corrupt it. The text bytes of the verified
-    strings are joined with a separator byte that occurs in none of them and decoded in one call.
+    a false candidate can only shorten the result, never corrupt it. The verified strings are then
+    decoded in one call and split on a separator that occurs in none of them.
     """
     m = min(stop - start, n * 20 + 4096)  # do not scan far past what n strings plausibly need
     if m < 16 or n <= 0:
         return [], 0, 0
     arr = np.frombuffer(buf, dtype=np.uint8, count=m, offset=start)
-    vals = np.ndarray((m - 7,), dtype="<u8", buffer=buf, offset=start, strides=(1,))
-    cand = vals[: m - 8] < 65536
-    cand &= arr[8:] != 0
-    idx = np.flatnonzero(cand)[:n]
+    # A field start p has bytes p+2..p+7 zero and byte p+8 non-zero: p+8 ends a run of >= 6 zero bytes.
+    zero = arr == 0
+    ends = np.flatnonzero(zero[:-1] & ~zero[1:]) + 1  # first non-zero byte after a zero run
+    ends = ends[ends >= 8]
+    run6 = zero[ends - 6]
+    for j in range(1, 6):
+        run6 &= zero[ends - j]
+    idx = ends[run6] - 8
+    idx = idx[:n]
     if idx.size == 0 or idx[0] != 0:
         return [], 0, 0
-    nxt = idx + 8 + vals[idx].astype(np.int64)
+    nxt = idx + 8 + arr[idx].astype(np.int64) + (arr[idx + 1].astype(np.int64) << 8)
     bad = np.flatnonzero(nxt[:-1] != idx[1:])
     k = int(bad[0]) + 1 if bad.size else int(idx.size)
     if int(nxt[k - 1]) > m:  # the last verified string runs past what we looked at
@@ -475,11 +480,18 @@ def _fast_strings(
     if not decode:
         return [], k, end
     starts = idx[:k]
-    # keep[i] is True for text bytes and for the first byte of each length field (the separator slot)
+    work = arr[:end].copy()
+    # Common case, no NUL byte in any text: zero the two length bytes so every field is 8 NULs, then
+    # one decode and one split on that 8-NUL separator.
+    work[starts] = 0
+    work[starts + 1] = 0
+    if end - int(np.count_nonzero(work)) == 8 * k:
+        parts = work.tobytes().decode("utf-8", "surrogateescape").split("\x00" * 8)
+        return parts[1:], k, end
+    # Some text holds a NUL: drop the field bytes and join with a byte no text contains.
     keep = np.ones(end, dtype=bool)
     for j in range(1, 8):
         keep[starts + j] = False
-    work = arr[:end].copy()
     for sep in _SEPARATORS:
         work[starts] = sep
         joined = work[keep]
