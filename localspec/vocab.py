@@ -220,8 +220,9 @@ def compare(target: VocabInfo | GGUFMetadata, draft: VocabInfo | GGUFMetadata) -
                    f"{_first(t, d, mism)})")
     if beyond:
         why.append(f"draft ids {beyond[0]}..{beyond[-1]} do not exist in the target")
-    reasons.insert(0, "ordinary tokens agree; " + "; ".join(why or ["only BOS/EOS settings differ"])
-                   + f". localspec bars the draft from proposing these {len(masked):,} ids")
+    bar = (f". localspec bars the draft from proposing these {len(masked):,} ids" if masked
+           else "; no id needs masking")
+    reasons.insert(0, "ordinary tokens agree; " + "; ".join(why or ["only BOS/EOS settings differ"]) + bar)
     if special or abs(diff) > MAX_SIZE_DIFFERENCE or late:
         reasons.append("llama.cpp's own check (common/speculative.cpp) refuses this pair; localspec feeds "
                        "the target's tokens to the draft, so the pair stays exact, only acceptance may drop")
