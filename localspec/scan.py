@@ -31,6 +31,7 @@ from localspec.vocab import (
     VocabInfo,
     compare,
     fingerprint,
+    type_mismatch,
     usability,
 )
 
@@ -219,6 +220,8 @@ def _save_cache(files: dict) -> None:
 # -- ranking -------------------------------------------------------------------------------------------
 def verdict_for(target: ModelInfo, draft: ModelInfo) -> PairVerdict:
     """``compare`` for two scanned models, reading vocabularies only when the fingerprints cannot decide."""
+    if target.vocab_model and draft.vocab_model and target.vocab_model != draft.vocab_model:
+        return type_mismatch(target.vocab_model, draft.vocab_model)
     if target.vocab_model != draft.vocab_model or target.n_vocab is None or draft.n_vocab is None:
         if target.vocab is not None and draft.vocab is not None:
             return compare(target.vocab, draft.vocab)

@@ -168,10 +168,7 @@ def compare(target: VocabInfo | GGUFMetadata, draft: VocabInfo | GGUFMetadata) -
             return PairVerdict("incompatible", [f"the {side} ({_name(v)}) has no vocabulary "
                                                 f"(no tokenizer.ggml.tokens): it cannot be paired"])
     if t.vocab_type != d.vocab_type:
-        return PairVerdict("incompatible", [
-            f"different tokenizer types: the target uses {t.model!r} ({t.vocab_type}), the draft uses "
-            f"{d.model!r} ({d.vocab_type}); the same ids mean different text. Pick a draft from the "
-            f"target's own family"])
+        return type_mismatch(t.model, d.model)
 
     special = _special_mismatches(t, d)
     n_min = min(t.n_vocab, d.n_vocab)
@@ -227,6 +224,16 @@ def compare(target: VocabInfo | GGUFMetadata, draft: VocabInfo | GGUFMetadata) -
         reasons.append("llama.cpp's own check (common/speculative.cpp) refuses this pair; localspec feeds "
                        "the target's tokens to the draft, so the pair stays exact, only acceptance may drop")
     return PairVerdict("compatible-with-mask", reasons, masked)
+
+
+def type_mismatch(target_model: str | None, draft_model: str | None) -> PairVerdict:
+    """The verdict for two different tokenizer models (``tokenizer.ggml.model``)."""
+    tt = VOCAB_TYPES.get(target_model or "none", str(target_model).upper())
+    dt = VOCAB_TYPES.get(draft_model or "none", str(draft_model).upper())
+    return PairVerdict("incompatible", [
+        f"different tokenizer types: the target uses {target_model!r} ({tt}), the draft uses "
+        f"{draft_model!r} ({dt}); the same ids mean different text. Pick a draft from the "
+        f"target's own family"])
 
 
 def usability(meta: GGUFMetadata) -> tuple[bool, str | None]:
