@@ -480,15 +480,9 @@ def _fast_strings(
     if not decode:
         return [], k, end
     starts = idx[:k]
+    # Drop the 7 bytes after each field start, put a separator byte no text contains in the 8th,
+    # then one decode and one split.
     work = arr[:end].copy()
-    # Common case, no NUL byte in any text: zero the two length bytes so every field is 8 NULs, then
-    # one decode and one split on that 8-NUL separator.
-    work[starts] = 0
-    work[starts + 1] = 0
-    if end - int(np.count_nonzero(work)) == 8 * k:
-        parts = work.tobytes().decode("utf-8", "surrogateescape").split("\x00" * 8)
-        return parts[1:], k, end
-    # Some text holds a NUL: drop the field bytes and join with a byte no text contains.
     keep = np.ones(end, dtype=bool)
     for j in range(1, 8):
         keep[starts + j] = False
