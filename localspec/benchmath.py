@@ -149,7 +149,7 @@ def summarise_cell(
     ratios = [spec_tps[p] / base_tps[p] for p in spec_tps if base_tps.get(p)]
     bs, ss = [s for _, s in base_runs], [s for _, s in spec_runs]
     drafted, accepted, rounds = _sum(ss, "drafted"), _sum(ss, "accepted"), _sum(ss, "rounds")
-    drafting = sum((s.get("drafted_by_position") or [0])[0] for s in ss) or rounds
+    drafting = (sum((s.get("drafted_by_position") or [0])[0] for s in ss) or rounds) if drafted else 0
     gen, total = _sum(ss, "generated_tokens"), _sum(ss, "total_seconds")
     draft_s, verify_s = _sum(ss, "draft_seconds"), _sum(ss, "verify_seconds")
     base_gen, base_rounds = _sum(bs, "generated_tokens"), _sum(bs, "rounds")
@@ -212,8 +212,8 @@ def add_ceilings(cells: list[CellResult], slope: float | None = None) -> float:
         slope = verify_slope((c.batch, c.v_at_batch, c.generated_tokens) for c in spec)
     for c in spec:
         a, k = c.a, float(c.n_max or round(c.draft_length) or 1)
-        if math.isnan(slope):
-            continue
+        if math.isnan(slope) or not c.drafting_rounds:
+            continue  # no verify-cost fit, or nothing was drafted: no ceiling to speak of
         c.v_k1 = 1.0 + slope * k
         c.expected_tokens = expected_tokens_per_round(a, k)
         c.ceiling = ceiling_speedup(a, k, c.c, c.v_k1)
