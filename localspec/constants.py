@@ -27,16 +27,18 @@ def _env_path(name: str) -> Path | None:
 
 def localspec_home() -> Path:
     """Cache folder for fingerprints, benchmark peers and other derived data."""
-    return _env_path("LOCALSPEC_HOME") or Path(
-        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")
-    ).expanduser() / "localspec"
+    return (
+        _env_path("LOCALSPEC_HOME")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "localspec"
+    )
 
 
 def config_dir() -> Path:
     """User config folder (user presets live in ``presets/`` under it)."""
-    return _env_path("LOCALSPEC_CONFIG") or Path(
-        os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")
-    ).expanduser() / "localspec"
+    return (
+        _env_path("LOCALSPEC_CONFIG")
+        or Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")).expanduser() / "localspec"
+    )
 
 
 def user_presets_dir() -> Path:
@@ -54,9 +56,10 @@ def builtin_presets_dir() -> Path:
 
 
 def hf_home() -> Path:
-    return _env_path("HF_HOME") or Path(
-        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")
-    ).expanduser() / "huggingface"
+    return (
+        _env_path("HF_HOME")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "huggingface"
+    )
 
 
 def hf_hub_cache() -> Path:
