@@ -1,0 +1,159 @@
+"""Drafters propose the next few tokens; the target verifies them. One method: ``draft``.
+
+- :class:`ModelDrafter`: a small GGUF model with its own KV cache, reused across rounds and calls.
+- :class:`NgramDrafter`: prompt lookup, no model: if the last few tokens occurred before in the
+  prompt or the output, propose what followed them then (strong for edits and summaries).
+- :class:`CombinedDrafter`: n-gram lookup first, the draft model when lookup finds nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localspec.runtime import Model
+from localspec.sampling import SamplingParams, distribution, sample
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    # Per drafted token, the drafter's distribution q (None: a deterministic proposal). Only filled
+    # when sampling; greedy verification needs no q.
+    probs: list[np.ndarray | None] = field(default_factory=list)
+    source: str = ""
+    evals: int = 0  # draft-model decode calls spent on this draft
+
+
+class ModelDrafter:
+    """Greedy (or sampled) drafting with llama.cpp's knobs: n_min and p_min."""
+
+    name = "model"
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        target_n_vocab: int,
+        masked_ids: list[int] | None = None,
+        n_min: int = 0,
+        p_min: float = 0.75,
+    ) -> None:
+        self.model = model
+        self.target_n_vocab = target_n_vocab
+        self.n_min = n_min
+        self.p_min = p_min
+        # Ids the draft must never propose: beyond the target's vocabulary, or special tokens that
+        # mean something else to the target (a compatible-with-mask pair).
+        bad = set(masked_ids or [])
+        bad.update(range(target_n_vocab, model.n_vocab))
+        self._mask = np.array(sorted(bad), dtype=np.int64) if bad else None
+
+    def begin(self, context: list[int]) -> None:
+        """Evaluate the prompt once (prefill), reusing whatever prefix the cache already holds."""
+        todo = self.model.sync(context, keep_last=0)
+        self.model.decode(todo, outputs=0)
+
+    def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        out = Draft(source=self.name)
+        if n <= 0:
+            return out
+        todo = self.model.sync(context, keep_last=1)
+        logits = self.model.decode(todo, outputs=1)[0]
+        out.evals = 1
+        for i in range(n):
+            row = logits
+            if self._mask is not None:
+                row = row.copy()
+                row[self._mask] = -np.inf
+            if params.greedy:
+                tok = int(np.argmax(row))
+                if self.p_min > 0.0 and i >= self.n_min:
+                    top = float(row[tok])
+                    p_top = 1.0 / float(np.exp(row - top).sum())
+                    if p_top < self.p_min:
+                        break
+            else:
+                q = distribution(row, params)
+                if self.p_min > 0.0 and i >= self.n_min and float(q.max()) < self.p_min:
+                    break
+                tok = sample(q, rng)
+                out.probs.append(_fit(q, self.target_n_vocab))
+            out.tokens.append(tok)
+            if i + 1 < n:
+                logits = self.model.decode([tok], outputs=1)[0]
+                out.evals += 1
+        return out
+
+
+def _fit(q: np.ndarray, n: int) -> np.ndarray:
+    """Draft distribution over the target's id range (masked ids beyond it carry no mass)."""
+    if q.shape[0] == n:
+        return q
+    if q.shape[0] > n:
+        return q[:n]
+    return np.concatenate([q, np.zeros(n - q.shape[0], dtype=q.dtype)])
+
+
+class NgramDrafter:
+    """Prompt-lookup drafting: the longest recent n-gram match proposes what followed it."""
+
+    name = "ngram"
+
+    def __init__(self, *, n_gram_max: int = 4, n_gram_min: int = 2) -> None:
+        if not 1 <= n_gram_min <= n_gram_max:
+            raise ValueError("need 1 <= n_gram_min <= n_gram_max")
+        self.sizes = list(range(n_gram_max, n_gram_min - 1, -1))
+        self._tables: dict[int, dict[tuple[int, ...], int]] = {}
+        self._indexed = 0
+
+    def begin(self, context: list[int]) -> None:
+        self._tables = {n: {} for n in self.sizes}
+        self._indexed = 0
+        self._index(context)
+
+    def _index(self, context: list[int]) -> None:
+        # Record, for every n-gram that is followed by a token, where that token is (latest wins).
+        for i in range(max(self._indexed, 1), len(context)):
+            for n, table in self._tables.items():
+                if i >= n:
+                    table[tuple(context[i - n : i])] = i
+        self._indexed = len(context)
+
+    def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        self._index(context)
+        out = Draft(source=self.name)
+        if n <= 0:
+            return out
+        for size in self.sizes:
+            if len(context) < size:
+                continue
+            j = self._tables[size].get(tuple(context[-size:]))
+            if j is not None:
+                out.tokens = context[j : j + n]
+                if not params.greedy:
+                    out.probs = [None] * len(out.tokens)
+                return out
+        return out
+
+
+class CombinedDrafter:
+    """N-gram lookup when it finds a match, otherwise the draft model."""
+
+    name = "model+ngram"
+
+    def __init__(self, model: ModelDrafter, ngram: NgramDrafter, *, min_lookup: int = 2) -> None:
+        self.model = model
+        self.ngram = ngram
+        self.min_lookup = min_lookup
+
+    def begin(self, context: list[int]) -> None:
+        self.ngram.begin(context)
+        self.model.begin(context)
+
+    def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        d = self.ngram.draft(context, n, params, rng)
+        if len(d.tokens) >= min(self.min_lookup, n):
+            return d
+        return self.model.draft(context, n, params, rng)
