@@ -1,0 +1,44 @@
+"""localspec: speculative decoding for local GGUF models through llama.cpp.
+
+import localspec
+print(localspec.generate("def fib(n):"))                       # embedded pair, offline
+print(localspec.generate("def fib(n):", preset="qwen2.5-coder-1.5b"))
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "generate",
+    "load",
+    "Pipeline",
+    "GenerationResult",
+    "TokenResponse",
+    "GenerationStats",
+    "MemoryReport",
+    "Comparison",
+    "PairInfo",
+    "errors",
+]
+
+
+def __getattr__(name: str):
+    # Lazy: `import localspec` stays cheap (no llama.cpp load) for the CLI's scan/pair commands.
+    if name in ("generate", "load", "Pipeline", "GenerationResult", "PairInfo"):
+        from localspec import api
+
+        return getattr(api, name)
+    if name == "TokenResponse":
+        from localspec.engine import TokenResponse
+
+        return TokenResponse
+    if name in ("GenerationStats", "MemoryReport", "Comparison"):
+        from localspec import stats
+
+        return getattr(stats, name)
+    if name == "errors":
+        from localspec import errors
+
+        return errors
+    raise AttributeError(f"module 'localspec' has no attribute {name!r}")
