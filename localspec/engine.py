@@ -133,7 +133,7 @@ class Engine:
         trace = self.trace
 
         t0 = time.perf_counter()
-        target.decode(target.sync(ctx, keep_last=1), outputs=0)
+        target.decode(target.sync(ctx[:-1]), outputs=0)  # the last prompt token stays pending
         if drafter is not None:
             drafter.begin(ctx[:-1])
         stats.prompt_seconds = time.perf_counter() - t0

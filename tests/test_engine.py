@@ -6,6 +6,8 @@ import shutil
 
 import numpy as np
 import pytest
+from _lossless import assert_lossless, traced
+from _tiny_gguf import write_tiny_llama
 
 import localspec
 from localspec import constants, sampling
@@ -17,40 +19,11 @@ from localspec.errors import (
     UnusableModelError,
 )
 
-from ._tiny_gguf import write_tiny_llama
-
 PROMPTS = [
     "def fib(n):",
     "import os\n\n\ndef read_lines(path):\n",
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
 ]
-# llama.cpp's batched and one-token passes may differ in the last bits; a greedy choice can only
-# flip where the top two logits are this close (measured on Qwen 1.5B: a 0.021 margin flipped).
-NEAR_TIE = 0.05
-
-
-def traced(pipe, prompt, **kw):
-    pipe._engine.trace = []
-    try:
-        result = pipe.generate(prompt, **kw)
-        return result, pipe._engine.trace
-    finally:
-        pipe._engine.trace = None
-
-
-def assert_lossless(base, base_trace, spec, spec_trace):
-    """Token-identical, or diverging only where the target's top-2 margin is a near-tie."""
-    for tok, _, argmax, _ in spec_trace:
-        assert tok == argmax, "every emitted token must be the verifying pass's argmax"
-    n = min(len(base.tokens), len(spec.tokens))
-    for i in range(n):
-        if base.tokens[i] != spec.tokens[i]:
-            margin = min(base_trace[i][3], spec_trace[i][3])
-            assert margin < NEAR_TIE, f"diverged at token {i} with a clear margin {margin:.3f}"
-            return
-    assert base.tokens == spec.tokens
-
-
 @pytest.mark.parametrize("strategy", ["model", "ngram", "model+ngram"])
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_greedy_is_lossless(embedded_pipe, strategy, adaptive):
@@ -64,8 +37,23 @@ def test_greedy_is_lossless(embedded_pipe, strategy, adaptive):
     assert drafted > 0, "the drafter never proposed anything: the test would prove nothing"
 
 
+def test_target_alone_equals_llama_cpp_pythons_own_greedy(embedded_pipe):
+    """The baseline is the reference for losslessness, so check it against an independent one."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(constants.EMBEDDED_TARGET), n_ctx=512, n_threads=2, verbose=False)
+    try:
+        for prompt in [*PROMPTS, "x = 1\ny ="]:
+            ref = llm.create_completion(prompt, max_tokens=24, temperature=0.0)["choices"][0]["text"]
+            ours = embedded_pipe.generate(prompt, max_tokens=24, baseline=True)
+            again = embedded_pipe.generate(prompt, max_tokens=24, baseline=True)  # reusing the cache
+            assert str(ours) == ref == str(again), prompt
+    finally:
+        llm.close()
+
+
 def test_stats_invariants(embedded_pipe):
-    r = embedded_pipe.generate(PROMPTS[0], max_tokens=40, strategy="model", n_max=3)
+    r = embedded_pipe.generate(PROMPTS[0], max_tokens=40, strategy="model", n_max=3, p_min=0.0)
     s = r.stats
     assert s.generated_tokens == len(r.tokens) == 40
     assert 0 <= s.accepted <= s.drafted
@@ -233,9 +221,14 @@ def test_sampling_distribution_matches_target(embedded_pipe, strategy, prompt):
 
 @pytest.mark.slow
 def test_sampling_test_detects_a_biased_sampler(embedded_pipe, monkeypatch):
-    """The chi-square test above has teeth: accepting every draft (no rejection) is caught."""
+    """The chi-square test above has teeth: accepting every draft (no rejection) is caught.
+
+    Shown with n-gram drafts (deterministic proposals), where accepting everything is far from the target's
+    distribution; with the distilled model draft the same bug shifts the output only by the draft/target
+    difference, which a sample this size may not reveal."""
     monkeypatch.setattr("localspec.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
     n = 1500
-    base = _first_two(embedded_pipe, "def ", n, baseline=True)
-    biased = _first_two(embedded_pipe, "def ", n, strategy="model", n_max=3, p_min=0.0)
+    prompt = "a = b\nc = d\na = b\nc ="
+    base = _first_two(embedded_pipe, prompt, n, baseline=True)
+    biased = _first_two(embedded_pipe, prompt, n, strategy="ngram", n_max=3, p_min=0.0)
     assert _chi2_pvalue(base, biased) < 1e-3
