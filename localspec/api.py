@@ -342,7 +342,7 @@ def _auto_draft(target: Path) -> tuple[Path | None, str]:
     try:
         from localspec.scan import find_drafts
 
-        ranked = find_drafts(target)
+        ranked = [r for r in find_drafts(target) if r.fits]
     except (LocalspecError, OSError) as exc:
         return None, f"automatic pairing failed ({exc}); running the target alone"
     if not ranked:
@@ -374,6 +374,8 @@ def load(
     """Load a target and a draft (or a model-free drafter) into a reusable :class:`Pipeline`."""
     opts = DraftOptions()
     note = ""
+    if preset is None and target is None:  # the embedded pair, with its preset's draft settings
+        preset = constants.EMBEDDED_PRESET
     if preset is not None:
         if target is not None:
             raise ValueError("give either preset= or target=, not both")
@@ -388,12 +390,7 @@ def load(
             draft = (
                 pair.draft if pair.draft is not None else (ds.strategy if ds.strategy == "ngram" else "none")
             )
-            note = f"preset {preset}"
-    elif target is None:
-        target_path = constants.EMBEDDED_TARGET
-        if draft is None:
-            draft = constants.EMBEDDED_DRAFT
-            note = "embedded default pair"
+            note = "embedded default pair" if preset == constants.EMBEDDED_PRESET else f"preset {preset}"
     else:
         target_path = _check_file(target, "target")
     target_path = Path(target_path)
