@@ -2,7 +2,8 @@
 
 Two small llama-architecture models with one shared byte-level BPE tokenizer, trained briefly on CPU on the
 Python source files of the CPython standard library of the interpreter running this script (PSF licence). The
-draft is trained alongside the target and distilled from it (KL to the target's next-token distributions), so a
+draft is trained alongside the target and distilled from it (KL to the target's next-token distributions),
+so a
 speculative run on the pair shows a clearly visible draft acceptance rate.
 
 Needs, for this script only (never at runtime or in tests): ``torch`` (a CPU build is enough),
@@ -36,13 +37,19 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 OUT_DIR = REPO / "localspec" / "embedded"
 
-# Qwen2's pre-tokenizer split (llama.cpp pre type "qwen2": a custom splitter, no space clean-up on detokenize).
+# Qwen2's pre-tokenizer split (llama.cpp pre type "qwen2": a custom splitter, no space clean-up on
+# detokenize).
 PRE_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"
 )
 EOS, BOS, SYSTEM, USER, ASSISTANT, END = (
-    "<|endoftext|>", "<|bos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
+    "<|endoftext|>",
+    "<|bos|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|end|>",
 )
 SPECIALS = [EOS, BOS, SYSTEM, USER, ASSISTANT, END]
 CHAT_TEMPLATE = (  # renders the BOS itself, like Llama 3's; llama.cpp strips it again when it adds one
@@ -99,7 +106,7 @@ def corpus_sha256(files: list[tuple[str, str]]) -> str:
 
 
 def chat_examples(files: list[tuple[str, str]], limit: int = 3000) -> list[str]:
-    """Chat-formatted (request, function) pairs from top-level functions that have a one-line docstring summary."""
+    """Chat-formatted (request, function) pairs from top-level functions with a one-line docstring summary."""
     out = []
     for _, text in files:
         try:
@@ -127,14 +134,20 @@ def train_tokenizer(texts: list[str]):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRE_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRE_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, min_frequency=2, special_tokens=SPECIALS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), max_token_length=MAX_TOKEN_BYTES,
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        max_token_length=MAX_TOKEN_BYTES,
     )
     tok.train_from_iterator(texts, trainer)
     for s in SPECIALS:  # special tokens are matched as a whole in the text, like llama.cpp with special=True
@@ -219,7 +232,11 @@ def build_model(cfg: Config):
             self.out = nn.Linear(cfg.n_embd, cfg.n_vocab, bias=False)
             for name, p in self.named_parameters():
                 if p.dim() == 2:
-                    std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("o.weight", "down.weight")) else 0.02
+                    std = (
+                        0.02 / math.sqrt(2 * cfg.n_layer)
+                        if name.endswith(("o.weight", "down.weight"))
+                        else 0.02
+                    )
                     nn.init.normal_(p, std=std)
             inv = ROPE_BASE ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim)
             ang = torch.arange(CONTEXT_LENGTH, dtype=torch.float64)[:, None] * inv[None, :]
@@ -239,9 +256,17 @@ def build_model(cfg: Config):
 def _gguf_names(cfg: Config) -> dict[str, str]:
     """torch state_dict key -> GGUF tensor name."""
     names = {"embd.weight": "token_embd.weight", "norm": "output_norm.weight", "out.weight": "output.weight"}
-    per_block = {"attn_norm": "attn_norm", "q.weight": "attn_q", "k.weight": "attn_k", "v.weight": "attn_v",
-                 "o.weight": "attn_output", "ffn_norm": "ffn_norm", "gate.weight": "ffn_gate",
-                 "up.weight": "ffn_up", "down.weight": "ffn_down"}
+    per_block = {
+        "attn_norm": "attn_norm",
+        "q.weight": "attn_q",
+        "k.weight": "attn_k",
+        "v.weight": "attn_v",
+        "o.weight": "attn_output",
+        "ffn_norm": "ffn_norm",
+        "gate.weight": "ffn_gate",
+        "up.weight": "ffn_up",
+        "down.weight": "ffn_down",
+    }
     for i in range(cfg.n_layer):
         names.update({f"blocks.{i}.{k}": f"blk.{i}.{v}.weight" for k, v in per_block.items()})
     return names
@@ -265,7 +290,7 @@ def round_to_f16(model) -> None:
 
 # ------------------------------------------------------------------------------------------- training
 def train(target_steps: int, draft_steps_extra: int, batch: int, stream, starts, chats, log) -> tuple:
-    """Train target and draft together (the draft learns from the target's soft labels), then distil a little more."""
+    """Train target and draft together (the draft learns from the target's soft labels), then distil more."""
     import torch
     from torch.nn import functional as F  # noqa: N812
 
@@ -291,7 +316,7 @@ def train(target_steps: int, draft_steps_extra: int, batch: int, stream, starts,
             seq[0] = bos
             seq[1 : 1 + min(len(c), SEQ_LEN)] = c[:SEQ_LEN]
             lab = seq[1:].clone()
-            lab[len(c):] = -100
+            lab[len(c) :] = -100
             rows.append(seq[:-1])
             labels.append(lab)
         return torch.stack(rows), torch.stack(labels)
@@ -313,8 +338,12 @@ def train(target_steps: int, draft_steps_extra: int, batch: int, stream, starts,
         d_logits = draft(x)
         mask = y != -100
         hard = F.cross_entropy(d_logits.view(-1, VOCAB_SIZE), y.view(-1), ignore_index=-100)
-        kl = (F.kl_div(F.log_softmax(d_logits, -1), F.log_softmax(t_logits, -1), log_target=True,
-                       reduction="none").sum(-1) * mask).sum() / mask.sum()
+        kl = (
+            F.kl_div(
+                F.log_softmax(d_logits, -1), F.log_softmax(t_logits, -1), log_target=True, reduction="none"
+            ).sum(-1)
+            * mask
+        ).sum() / mask.sum()
         loss = (1 - mix) * hard + mix * kl
         opt_d.zero_grad(set_to_none=True)
         loss.backward()
@@ -335,8 +364,10 @@ def train(target_steps: int, draft_steps_extra: int, batch: int, stream, starts,
         mix = min(0.9, 0.9 * step / max(1, target_steps // 2))  # soft labels once the target is worth copying
         d_hard, d_kl = draft_step(x, y, logits.detach(), step, mix)
         if step % 25 == 0 or step == target_steps - 1:
-            log(f"step {step:4d}  target ce {loss.item():.3f}  draft ce {d_hard:.3f} kl {d_kl:.3f}  "
-                f"cpu {time.process_time() - t0:.0f}s")
+            log(
+                f"step {step:4d}  target ce {loss.item():.3f}  draft ce {d_hard:.3f} kl {d_kl:.3f}  "
+                f"cpu {time.process_time() - t0:.0f}s"
+            )
     target.eval()
     round_to_f16(target)
     for step in range(target_steps, total_d):  # pure distillation from the finished target
@@ -367,7 +398,8 @@ def write_gguf(path: Path, model, tokens, types, merges, corpus_hash: str) -> No
     w.add_name(cfg.name)
     w.add_license("Apache-2.0")
     w.add_description(
-        f"localspec embedded {'target' if 'target' in cfg.name else 'draft'} model: a tiny llama trained on the "
+        f"localspec embedded {'target' if 'target' in cfg.name else 'draft'} model: "
+        "a tiny llama trained on the "
         f"CPython {sys.version_info.major}.{sys.version_info.minor} standard library (PSF-2.0) by "
         f"scripts/make_embedded_pair.py; trained at {SEQ_LEN} tokens; corpus sha256 {corpus_hash[:16]}"
     )
@@ -412,9 +444,14 @@ def load_from_gguf(path: Path):
     def field(key: str):
         return r.fields[key].contents()
 
-    cfg = Config(field("general.name"), n_embd=field("llama.embedding_length"), n_layer=field("llama.block_count"),
-                 n_head=field("llama.attention.head_count"), n_ff=field("llama.feed_forward_length"),
-                 n_vocab=field("llama.vocab_size"))
+    cfg = Config(
+        field("general.name"),
+        n_embd=field("llama.embedding_length"),
+        n_layer=field("llama.block_count"),
+        n_head=field("llama.attention.head_count"),
+        n_ff=field("llama.feed_forward_length"),
+        n_vocab=field("llama.vocab_size"),
+    )
     model = build_model(cfg)
     arrays = {t.name: np.asarray(t.data, dtype=np.float32) for t in r.tensors}
     mapping = {v: k for k, v in _gguf_names(cfg).items()}
@@ -424,7 +461,7 @@ def load_from_gguf(path: Path):
 
 
 def verify(path: Path, prompt: str, log, tok=None) -> float:
-    """Max |logit difference| between torch (weights read back from the GGUF) and llama.cpp, every position."""
+    """Max |logit difference| between torch (weights read back from the GGUF) and llama.cpp, all positions."""
     import llama_cpp
     import torch
 
@@ -440,8 +477,10 @@ def verify(path: Path, prompt: str, log, tok=None) -> float:
         out = model(torch.tensor([ids]))[0].numpy()
     diff = float(np.abs(ref - out).max())
     agree = float((ref.argmax(-1) == out.argmax(-1)).mean())
-    log(f"verify {path.name}: {len(ids)} positions, max |logit diff| {diff:.4f} "
-        f"(logit range {out.min():.1f}..{out.max():.1f}), argmax agreement {agree:.3f}")
+    log(
+        f"verify {path.name}: {len(ids)} positions, max |logit diff| {diff:.4f} "
+        f"(logit range {out.min():.1f}..{out.max():.1f}), argmax agreement {agree:.3f}"
+    )
     llm.close()
     return diff
 
@@ -466,7 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     if args.verify_only:
-        worst = max(verify(args.out / f"tiny-{kind}.gguf", VERIFY_PROMPT, log) for kind in ("target", "draft"))
+        worst = max(
+            verify(args.out / f"tiny-{kind}.gguf", VERIFY_PROMPT, log) for kind in ("target", "draft")
+        )
         return 0 if worst < 0.1 else 1
 
     files = stdlib_files(args.corpus)
@@ -477,8 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     TOK_IDS.update({s: tok.token_to_id(s) for s in SPECIALS})
     stream, starts = encode_stream(tok, files)
     chats = [tok.encode(c, add_special_tokens=False).ids for c in chat_examples(files)]
-    log(f"tokenizer: {len(tokens)} tokens, {len(merges)} merges; stream {len(stream)} tokens, "
-        f"{len(starts)} line starts, {len(chats)} chat examples")
+    log(
+        f"tokenizer: {len(tokens)} tokens, {len(merges)} merges; stream {len(stream)} tokens, "
+        f"{len(starts)} line starts, {len(chats)} chat examples"
+    )
 
     target, draft = train(args.steps, args.distil_steps, args.batch, stream, starts, chats, log)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -14,14 +14,16 @@ SNIPPETS = [
     "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
     "class A:\n\tdef f(self):  # tab indent\n\t\treturn {'a': [1, 2.5e-3, None]}\n\n\n\nx = A()\n",
     "   leading spaces, trailing spaces   \n\n",
-    "print(f\"{x!r:>10} \\n caf\u00e9 \u00fcber \u65e5\u672c \U0001f600\")\r\n",
+    'print(f"{x!r:>10} \\n caf\u00e9 \u00fcber \u65e5\u672c \U0001f600")\r\n',
     "it's, they're; a ,b ; c .d ' e ' x?!",
 ]
 
 
 @pytest.fixture(scope="module")
 def models():
-    loaded = {k: llama_cpp.Llama(str(p), n_ctx=512, n_threads=1, seed=0, verbose=False) for k, p in PAIR.items()}
+    loaded = {
+        k: llama_cpp.Llama(str(p), n_ctx=512, n_threads=1, seed=0, verbose=False) for k, p in PAIR.items()
+    }
     yield loaded
     for m in loaded.values():
         m.close()
@@ -86,14 +88,14 @@ def test_tokenize_detokenize_round_trip(models, text):
     ids = llm.tokenize(text.encode(), add_bos=False, special=False)
     assert llm.detokenize(ids).decode() == text
     # byte pieces concatenate back to the text too (what a streaming engine does)
-    pieces = b"".join(llm._model.token_to_piece(i) for i in ids)
+    pieces = b"".join(llm.detokenize([i]) for i in ids)
     assert pieces.decode() == text
 
 
 def test_code_compresses_into_merged_tokens(models):
     text = SNIPPETS[0]
     n = len(models["target"].tokenize(text.encode(), add_bos=False))
-    assert n < len(text) / 2.5, n  # a trained BPE, not bytes
+    assert n < len(text) / 2, n  # a trained BPE (2,048 tokens, digits split), not bytes
 
 
 def _greedy(llm: llama_cpp.Llama, prompt: str, n: int) -> str:
@@ -113,8 +115,8 @@ def test_greedy_fib_is_readable_code(models, kind):
 
 
 def test_target_and_draft_agree_often(models):
-    """The draft was distilled from the target: on the target's own greedy text it predicts the same token often."""
-    target, draft = models["target"], models["draft"]
+    """The draft was distilled from the target: it often predicts the target's own greedy tokens."""
+    target = models["target"]
     prompt = target.tokenize(b"def fib(n):", add_bos=True)
     target.reset()
     cont = []
@@ -129,7 +131,7 @@ def test_target_and_draft_agree_often(models):
         guesses = llm.scores[len(prompt) - 1 : len(seq) - 1].argmax(-1).tolist()
     finally:
         llm.close()
-    agree = sum(g == t for g, t in zip(guesses, cont)) / len(cont)
+    agree = sum(g == t for g, t in zip(guesses, cont, strict=True)) / len(cont)
     assert 0.3 <= agree <= 1.0, agree
 
 
@@ -138,7 +140,10 @@ def test_chat_path_uses_the_template(models):
     assert llm.chat_format == "chat_template.default"
     out = llm.create_chat_completion(
         [{"role": "user", "content": "Write a Python function add: Return a + b."}],
-        max_tokens=32, temperature=0.0, top_k=1, seed=0,
+        max_tokens=32,
+        temperature=0.0,
+        top_k=1,
+        seed=0,
     )
     choice = out["choices"][0]
     assert choice["finish_reason"] in ("stop", "length")
