@@ -58,6 +58,7 @@ class Config:
     strategy: str = "none"
     n_max: int | None = None
     p_min: float | None = None
+    adaptive: bool = False  # draft length chosen per round (0 included) from measured acceptance and costs
 
     @property
     def is_baseline(self) -> bool:
@@ -72,6 +73,8 @@ class Config:
             parts.append(f"k={self.n_max}")
         if self.p_min is not None and self.strategy != "ngram":
             parts.append(f"p_min={self.p_min:g}")
+        if self.adaptive:
+            parts.append("adaptive")
         return " ".join(parts)
 
 
@@ -223,6 +226,7 @@ def engine_runner(pipe: Any, *, temperature: float = 0.0, seed: int | None = Non
             kwargs["baseline"] = True
         else:
             kwargs["strategy"] = config.strategy
+            kwargs["adaptive"] = config.adaptive
         if config.n_max is not None:
             kwargs["n_max"] = config.n_max
         if config.p_min is not None:
@@ -294,6 +298,7 @@ def benchmark(
     n_max: int | None = None,
     p_min: float | None = None,
     peer: bool = False,
+    adaptive: bool = False,
     warmup: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -310,6 +315,8 @@ def benchmark(
         strategies = list(strategies or default_strategies(pipe))
         k, p = pipe.options.n_max, pipe.options.p_min
         configs = [Config(s, k, None if s == "ngram" else p) for s in strategies if s != "none"]
+        if adaptive:  # the same strategies with the adaptive draft length (llama.cpp has no such mode)
+            configs += [Config(c.strategy, c.n_max, c.p_min, adaptive=True) for c in list(configs)]
         if not configs:
             raise BenchError(
                 "nothing to compare: no speculative strategy", hint="use --strategy model or ngram"
@@ -318,7 +325,7 @@ def benchmark(
         if peer:
             from localspec import peer as peer_mod
 
-            peer_configs = [c for c in configs if c.strategy in ("model", "ngram")]
+            peer_configs = [c for c in configs if c.strategy in ("model", "ngram") and not c.adaptive]
             servers = peer_mod.start_servers(
                 [BASELINE, *peer_configs], target=pipe.info.target_path, draft=pipe.info.draft_path,
                 threads=threads, n_ctx=pipe.n_ctx, log=progress,
@@ -339,7 +346,7 @@ def benchmark(
         report: dict[str, Any] = {
             "machine": machine_info(threads),
             "settings": {"max_tokens": max_tokens, "temperature": temperature, "repeats": repeats,
-                         "threads": threads, "warmup": warmup, "strategies": strategies,
+                         "threads": threads, "warmup": warmup, "strategies": strategies, "adaptive": adaptive,
                          "workloads": [w.name for w in wl], "prompts": {w.name: len(w.prompts) for w in wl}},
             "pair": pair_info(pipe),
             "memory": pipe.memory.as_dict(),

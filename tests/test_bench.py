@@ -354,13 +354,17 @@ def test_bench_command_end_to_end(tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(
         bench_cmd, ["--prompts", str(prompts), "--max-tokens", "8", "--threads", "2", "--n-ctx", "512",
-                    "--out", str(out), "-q"],
+                    "--adaptive", "--out", str(out), "-q"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "speedup" in result.output and "wrote" in result.output
     data = json.loads((out / "bench.json").read_text())
     assert data["settings"]["prompts"] == {"p": 2}
     assert {c["strategy"] for c in data["cells"]} == {"model", "ngram"}
+    labels = {c["config"] for c in data["cells"]}
+    assert {lbl for lbl in labels if lbl.endswith(" adaptive")} == {
+        lbl + " adaptive" for lbl in labels if not lbl.endswith(" adaptive")
+    }
     assert data["memory"]["draft_overhead_bytes"] > 0
     assert (out / "bench.md").read_text().startswith("# localspec bench")
     _png_size(out / "bench.png")

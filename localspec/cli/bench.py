@@ -30,6 +30,7 @@ def _split(values: tuple[str, ...]) -> list[str]:
               help="Strategies to measure (default: model and ngram with a draft, else ngram).")  # fmt: skip
 @click.option("--n-max", type=int, help="Draft length k (default: the pair's / preset's).")
 @click.option("--p-min", type=float, help="Draft confidence cut-off (default: the pair's / preset's).")
+@click.option("--adaptive", is_flag=True, help="Also run each strategy with the adaptive draft length.")
 @click.option("--peer", is_flag=True, help="Also run llama.cpp's own speculative decoding (built once).")
 @click.option("--tune", is_flag=True, help="Sweep strategy x draft length x p_min and pick the best.")
 @click.option("--tune-n-max", default="1-8", show_default=True, help="Draft lengths to sweep.")
@@ -43,8 +44,8 @@ def _split(values: tuple[str, ...]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of tables.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 def bench(target, draft, preset, workloads, prompts, limit, max_tokens, temperature, repeats, threads, n_ctx,
-          strategies, n_max, p_min, peer, tune, tune_n_max, tune_p_min, save_preset, no_warmup, out_dir,
-          as_json, quiet) -> None:  # fmt: skip
+          strategies, n_max, p_min, adaptive, peer, tune, tune_n_max, tune_p_min, save_preset, no_warmup,
+          out_dir, as_json, quiet) -> None:  # fmt: skip
     """Measure whether speculative decoding pays off on this machine, per kind of text.
 
     Runs the target alone and each strategy interleaved on the same prompts, in one process, and reports
@@ -83,7 +84,8 @@ def bench(target, draft, preset, workloads, prompts, limit, max_tokens, temperat
             result["tuning"]["saved"] = save_winners(result, save_preset, preset=preset)
     else:
         result = benchmark(**common, limit=limit, repeats=repeats, strategies=list(strategies) or None,
-                           n_max=n_max, p_min=p_min, peer=peer, warmup=not no_warmup)  # fmt: skip
+                           n_max=n_max, p_min=p_min, peer=peer, adaptive=adaptive,
+                           warmup=not no_warmup)  # fmt: skip
     files = rep.write_all(result, Path(out_dir))
     if as_json:
         click.echo(json.dumps(json.loads(files["json"].read_text()), indent=1))
