@@ -37,12 +37,11 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 OUT_DIR = REPO / "localspec" / "embedded"
 
-# Qwen2's pre-tokenizer split (llama.cpp pre type "qwen2": a custom splitter, no space clean-up on
-# detokenize).
-PRE_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-    r"|\s+(?!\S)|\s+"
-)
+# llama.cpp's "smollm" pre-tokenizer: digits split one by one, then GPT-2's split, no space clean-up on
+# detokenize. Unlike Qwen2's or Llama 3's split it keeps punctuation and the newline after it apart, so a
+# prompt ending in "):" (no newline yet) sits on a token boundary the model saw in training.
+PRE_DIGITS = r"\p{N}"
+PRE_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 EOS, BOS, SYSTEM, USER, ASSISTANT, END = (
     "<|endoftext|>",
     "<|bos|>",
@@ -136,6 +135,7 @@ def train_tokenizer(texts: list[str]):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            pre_tokenizers.Split(Regex(PRE_DIGITS), behavior="isolated", invert=False),
             pre_tokenizers.Split(Regex(PRE_PATTERN), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
@@ -386,6 +386,7 @@ TOK_IDS: dict[str, int] = {}
 VERIFY_PROMPT = (
     "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\n"
     "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y  # café, 3.14\n"
+    "\tif x  ==  'it''s':\t\tpass   # über 日本 \U0001f600 12345 a ,b ; c .d\n\n\n   \n"
 )
 
 
@@ -415,7 +416,7 @@ def write_gguf(path: Path, model, tokens, types, merges, corpus_hash: str) -> No
     w.add_rope_freq_base(ROPE_BASE)
     w.add_vocab_size(cfg.n_vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
