@@ -140,6 +140,13 @@ def run(
             )
         else:
             click.echo(f"[{pipe.info.note}] {stats.summary_line()}", err=True)
+            if stats.speedup is not None and stats.speedup < 1.0 and stats.strategy != "none":
+                click.echo(
+                    f"hint: drafting made this run slower than the target alone ({stats.speedup:.2f}x) on "
+                    "this machine; try --adaptive (drafts only when it pays), --draft ngram, or "
+                    "`localspec bench --tune` to find what pays",
+                    err=True,
+                )
 
 
 COMMANDS = [run]
