@@ -77,8 +77,10 @@ def test_stats_invariants(embedded_pipe):
 
 
 def test_acceptance_is_visible_on_embedded_pair(embedded_pipe):
-    r = embedded_pipe.generate(PROMPTS[0], max_tokens=64, strategy="model", n_max=4, p_min=0.0)
-    assert r.stats.acceptance_rate > 0.3, r.stats.as_dict()
+    """With the embedded preset's own draft settings the draft's work shows: many tokens come from it."""
+    r = embedded_pipe.generate(PROMPTS[0], max_tokens=64, strategy="model")
+    assert r.stats.accepted >= 8 and r.stats.acceptance_rate > 0.5, r.stats.as_dict()
+    assert sum(r.from_draft) == r.stats.accepted
 
 
 def test_closed_stream_leaves_pipeline_consistent(embedded_pipe):
