@@ -97,14 +97,21 @@ def _fit(q: np.ndarray, n: int) -> np.ndarray:
 
 
 class NgramDrafter:
-    """Prompt-lookup drafting: the longest recent n-gram match proposes what followed it."""
+    """Prompt-lookup drafting: the longest recent n-gram match proposes what followed it.
+
+    A wrong n-gram draft costs a wider verification pass (5 tokens cost about 2 single passes on a small
+    CPU), so precision matters more than recall: like llama.cpp's ``ngram-simple`` it matches at least 3
+    tokens and proposes only when at least ``min_copy`` tokens follow the match. Measured on the Qwen 1.5B
+    bench, also accepting 2-token matches lowered acceptance (code 30%, summaries 32%) and the speedup.
+    """
 
     name = "ngram"
 
-    def __init__(self, *, n_gram_max: int = 4, n_gram_min: int = 2) -> None:
+    def __init__(self, *, n_gram_max: int = 4, n_gram_min: int = 3, min_copy: int = 3) -> None:
         if not 1 <= n_gram_min <= n_gram_max:
             raise ValueError("need 1 <= n_gram_min <= n_gram_max")
         self.sizes = list(range(n_gram_max, n_gram_min - 1, -1))
+        self.min_copy = min_copy
         self._tables: dict[int, dict[tuple[int, ...], int]] = {}
         self._indexed = 0
 
@@ -131,6 +138,8 @@ class NgramDrafter:
                 continue
             j = self._tables[size].get(tuple(context[-size:]))
             if j is not None:
+                if len(context) - j < min(self.min_copy, n):
+                    continue  # too little follows the match to be worth a wider pass
                 out.tokens = context[j : j + n]
                 if not params.greedy:
                     out.probs = [None] * len(out.tokens)
