@@ -252,9 +252,17 @@ class Pipeline:
         )
         return tokens, [s for s in stops if s]
 
-    def compare(self, prompt: str, *, repeats: int = 1, **kwargs) -> Comparison:
-        """Target alone and speculative on the same prompt, interleaved, in this process."""
+    def compare(self, prompt: str, *, repeats: int = 1, warmup: bool = True, **kwargs) -> Comparison:
+        """Target alone and speculative on the same prompt, interleaved, in this process.
+
+        A short uncounted run of each side first, so neither pays for cold caches and page faults
+        (on a small model the first call can be several times slower than the next).
+        """
         kwargs.pop("baseline", None)
+        if warmup:
+            short = {**kwargs, "max_tokens": min(8, kwargs.get("max_tokens", constants.DEFAULT_MAX_TOKENS))}
+            self.generate(prompt, baseline=True, **short)
+            self.generate(prompt, **short)
         base_runs, spec_runs = [], []
         for _ in range(max(1, repeats)):
             base_runs.append(self.generate(prompt, baseline=True, **kwargs))

@@ -212,8 +212,10 @@ def add_ceilings(cells: list[CellResult], slope: float | None = None) -> float:
         slope = verify_slope((c.batch, c.v_at_batch, c.generated_tokens) for c in spec)
     for c in spec:
         a, k = c.a, float(c.n_max or round(c.draft_length) or 1)
-        if math.isnan(slope) or not c.drafting_rounds:
-            continue  # no verify-cost fit, or nothing was drafted: no ceiling to speak of
+        if math.isnan(slope) or slope <= 0 or not c.drafting_rounds:
+            # no verify-cost fit (or a non-physical one from a handful of drafting rounds: wider passes
+            # never cost less), or nothing was drafted: no ceiling to speak of
+            continue
         c.v_k1 = 1.0 + slope * k
         c.expected_tokens = expected_tokens_per_round(a, k)
         c.ceiling = ceiling_speedup(a, k, c.c, c.v_k1)

@@ -234,3 +234,13 @@ def test_sampling_test_detects_a_biased_sampler(embedded_pipe, monkeypatch):
     base = _first_two(embedded_pipe, prompt, n, baseline=True)
     biased = _first_two(embedded_pipe, prompt, n, strategy="ngram", n_max=3, p_min=0.0)
     assert _chi2_pvalue(base, biased) < 1e-3
+
+
+def test_compare_reports_the_median_ratio_of_interleaved_runs(embedded_pipe):
+    cmp = embedded_pipe.compare(PROMPTS[1], max_tokens=16, repeats=3, strategy="model")
+    assert len(cmp.baseline_tps) == len(cmp.speculative_tps) == 3
+    assert cmp.speedup == pytest.approx(float(np.median(cmp.speculative_tps) / np.median(cmp.baseline_tps)))
+    assert cmp.baseline.stats.strategy == "none" and cmp.speculative.stats.strategy == "model"
+    assert cmp.speculative.stats.speedup == cmp.speedup
+    assert cmp.same_text == (str(cmp.baseline) == str(cmp.speculative))
+    assert cmp.as_dict()["speedup"] == round(cmp.speedup, 4)
