@@ -244,3 +244,27 @@ def test_compare_reports_the_median_ratio_of_interleaved_runs(embedded_pipe):
     assert cmp.speculative.stats.speedup == cmp.speedup
     assert cmp.same_text == (str(cmp.baseline) == str(cmp.speculative))
     assert cmp.as_dict()["speedup"] == round(cmp.speedup, 4)
+
+
+def test_run_command_prints_text_summary_and_speedup():
+    import json
+
+    from click.testing import CliRunner
+
+    from localspec.cli.run import run
+
+    res = CliRunner().invoke(run, ["-n", "16", "--threads", "2", "--baseline", "def fib(n):"])
+    assert res.exit_code == 0, res.output
+    assert "embedded default pair" in res.output and "acceptance" in res.output
+    assert "speedup" in res.output and "vs target alone" in res.output
+    speedup = float(res.output.split("speedup ")[1].split("x")[0])
+    assert ("hint: drafting made this run slower" in res.output) == (speedup < 1.0)
+
+    res = CliRunner().invoke(run, ["-n", "8", "--threads", "2", "-d", "none", "--json", "def fib(n):"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["stats"]["strategy"] == "none" and data["stats"]["generated_tokens"] == 8
+    assert data["text"] and data["pair"]["draft"] is None
+
+    res = CliRunner().invoke(run, ["-t", "missing.gguf", "x"])
+    assert res.exit_code != 0

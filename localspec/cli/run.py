@@ -141,10 +141,12 @@ def run(
         else:
             click.echo(f"[{pipe.info.note}] {stats.summary_line()}", err=True)
             if stats.speedup is not None and stats.speedup < 1.0 and stats.strategy != "none":
+                tries = [] if adaptive else ["--adaptive (drafts only when it pays)"]
+                tries += ["--draft ngram"] if stats.strategy != "ngram" else ["--draft none"]
                 click.echo(
-                    f"hint: drafting made this run slower than the target alone ({stats.speedup:.2f}x) on "
-                    "this machine; try --adaptive (drafts only when it pays), --draft ngram, or "
-                    "`localspec bench --tune` to find what pays",
+                    f"hint: drafting made this run slower than the target alone ({stats.speedup:.2f}x, "
+                    f"one run each) on this machine; try {', '.join(tries)}, "
+                    "or `localspec bench --tune` to measure what pays over several prompts",
                     err=True,
                 )
 
