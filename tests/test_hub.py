@@ -70,10 +70,8 @@ def _pair_preset(name: str, target: tuple[str, str], draft: tuple[str, str]) -> 
 
 
 def _embedded_or_generated(ggufs) -> tuple[Path, Path]:
-    """The real embedded pair when it has been built, else the generated vocab GGUFs."""
-    if constants.EMBEDDED_TARGET.is_file() and constants.EMBEDDED_DRAFT.is_file():
-        return constants.EMBEDDED_TARGET, constants.EMBEDDED_DRAFT
-    return ggufs["target"], ggufs["draft"]
+    """The real embedded pair (shipped in the package), served by the local Hub like any repository."""
+    return constants.EMBEDDED_TARGET, constants.EMBEDDED_DRAFT
 
 
 def _incomplete_files(root: Path) -> list[Path]:
@@ -114,6 +112,12 @@ def test_preset_download_of_the_embedded_pair(fake_hub, ggufs, tmp_path):
     again = hub.ensure_preset("tiny-remote")
     assert again.target == pair.target
     assert [e for e in fake_hub.log if "/resolve/" in e.path and e.method == "GET"] == []
+    # and the one-line API runs the downloaded pair from the cache
+    import localspec
+
+    text = localspec.generate("def fib(n):", preset="tiny-remote", max_tokens=8, n_threads=2, n_ctx=512)
+    assert text.stats.generated_tokens == 8 and text.stats.pairing_note == "preset tiny-remote"
+    assert text.stats.strategy == "model" and text.stats.draft_name == "tiny-draft.gguf"
 
 
 def test_resume_after_the_connection_drops(fake_hub, ggufs, tmp_path):
