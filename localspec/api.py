@@ -18,7 +18,6 @@ from localspec.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
 from localspec.engine import Engine, TokenResponse
 from localspec.errors import (
     ContextOverflowError,
-    GGUFError,
     IncompatiblePairError,
     LocalspecError,
     ModelNotFoundError,
@@ -306,28 +305,29 @@ def _check_file(path: str | os.PathLike, role: str) -> Path:
     return p
 
 
+def _usable_metadata(path: Path, role: str, hint: str):
+    """The header of ``path`` (no merges: pairing does not need them), refused when it cannot run here."""
+    from localspec.gguf_meta import read_metadata
+    from localspec.vocab import usability
+
+    meta = read_metadata(path, merges=False)
+    ok, why = usability(meta)
+    if not ok:
+        raise UnusableModelError(f"{path}: cannot be used as a {role}: {why}", hint=hint)
+    return meta
+
+
 def check_pair(target: Path, draft: Path | None) -> PairInfo:
     """Read both headers, refuse unusable files and incompatible vocabularies before loading."""
-    from localspec.gguf_meta import read_metadata
-    from localspec.vocab import compare, fingerprint, usability
+    from localspec.vocab import compare, fingerprint
 
-    t_meta = read_metadata(target)
-    ok, why = usability(t_meta)
-    if not ok:
-        raise UnusableModelError(
-            f"{target}: cannot be used as a target: {why}",
-            hint="pick a complete, text-only GGUF model as the target",
-        )
+    t_meta = _usable_metadata(target, "target", "pick a complete, text-only GGUF model as the target")
     info = PairInfo(target_path=target, draft_path=draft, strategy="none")
     if draft is None:
         return info
-    d_meta = read_metadata(draft)
-    ok, why = usability(d_meta)
-    if not ok:
-        raise UnusableModelError(
-            f"{draft}: cannot be used as a draft: {why}",
-            hint="pick a complete, text-only GGUF model as the draft, or use --draft ngram",
-        )
+    d_meta = _usable_metadata(
+        draft, "draft", "pick a complete, text-only GGUF model as the draft, or use --draft ngram"
+    )
     verdict = compare(fingerprint(t_meta), fingerprint(d_meta))
     if not verdict.usable:
         raise IncompatiblePairError(
@@ -419,10 +419,7 @@ def load(
         draft_path = _check_file(draft, "draft")
         note = note or f"draft {draft_path.name}"
 
-    try:
-        info = check_pair(target_path, draft_path)
-    except GGUFError:
-        raise
+    info = check_pair(target_path, draft_path)
     info.note = note
     if strategy is not None:
         info.strategy = strategy
