@@ -69,17 +69,13 @@ def _pair_preset(name: str, target: tuple[str, str], draft: tuple[str, str]) -> 
     )
 
 
-def _embedded_or_generated(ggufs) -> tuple[Path, Path]:
-    """The real embedded pair (shipped in the package), served by the local Hub like any repository."""
-    return constants.EMBEDDED_TARGET, constants.EMBEDDED_DRAFT
-
-
 def _incomplete_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.name.endswith(".incomplete")]
 
 
-def test_preset_download_of_the_embedded_pair(fake_hub, ggufs, tmp_path):
-    target, draft = _embedded_or_generated(ggufs)
+def test_preset_download_of_the_embedded_pair(fake_hub, tmp_path):
+    # the real embedded pair (shipped in the package), served by the local Hub like any repository
+    target, draft = constants.EMBEDDED_TARGET, constants.EMBEDDED_DRAFT
     fake_hub.add_repo(
         "localspec/tiny-embedded-GGUF",
         {"tiny-target.gguf": target, "tiny-draft.gguf": draft, "README.md": b"# tiny pair\n"},
