@@ -55,6 +55,12 @@ def ceiling_speedup(a: float, k: float, c: float, v: float) -> float:
     return expected_tokens_per_round(a, k) / (k * c + v)
 
 
+def best_draft_length(a: float, k_max: int, c: float, slope: float) -> tuple[int, float]:
+    """The draft length in 1..k_max with the highest ceiling (V(k+1) = 1 + slope k), and that ceiling."""
+    best = max(range(1, max(1, k_max) + 1), key=lambda k: ceiling_speedup(a, k, c, 1.0 + slope * k))
+    return best, ceiling_speedup(a, best, c, 1.0 + slope * best)
+
+
 def fit_acceptance(mean_accepted: float, k: float) -> float:
     """Per-token acceptance a of the i.i.d. model that yields ``mean_accepted`` of ``k`` drafts per round.
 
@@ -126,6 +132,9 @@ class CellResult:
     expected_tokens: float | None = None
     ceiling: float | None = None
     efficiency: float | None = None
+    adaptive: bool = False
+    best_k: int | None = None  # the draft length (1..n_max) with the highest ceiling at this acceptance
+    best_ceiling: float | None = None
     losses: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -184,6 +193,7 @@ def summarise_cell(
         prompt_seconds_baseline=median(s.get("prompt_seconds") or 0 for s in bs),
         prompt_seconds_speculative=median(s.get("prompt_seconds") or 0 for s in ss),
         target_token_seconds=t_dec,
+        adaptive=bool(getattr(config, "adaptive", False)),
     )
     if rounds and t_dec:
         evals = _sum(ss, "draft_evals")
@@ -201,11 +211,12 @@ def add_ceilings(cells: list[CellResult], slope: float | None = None) -> float:
     """Fill ceiling, efficiency and the loss factors of every speculative cell; returns the verify slope used.
 
     V(b) = 1 + s (b - 1) is fitted once over all cells (each cell's measured cost of its mean verify batch),
-    then V(k+1) for the configured draft length k. The loss factors multiply to the efficiency:
-    ``draft_length`` (rounds yield fewer tokens or cost other than the ideal k-token round: p_min stops,
-    n-gram misses, rejected tails), ``loop_overhead`` (time outside draft and verify passes: sampling, Python,
-    n-gram lookup), ``baseline_overhead`` (the same kind of time in the baseline, which counts in our favour)
-    and ``residual`` (median-of-prompts vs pooled totals, run-to-run noise).
+    then V(k+1) for the configured draft length k. An adaptive cell picks its draft length per round (none
+    included), so its ceiling is the best over 1..k and never below 1x. The loss factors multiply to the
+    efficiency: ``draft_length`` (rounds yield fewer tokens or cost other than the ideal k-token round:
+    p_min stops, n-gram misses, rejected tails), ``loop_overhead`` (time outside draft and verify passes:
+    sampling, Python, n-gram lookup), ``baseline_overhead`` (the same kind of time in the baseline, which
+    counts in our favour) and ``residual`` (median-of-prompts vs pooled totals, run-to-run noise).
     """
     spec = [c for c in cells if c.strategy != "none" and not math.isnan(c.v_at_batch)]
     if slope is None:
@@ -219,6 +230,9 @@ def add_ceilings(cells: list[CellResult], slope: float | None = None) -> float:
         c.v_k1 = 1.0 + slope * k
         c.expected_tokens = expected_tokens_per_round(a, k)
         c.ceiling = ceiling_speedup(a, k, c.c, c.v_k1)
+        c.best_k, c.best_ceiling = best_draft_length(a, int(k), c.c, slope)
+        if c.adaptive:
+            c.ceiling = max(1.0, c.best_ceiling)
         if not c.ceiling or math.isnan(c.speedup):
             continue
         c.efficiency = c.speedup / c.ceiling

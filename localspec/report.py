@@ -114,6 +114,7 @@ HEADERS = [
     "draft/verify/other",
     "ceiling",
     "efficiency",
+    "best k",
     "llama.cpp",
     "ours/llama.cpp",
 ]
@@ -131,6 +132,7 @@ def _row_cells(r: dict[str, Any]) -> list[str]:
         split,
         _f(r.get("ceiling"), "{:.2f}x"),
         _f(r.get("efficiency"), "{:.0%}"),
+        f"{r['best_k']} ({r['best_ceiling']:.2f}x)" if r.get("best_k") and r.get("best_ceiling") else "-",
         _f(r.get("peer_speedup"), "{:.2f}x")
         + (f" ({r['peer_acceptance']:.0%})" if r.get("peer_acceptance") is not None else ""),
         _f(r.get("ours_over_peer")),

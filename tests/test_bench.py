@@ -184,6 +184,17 @@ def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
     assert cell.efficiency == pytest.approx(1.2 / cell.ceiling)
     assert math.prod(cell.losses.values()) == pytest.approx(cell.efficiency)
     assert cell.losses["baseline_overhead"] == pytest.approx(1.05)
+    # a = 0.46, c = 0.4, V(k+1) = 1 + 0.3 k: the best draft length in theory is shorter than the configured 4
+    ceilings = {k: benchmath.ceiling_speedup(a, k, 0.4, 1 + slope * k) for k in range(1, 5)}
+    assert cell.best_k == max(ceilings, key=ceilings.get) < 4
+    assert cell.best_ceiling == pytest.approx(max(ceilings.values())) and cell.best_ceiling > cell.ceiling
+
+    # The same runs as an adaptive setting: it picks its length per round (none included), so its ceiling is
+    # the best over 1..k and never below the target alone.
+    adaptive = benchmath.summarise_cell("w", Config("model", 4, 0.75, adaptive=True), base, spec)
+    benchmath.add_ceilings([adaptive], slope)
+    assert adaptive.ceiling == pytest.approx(max(1.0, cell.best_ceiling))
+    assert math.prod(adaptive.losses.values()) == pytest.approx(adaptive.efficiency)
 
 
 # ---------------------------------------------------------------------------------------------- tuner
