@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,8 @@ class Draft:
     probs: list[np.ndarray | None] = field(default_factory=list)
     source: str = ""
     evals: int = 0  # draft-model decode calls spent on this draft
+    first_seconds: float = 0.0  # the first of those calls, which also fed the tokens accepted since the last
+    fed: int = 0  # tokens that first call fed (more than two: it caught up after rounds without a draft)
 
 
 class ModelDrafter:
@@ -60,8 +63,10 @@ class ModelDrafter:
         if n <= 0:
             return out
         todo = self.model.sync(context, keep_last=1)
+        t = time.perf_counter()
         logits = self.model.decode(todo, outputs=1)[0]
-        out.evals = 1
+        out.first_seconds = time.perf_counter() - t
+        out.evals, out.fed = 1, len(todo)
         for i in range(n):
             row = logits
             if self._mask is not None:

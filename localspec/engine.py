@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from localspec.adaptive import AdaptiveLength
 from localspec.drafters import Draft
 from localspec.runtime import Model
 from localspec.sampling import SamplingParams, accept_or_resample, distribution, sample
@@ -35,71 +36,6 @@ class TokenResponse:
     finish_reason: str | None = None
 
 
-class AdaptiveLength:
-    """Chooses each round's draft length from running acceptance and measured costs.
-
-    Expected tokens per round for length k is ``1 + sum_{i<=k} prod_{j<=i} a_j`` (a_j: acceptance
-    at draft position j, running averages), and its cost ``k * draft_step + verify(k + 1)`` with
-    both costs measured as the generation goes. The length with the best tokens per second wins,
-    including 0 (no draft this round) when drafting does not pay; every few rounds at 0 it probes
-    one draft to keep the acceptance estimate fresh.
-    """
-
-    def __init__(self, n_max: int, n_min: int = 0, decay: float = 0.9) -> None:
-        self.n_max = n_max
-        self.n_min = n_min
-        self.decay = decay
-        self.acc = [0.7] * n_max  # prior: optimistic enough to try drafting
-        self.draft_step: float | None = None
-        self.verify: dict[int, float] = {}
-        self._idle = 0
-
-    def choose(self) -> int:
-        v1 = self.verify.get(1)
-        if v1 is None or self.draft_step is None:
-            return self.n_max
-        best_k, best_rate = 0, 1.0 / v1
-        expected, run = 1.0, 1.0
-        for k in range(1, self.n_max + 1):
-            run *= self.acc[k - 1]
-            expected += run
-            rate = expected / (k * self.draft_step + self._verify_cost(k + 1))
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        if best_k < max(1, self.n_min):
-            self._idle += 1
-            if self._idle >= 8:  # probe so the estimate can recover
-                self._idle = 0
-                return max(1, self.n_min)
-            return 0
-        return best_k
-
-    def _verify_cost(self, n: int) -> float:
-        if n in self.verify:
-            return self.verify[n]
-        known = sorted(self.verify)
-        lo = max((m for m in known if m < n), default=known[0])
-        hi = min((m for m in known if m > n), default=None)
-        if hi is None or hi == lo:  # extrapolate: each extra row costs a quarter of a pass
-            return self.verify[lo] * (1 + 0.25 * (n - lo))
-        t = (n - lo) / (hi - lo)
-        return self.verify[lo] * (1 - t) + self.verify[hi] * t
-
-    def update(
-        self, n_drafted: int, n_accepted: int, draft_s: float, draft_evals: int, verify_s: float
-    ) -> None:
-        d = self.decay
-        for i in range(n_drafted):
-            hit = 1.0 if i < n_accepted else 0.0
-            self.acc[i] = d * self.acc[i] + (1 - d) * hit
-        if draft_evals:
-            step = draft_s / draft_evals
-            self.draft_step = step if self.draft_step is None else d * self.draft_step + (1 - d) * step
-        n = n_drafted + 1
-        old = self.verify.get(n)
-        self.verify[n] = verify_s if old is None else d * old + (1 - d) * verify_s
-
-
 class Engine:
     """Runs generations of one target with an optional drafter. Not thread-safe: one at a time."""
 
@@ -108,6 +44,9 @@ class Engine:
         # When a list: one (token, from_draft, argmax of the verifying row, top-2 logit margin) per
         # emitted token. For tests and diagnostics; off by default (it costs a partial sort per token).
         self.trace: list[tuple[int, bool, int, float]] | None = None
+        # Adaptive draft-length controllers per drafter setting: the costs they measured (draft call,
+        # verify pass by width) hold for the next generation too, and acceptance serves as a prior.
+        self._controllers: dict[tuple, AdaptiveLength] = {}
 
     def stream(
         self,
@@ -128,7 +67,9 @@ class Engine:
         ctx = list(prompt_tokens)
         stats.prompt_tokens = len(ctx)
         rng = np.random.default_rng(params.seed)
-        controller = AdaptiveLength(n_max, n_min) if (adaptive and drafter is not None) else None
+        controller = None
+        if adaptive and drafter is not None:
+            controller = self._controller(drafter, n_max, n_min, params)
         text_out = _TextStream(target, stop)
         trace = self.trace
 
@@ -176,7 +117,16 @@ class Engine:
                 if drafter is not None:
                     stats.record_round(n_d, m)
                     if controller:
-                        controller.update(n_d, m, dt if k > 0 else 0.0, draft.evals, tv)
+                        controller.update(
+                            k,
+                            n_d,
+                            m,
+                            draft_evals=draft.evals,
+                            draft_seconds=dt if k > 0 else 0.0,
+                            first_seconds=draft.first_seconds,
+                            fed=draft.fed,
+                            verify_seconds=tv,
+                        )
                 else:
                     stats.rounds += 1
 
@@ -208,6 +158,18 @@ class Engine:
             # Whatever happened (a closed stream, Ctrl-C, an error in a callback), keep the cache
             # equal to what was really accepted so the next call starts from a true state.
             target.truncate(min(len(target.tokens), len(ctx) - 1))
+
+
+    def _controller(self, drafter, n_max: int, n_min: int, params: SamplingParams) -> AdaptiveLength:
+        model = getattr(drafter, "model", None)
+        p_min = getattr(drafter, "p_min", getattr(model, "p_min", None))
+        key = (drafter.name, n_max, n_min, p_min, params.greedy, params.temperature)
+        ctl = self._controllers.get(key)
+        if ctl is None:
+            ctl = self._controllers[key] = AdaptiveLength(n_max, n_min)
+        else:
+            ctl.new_generation()
+        return ctl
 
 
 _EMPTY = Draft()
