@@ -26,6 +26,11 @@ without a draft, then 16 and 32, then no more) happens only while catching up co
 the target's time per token (a GPU, say) or has not been measured yet. The cheap moment to look
 again is the start of a generation, when the draft has just read the prompt: a generation that
 follows one which stopped drafting opens with a probe.
+
+An n-gram lookup costs next to nothing, so a drafter without a model (``free``) always asks for the
+full length: a miss costs nothing, and a longer copy is checked in the same pass (on the Qwen bench,
+choosing shorter lookups measured slower). With the draft model and n-gram lookup combined, a round in
+which the model sits out still gets the lookup's proposals (the engine asks for them).
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ PROBE_BUDGET = 0.05  # mid-generation probes only while catching up costs less p
 class AdaptiveLength:
     """Picks the draft length per round (0 = no draft) from running acceptance and measured costs."""
 
-    def __init__(self, n_max: int, n_min: int = 0, decay: float = 0.9) -> None:
+    def __init__(self, n_max: int, n_min: int = 0, decay: float = 0.9, free: bool = False) -> None:
         self.n_max = max(0, n_max)
+        self.free = free  # a drafter without a model (n-gram lookup): always ask for n_max
         self.n_min = n_min
         self.decay = decay
         self.reach = [PRIOR_REACH] * self.n_max  # observed P(m > i) (moving averages)
@@ -138,6 +144,8 @@ class AdaptiveLength:
     def choose(self) -> int:
         """The draft length for the next round."""
         start, self._probe_start = self._probe_start, False
+        if self.free:
+            return self.n_max
         if self.rounds == 0 or self.n_max == 0:
             return min(2, self.n_max)  # measure a draft call, a further one and a wider verify first
         if 1 not in self.verify:
@@ -145,8 +153,8 @@ class AdaptiveLength:
         rates = self.rates(optimistic=True)
         if rates is None:
             return self.n_max
-        best = max(rates, key=rates.get)
         floor = max(1, self.n_min)
+        best = max(rates, key=rates.get)
         if best >= floor:
             self._idle = 0
             if not start:  # drafting pays beyond the first round: probe soon again if that changes

@@ -33,6 +33,7 @@ class ModelDrafter:
     """Greedy (or sampled) drafting with llama.cpp's knobs: n_min and p_min."""
 
     name = "model"
+    free = False  # every draft costs draft-model calls
 
     def __init__(
         self,
@@ -111,6 +112,7 @@ class NgramDrafter:
     """
 
     name = "ngram"
+    free = True  # a lookup costs next to nothing: asking is always worth it
 
     def __init__(self, *, n_gram_max: int = 4, n_gram_min: int = 3, min_copy: int = 3) -> None:
         if not 1 <= n_gram_min <= n_gram_max:
@@ -156,6 +158,7 @@ class CombinedDrafter:
     """N-gram lookup when it finds a match, otherwise the draft model."""
 
     name = "model+ngram"
+    free = False
 
     def __init__(self, model: ModelDrafter, ngram: NgramDrafter, *, min_lookup: int = 2) -> None:
         self.model = model
@@ -165,6 +168,10 @@ class CombinedDrafter:
     def begin(self, context: list[int]) -> None:
         self.ngram.begin(context)
         self.model.begin(context)
+
+    def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """The n-gram part alone: what a round can still propose for free while the draft model sits out."""
+        return self.ngram.draft(context, n, params, rng)
 
     def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         d = self.ngram.draft(context, n, params, rng)

@@ -93,12 +93,15 @@ class Engine:
                 if drafter is not None:
                     k = controller.choose() if controller else n_max
                     k = min(k, room - 1)
+                    t = time.perf_counter()
                     if k > 0:
-                        t = time.perf_counter()
                         draft = drafter.draft(ctx, k, params, rng)
-                        dt = time.perf_counter() - t
-                        stats.draft_seconds += dt
-                        stats.draft_evals += draft.evals
+                    elif controller and room > 1 and hasattr(drafter, "lookup"):
+                        # the draft model sits out this round; an n-gram lookup is still free
+                        draft = drafter.lookup(ctx, min(n_max, room - 1), params, rng)
+                    dt = time.perf_counter() - t
+                    stats.draft_seconds += dt
+                    stats.draft_evals += draft.evals
                 drafts = draft.tokens
                 n_d = len(drafts)
 
@@ -122,7 +125,7 @@ class Engine:
                             n_d,
                             m,
                             draft_evals=draft.evals,
-                            draft_seconds=dt if k > 0 else 0.0,
+                            draft_seconds=dt,
                             first_seconds=draft.first_seconds,
                             fed=draft.fed,
                             verify_seconds=tv,
@@ -166,7 +169,7 @@ class Engine:
         key = (drafter.name, n_max, n_min, p_min, params.greedy, params.temperature)
         ctl = self._controllers.get(key)
         if ctl is None:
-            ctl = self._controllers[key] = AdaptiveLength(n_max, n_min)
+            ctl = self._controllers[key] = AdaptiveLength(n_max, n_min, free=getattr(drafter, "free", False))
         else:
             ctl.new_generation()
         return ctl

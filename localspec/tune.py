@@ -12,9 +12,15 @@ from localspec.errors import BenchError
 
 
 def tune_configs(
-    strategies: Sequence[str], n_max_values: Sequence[int], p_min_values: Sequence[float]
+    strategies: Sequence[str],
+    n_max_values: Sequence[int],
+    p_min_values: Sequence[float],
+    adaptive: bool = False,
 ) -> list[Config]:
-    """The sweep grid; n-gram lookup has no probabilities, so it ignores p_min."""
+    """The sweep grid; n-gram lookup has no probabilities, so it ignores p_min.
+
+    ``adaptive`` adds each strategy with the adaptive draft length, up to the longest draft swept.
+    """
     out: list[Config] = []
     for s in strategies:
         if s == "none":
@@ -26,6 +32,10 @@ def tune_configs(
                 out.append(Config(s, k, None))
             else:
                 out.extend(Config(s, k, p) for p in p_min_values)
+        if adaptive:
+            k = max(n_max_values)
+            ps = [None] if s == "ngram" else p_min_values
+            out.extend(Config(s, k, p, adaptive=True) for p in ps)
     return out
 
 
@@ -83,6 +93,7 @@ def tune(
                 "strategy": best.strategy,
                 "n_max": best.n_max,
                 "p_min": best.p_min,
+                "adaptive": best.adaptive,
                 "speedup": best.speedup,
                 "config": best.config,
             }
@@ -102,6 +113,7 @@ def tune(
                     "strategy": c.strategy,
                     "n_max": c.n_max,
                     "p_min": c.p_min,
+                    "adaptive": c.adaptive,
                     "speedup": c.speedup,
                     "acceptance_rate": c.acceptance_rate,
                     "speculative_tps": c.speculative_tps,
@@ -136,6 +148,7 @@ def overall_winner(tuning: dict[str, Any]) -> dict[str, Any]:
         "strategy": c["strategy"],
         "n_max": c["n_max"],
         "p_min": c["p_min"],
+        "adaptive": bool(c.get("adaptive")),
         "speedup": best,
     }
 
@@ -173,6 +186,7 @@ def tune_benchmark(
     strategies: Sequence[str] | None = None,
     n_max_values: Sequence[int] = tuple(range(1, 9)),
     p_min_values: Sequence[float] = (0.5, 0.75, 0.9),
+    adaptive: bool = False,
     margin: float = 0.02,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -189,7 +203,7 @@ def tune_benchmark(
         if not strategies:
             strategies = default_strategies(pipe) + (["model+ngram"] if pipe.info.draft_path else [])
         strategies = list(strategies)
-        configs = tune_configs(strategies, n_max_values, p_min_values)
+        configs = tune_configs(strategies, n_max_values, p_min_values, adaptive)
         runner = engine_runner(pipe, temperature=temperature)
         runner(wl[0].prompts[0], BASELINE, min(8, max_tokens))  # warm-up, not counted
         tuning = tune(runner, wl, configs, max_tokens=max_tokens, margin=margin, progress=progress)
@@ -204,7 +218,7 @@ def tune_benchmark(
             "machine": machine_info(threads),
             "settings": {"max_tokens": max_tokens, "temperature": temperature, "repeats": 1,
                          "threads": threads, "strategies": strategies, "n_max": list(n_max_values),
-                         "p_min": list(p_min_values),
+                         "p_min": list(p_min_values), "adaptive": adaptive,
                          "workloads": [w.name for w in wl], "prompts": {w.name: len(w.prompts) for w in wl}},
             "pair": pair_info(pipe),
             "memory": pipe.memory.as_dict(),
@@ -221,6 +235,7 @@ def _draft_table(winner: dict[str, Any]) -> dict[str, Any]:
         out["n_max"] = int(winner["n_max"])
     if winner.get("p_min") is not None:
         out["p_min"] = float(winner["p_min"])
+    out["adaptive"] = bool(winner.get("adaptive"))
     return out
 
 

@@ -137,3 +137,10 @@ def test_a_later_generation_keeps_the_costs_and_starts_from_what_was_learned():
         later.append(speedup(SimulatedPair(seed=seed, **kw), rounds=60, ctl=ctl)[0])
     assert sum(later) / len(later) > first  # no cold start the second time
     assert sum(later) / len(later) >= 0.95
+
+
+def test_a_free_drafter_always_asks_for_the_full_length():
+    ctl = AdaptiveLength(4, free=True)  # n-gram lookup: asking costs nothing when nothing matches
+    pair = SimulatedPair(a=0.2, c=None, hit=0.3)
+    _, chosen = speedup(pair, n_max=4, rounds=200, ctl=ctl)
+    assert set(chosen) == {4}

@@ -228,6 +228,19 @@ def test_tune_grid_and_honest_none():
     assert res["workloads"]["w"]["winner"]["config"] == "ngram k=3"
     assert tune.overall_winner(res)["speedup"] == pytest.approx(1.5)
 
+    # --adaptive adds each strategy with the adaptive length, up to the longest draft swept
+    grid = tune.tune_configs(["model", "ngram"], [1, 2, 3], [0.5, 0.9], adaptive=True)
+    assert [c.label for c in grid if c.adaptive] == [
+        "model k=3 p_min=0.5 adaptive", "model k=3 p_min=0.9 adaptive", "ngram k=3 adaptive"
+    ]
+
+    def fast_adaptive(prompt, cfg, n):
+        return _stats(12.0 if cfg.label == "model k=3 p_min=0.9 adaptive" else 10.0)
+
+    res = tune.tune(fast_adaptive, [w], grid, max_tokens=4)
+    assert res["workloads"]["w"]["winner"]["adaptive"] is True
+    assert tune.overall_winner(res)["adaptive"] is True
+
 
 def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_CONFIG", str(tmp_path / "cfg"))
@@ -244,17 +257,20 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
                                     "speedup": 1.0}},
                 "edit": {"winner": {"config": "model k=3 p_min=0.5", "strategy": "model", "n_max": 3,
                                     "p_min": 0.5, "speedup": 1.1}},
+                "code": {"winner": {"config": "model k=6 p_min=0.7 adaptive", "strategy": "model", "n_max": 6,
+                                    "p_min": 0.7, "adaptive": True, "speedup": 1.2}},
             },
         },
     }  # fmt: skip
     paths = tune.save_winners(rep, "my-tuned")
-    assert len(paths) == 3 and all(Path(p).is_file() for p in paths)
+    assert len(paths) == 4 and all(Path(p).is_file() for p in paths)
     p = get_preset("my-tuned")
     assert (p.draft.strategy, p.draft.n_max) == ("ngram", 5)
     assert get_preset("my-tuned-chat").draft.strategy == "none"
     e = get_preset("my-tuned-edit")
     assert (e.draft.strategy, e.draft.n_max, e.draft.p_min) == ("model", 3, 0.5)
     assert e.n_ctx == 2048 and str(e.target.path) == str(t)
+    assert not e.draft.adaptive and get_preset("my-tuned-code").draft.adaptive
 
 
 # ---------------------------------------------------------------------------------------------- reports

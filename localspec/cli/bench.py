@@ -30,7 +30,11 @@ def _split(values: tuple[str, ...]) -> list[str]:
               help="Strategies to measure (default: model and ngram with a draft, else ngram).")  # fmt: skip
 @click.option("--n-max", type=int, help="Draft length k (default: the pair's / preset's).")
 @click.option("--p-min", type=float, help="Draft confidence cut-off (default: the pair's / preset's).")
-@click.option("--adaptive", is_flag=True, help="Also run each strategy with the adaptive draft length.")
+@click.option(
+    "--adaptive",
+    is_flag=True,
+    help="Also run (with --tune: sweep) each strategy with the adaptive draft length.",
+)
 @click.option("--peer", is_flag=True, help="Also run llama.cpp's own speculative decoding (built once).")
 @click.option("--tune", is_flag=True, help="Sweep strategy x draft length x p_min and pick the best.")
 @click.option("--tune-n-max", default="1-8", show_default=True, help="Draft lengths to sweep.")
@@ -77,7 +81,8 @@ def bench(target, draft, preset, workloads, prompts, limit, max_tokens, temperat
         except ValueError as exc:
             raise click.UsageError(f"--tune-p-min: not a list of numbers: {tune_p_min!r}") from exc
         result = tune_benchmark(**common, limit=limit or 2, strategies=list(strategies) or None,
-                                n_max_values=parse_int_range(tune_n_max), p_min_values=p_values)  # fmt: skip
+                                n_max_values=parse_int_range(tune_n_max), p_min_values=p_values,
+                                adaptive=adaptive)  # fmt: skip
         if save_preset:
             from localspec.tune import save_winners
 
