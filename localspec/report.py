@@ -267,22 +267,33 @@ COLOURS = [(52, 101, 164), (115, 210, 22), (245, 121, 0), (117, 80, 123), (193, 
 
 
 def write_png(report: dict[str, Any], path: Path) -> Path:
-    """Horizontal bars: speedup per workload and strategy (ours solid, llama.cpp hatched), a 1.0x line."""
+    """Horizontal bars: speedup per workload and setting, llama.cpp's (hatched) under ours, a 1.0x line."""
     from PIL import Image, ImageDraw, ImageFont
 
     groups = _by_workload(report)
-    labels = sorted({r["config"] for rs in groups.values() for r in rs})
-    series = [(lbl, False) for lbl in labels]
-    if report.get("peer", {}).get("cells"):
-        series += [(lbl, True) for lbl in labels]
+    labels = list(dict.fromkeys(r["config"] for rs in groups.values() for r in rs))
+    peered = {r["config"] for rs in groups.values() for r in rs if r.get("peer_speedup")}
+    series = [(lbl, p) for lbl in labels for p in ((False, True) if lbl in peered else (False,))]
+    colour_of = {lbl: COLOURS[i % len(COLOURS)] for i, lbl in enumerate(labels)}
     bar, gap, left, top, width = 14, 12, 150, 60, 900
-    height = top + len(groups) * (len(series) * bar + gap) + 70
-    img = Image.new("RGB", (width, height), "white")
-    d = ImageDraw.Draw(img)
     try:
         font = ImageFont.load_default(size=13)
     except TypeError:  # Pillow < 10.1
         font = ImageFont.load_default()
+    probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    legend = [(lbl, False, lbl) for lbl in labels]
+    if peered:
+        note = "hatched: llama.cpp's own speculative decoding, same setting"
+        legend.append((next(iter(peered)), True, note))
+    rows, lx = 1, 10
+    for _, _, text in legend:
+        w = 24 + int(probe.textlength(text, font=font))
+        if lx + w > width - 10 and lx > 10:
+            rows, lx = rows + 1, 10
+        lx += w
+    height = top + len(groups) * (len(series) * bar + gap) + 20 + rows * 18 + 10
+    img = Image.new("RGB", (width, height), "white")
+    d = ImageDraw.Draw(img)
     vals = [r.get(k) or 0 for rs in groups.values() for r in rs for k in ("speedup", "peer_speedup")]
     vmax = max(1.5, max(vals, default=1.0) * 1.1)
     plot_w = width - left - 40
@@ -296,31 +307,29 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
             r = by_cfg.get(lbl)
             v = (r.get("peer_speedup") if is_peer else r.get("speedup")) if r else None
             if v:
-                colour = COLOURS[labels.index(lbl) % len(COLOURS)]
-                x1 = x_of(v)
-                d.rectangle(
-                    [left, y, x1, y + bar - 2], fill=colour if not is_peer else "white", outline=colour
-                )
-                if is_peer:
-                    for hx in range(left, x1, 6):
-                        d.line([hx, y + bar - 2, min(hx + 6, x1), y], fill=colour)
-                d.text((x1 + 4, y), f"{v:.2f}x", fill="black", font=font)
+                _bar(d, left, y, x_of(v), bar, colour_of[lbl], is_peer)
+                d.text((x_of(v) + 4, y), f"{v:.2f}x", fill="black", font=font)
             y += bar
         y += gap
     d.line([x_of(1.0), top - 8, x_of(1.0), y], fill=(80, 80, 80), width=2)
     d.text((x_of(1.0) - 12, top - 24), "1.0x", fill="black", font=font)
-    ly = y + 10
-    lx = 10
-    for lbl, is_peer in series:
-        colour = COLOURS[labels.index(lbl) % len(COLOURS)]
-        d.rectangle([lx, ly, lx + 12, ly + 10], fill="white" if is_peer else colour, outline=colour)
-        text = f"{lbl} ({'llama.cpp' if is_peer else 'localspec'})"
-        d.text((lx + 16, ly - 2), text, fill="black", font=font)
-        lx += 24 + int(d.textlength(text, font=font))
-        if lx > width - 200:
+    ly, lx = y + 10, 10
+    for lbl, is_peer, text in legend:
+        w = 24 + int(d.textlength(text, font=font))
+        if lx + w > width - 10 and lx > 10:
             lx, ly = 10, ly + 18
+        _bar(d, lx, ly, lx + 12, 11, colour_of[lbl] if not is_peer else (90, 90, 90), is_peer)
+        d.text((lx + 16, ly - 2), text, fill="black", font=font)
+        lx += w
     img.save(path, format="PNG", optimize=True)
     return path
+
+
+def _bar(d, x0: int, y: int, x1: int, h: int, colour, hatched: bool) -> None:
+    d.rectangle([x0, y, x1, y + h - 2], fill="white" if hatched else colour, outline=colour)
+    if hatched:
+        for hx in range(x0, x1, 6):
+            d.line([hx, y + h - 2, min(hx + 6, x1), y], fill=colour)
 
 
 def write_all(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:

@@ -364,7 +364,11 @@ def test_bench_on_embedded_pair_in_process(embedded_pipe, tmp_path):
         assert c.draft_share + c.verify_share <= 1.0 + 1e-9
         assert c.identical_output is not None
     model_cells = [c for c in cells if c.strategy == "model"]
-    assert any(c.ceiling for c in model_cells) and all(c.c > 0 for c in model_cells)
+    assert all(c.c > 0 for c in model_cells)
+    # The fitted verify slope rests on microsecond timings here and can come out <= 0 (then no ceiling, by
+    # design); with a given slope every cell that drafted gets one.
+    cells, _ = benchmath.summarise(ws, cfgs, recs, slope=0.3)
+    assert all(c.ceiling and c.best_k for c in cells if c.drafting_rounds)
     rep = _report_from(cells)
     files = report.write_all(rep, tmp_path)
     assert json.loads(files["json"].read_text())["cells"]
