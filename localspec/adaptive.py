@@ -122,11 +122,15 @@ class AdaptiveLength:
     def rates(self, optimistic: bool = False) -> dict[int, float] | None:
         """Expected tokens per second for every length 0..n_max; None until the costs are measured."""
         out = {}
+        expected = 1.0
+        reach = self.reach_estimate(optimistic)
         for k in range(self.n_max + 1):
             s = self.round_seconds(k)
             if s is None or s <= 0:
                 return None
-            out[k] = self.expected_tokens(k, optimistic) / s
+            if k:
+                expected += reach[k - 1]
+            out[k] = expected / s
         return out
 
     # ----------------------------------------------------------------------------------- policy
