@@ -31,15 +31,27 @@ STRATEGIES = ("model", "ngram", "model+ngram", "none")
 
 
 class GenerationResult(str):
-    """The generated text (a ``str``), carrying ``.stats``, ``.tokens`` and ``.from_draft``."""
+    """The generated text (a ``str``), carrying ``.stats``, ``.tokens``, ``.from_draft`` and ``.pieces``.
+
+    ``pieces`` is the text as it was streamed, one string per token (``"".join(pieces)`` is the text).
+    """
 
     stats: GenerationStats
     tokens: list[int]
     from_draft: list[bool]
+    pieces: list[str]
 
-    def __new__(cls, text: str, stats: GenerationStats, tokens: list[int], from_draft: list[bool]):
+    def __new__(
+        cls,
+        text: str,
+        stats: GenerationStats,
+        tokens: list[int],
+        from_draft: list[bool],
+        pieces: list[str] | None = None,
+    ):
         obj = super().__new__(cls, text)
         obj.stats, obj.tokens, obj.from_draft = stats, tokens, from_draft
+        obj.pieces = pieces if pieces is not None else []
         return obj
 
     @property
@@ -291,7 +303,7 @@ def _collect(stream: Iterator[TokenResponse]) -> GenerationResult:
         stats = r.stats
     if stats is None:  # pragma: no cover - the engine always yields at least one token
         stats = GenerationStats()
-    return GenerationResult("".join(parts), stats, tokens, flags)
+    return GenerationResult("".join(parts), stats, tokens, flags, parts)
 
 
 # Resolution -----------------------------------------------------------------------------------

@@ -81,6 +81,7 @@ def test_acceptance_is_visible_on_embedded_pair(embedded_pipe):
     r = embedded_pipe.generate(PROMPTS[0], max_tokens=64, strategy="model")
     assert r.stats.accepted >= 8 and r.stats.acceptance_rate > 0.5, r.stats.as_dict()
     assert sum(r.from_draft) == r.stats.accepted
+    assert len(r.pieces) == len(r.tokens) == len(r.from_draft) and "".join(r.pieces) == r
 
 
 def test_closed_stream_leaves_pipeline_consistent(embedded_pipe):

@@ -194,6 +194,7 @@ def test_browser_run_highlights_draft_tokens_and_compare_shows_speed_and_memory(
     assert 0 <= _number(page, "ls-acceptance") <= 100
     assert page.locator("#ls-bars .ls-bar").count() >= 1
     assert "same text with and without the draft: yes" in page.inner_text("#ls-result-box")
+    assert page.locator("#ls-output .ls-t.ls-d").count() > 0  # Compare's text shows the draft's tokens too
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ui.png"), full_page=True)

@@ -245,9 +245,9 @@ class App:
                 note="same text with and without the draft: "
                 + ("yes" if getattr(cmp, "same_text", True) else "NO (sampling with temperature > 0?)"),
             )
-            text = tokens_html(
-                [(str(cmp.speculative), False)], status="compare: text of the run with the draft"
-            )
+            run = cmp.speculative
+            pieces = list(zip(run.pieces, run.from_draft, strict=True)) or [(str(run), False)]
+            text = tokens_html(pieces, status="compare: the run with the draft")
             return {c["error"]: "", c["result"]: panel, c["output"]: text}
         except Exception as exc:  # noqa: BLE001
             if isinstance(exc, LocalspecError):
