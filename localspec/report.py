@@ -285,12 +285,8 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     if peered:
         note = "hatched: llama.cpp's own speculative decoding, same setting"
         legend.append((next(iter(peered)), True, note))
-    rows, lx = 1, 10
-    for _, _, text in legend:
-        w = 24 + int(probe.textlength(text, font=font))
-        if lx + w > width - 10 and lx > 10:
-            rows, lx = rows + 1, 10
-        lx += w
+    places = _legend_places([t for _, _, t in legend], lambda t: probe.textlength(t, font=font), width)
+    rows = 1 + max((row for _, row in places), default=0)
     height = top + len(groups) * (len(series) * bar + gap) + 20 + rows * 18 + 10
     img = Image.new("RGB", (width, height), "white")
     d = ImageDraw.Draw(img)
@@ -313,16 +309,24 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
         y += gap
     d.line([x_of(1.0), top - 8, x_of(1.0), y], fill=(80, 80, 80), width=2)
     d.text((x_of(1.0) - 12, top - 24), "1.0x", fill="black", font=font)
-    ly, lx = y + 10, 10
-    for lbl, is_peer, text in legend:
-        w = 24 + int(d.textlength(text, font=font))
-        if lx + w > width - 10 and lx > 10:
-            lx, ly = 10, ly + 18
+    for (lbl, is_peer, text), (lx, row) in zip(legend, places, strict=True):
+        ly = y + 10 + 18 * row
         _bar(d, lx, ly, lx + 12, 11, colour_of[lbl] if not is_peer else (90, 90, 90), is_peer)
         d.text((lx + 16, ly - 2), text, fill="black", font=font)
-        lx += w
     img.save(path, format="PNG", optimize=True)
     return path
+
+
+def _legend_places(texts: list[str], text_width, width: int) -> list[tuple[int, int]]:
+    """(x, row) of each legend entry: a swatch and its text, wrapped to the image width."""
+    out, lx, row = [], 10, 0
+    for text in texts:
+        w = 24 + int(text_width(text))
+        if lx + w > width - 10 and lx > 10:
+            lx, row = 10, row + 1
+        out.append((lx, row))
+        lx += w
+    return out
 
 
 def _bar(d, x0: int, y: int, x1: int, h: int, colour, hatched: bool) -> None:
