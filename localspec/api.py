@@ -231,14 +231,15 @@ class Pipeline:
 
     def chat_stream(self, messages: list[dict], **kwargs) -> Iterator[TokenResponse]:
         """Stream a reply to ``messages`` formatted with the model's own chat template."""
-        tokens, stops = self._format_chat(messages)
+        tokens, stops = self.format_chat(messages)
         kwargs["stop"] = list(kwargs.get("stop") or []) + stops
         return self.stream_tokens(tokens, **kwargs)
 
     def chat(self, messages: list[dict], **kwargs) -> GenerationResult:
         return _collect(self.chat_stream(messages, **kwargs))
 
-    def _format_chat(self, messages: list[dict]) -> tuple[list[int], list[str]]:
+    def format_chat(self, messages: list[dict]) -> tuple[list[int], list[str]]:
+        """``messages`` rendered with the target's own chat template: (prompt tokens, stop strings)."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         meta = self._target.metadata

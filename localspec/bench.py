@@ -197,7 +197,7 @@ def render(pipe: Any, prompt: Prompt) -> tuple[list[int], list[str]]:
     """The exact token ids (and stop strings) a prompt becomes: chat prompts through the target's own chat
     template, others as plain text. Both localspec and the llama.cpp peer are fed these ids."""
     if prompt.chat and _has_chat_template(pipe):
-        fmt = getattr(pipe, "format_chat", None) or pipe._format_chat
+        fmt = pipe.format_chat
         tokens, stops = fmt([{"role": "user", "content": prompt.text}])
         return list(tokens), list(stops)
     return list(pipe.tokenize(prompt.text)), []

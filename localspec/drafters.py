@@ -1,20 +1,31 @@
-"""Drafters propose the next few tokens; the target verifies them. One method: ``draft``.
+"""Drafters propose the next few tokens; the target verifies them. The interface: :class:`Drafter`.
 
 - :class:`ModelDrafter`: a small GGUF model with its own KV cache, reused across rounds and calls.
 - :class:`NgramDrafter`: prompt lookup, no model: if the last few tokens occurred before in the
   prompt or the output, propose what followed them then (strong for edits and summaries).
 - :class:`CombinedDrafter`: n-gram lookup first, the draft model when lookup finds nothing.
+
+A new drafter implements :class:`Drafter` (a type checker checks it) and says, per proposed token,
+where it came from (one of :data:`SOURCES`) and how confident it is, so stats, the UI and the HTTP
+API can report acceptance by source.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from localspec.runtime import Model
 from localspec.sampling import SamplingParams, distribution, sample
+
+if TYPE_CHECKING:
+    from localspec.runtime import Model
+
+#: Where a drafted token came from: the draft model, the current prompt and output, earlier requests
+#: of this pipeline (or the persisted store), or an indexed corpus.
+SOURCES: tuple[str, ...] = ("model", "prompt", "history", "corpus")
 
 
 @dataclass
@@ -23,10 +34,42 @@ class Draft:
     # Per drafted token, the drafter's distribution q (None: a deterministic proposal). Only filled
     # when sampling; greedy verification needs no q.
     probs: list[np.ndarray | None] = field(default_factory=list)
-    source: str = ""
+    source: str = ""  # the drafter's name
+    # Per drafted token: where it came from (one of SOURCES) and the drafter's confidence in it
+    # (its probability of being accepted, as the drafter estimates it; 1.0 when it has no estimate).
+    sources: list[str] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
     evals: int = 0  # draft-model decode calls spent on this draft
     first_seconds: float = 0.0  # the first of those calls, which also fed the tokens accepted since the last
     fed: int = 0  # tokens that first call fed (more than two: it caught up after rounds without a draft)
+
+    def source_of(self, i: int) -> str:
+        """Where drafted token ``i`` came from."""
+        return self.sources[i] if i < len(self.sources) else (self.source or "model")
+
+
+class Drafter(Protocol):
+    """What the engine asks of a drafter. ``context`` is always the prompt plus every emitted token.
+
+    - ``begin(context)``: a generation starts (prefill, index the prompt).
+    - ``draft(context, n, ...)``: propose up to ``n`` tokens.
+    - ``lookup(context, n, ...)``: only what can be proposed for free (no model call); an adaptive round
+      that keeps the draft model out still asks this.
+    - ``finish(context)``: the generation ended (any way: done, stopped, cancelled); a drafter may learn
+      from the finished request here.
+    - ``name``: the strategy it implements; ``free``: True when proposing costs next to nothing.
+    """
+
+    name: str
+    free: bool
+
+    def begin(self, context: list[int]) -> None: ...
+
+    def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft: ...
+
+    def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft: ...
+
+    def finish(self, context: list[int]) -> None: ...
 
 
 class ModelDrafter:
@@ -75,22 +118,31 @@ class ModelDrafter:
                 row[self._mask] = -np.inf
             if params.greedy:
                 tok = int(np.argmax(row))
-                if self.p_min > 0.0 and i >= self.n_min:
-                    top = float(row[tok])
-                    p_top = 1.0 / float(np.exp(row - top).sum())
-                    if p_top < self.p_min:
-                        break
+                top = float(row[tok])
+                p_top = 1.0 / float(np.exp(row - top).sum())
+                if self.p_min > 0.0 and i >= self.n_min and p_top < self.p_min:
+                    break
             else:
                 q = distribution(row, params)
-                if self.p_min > 0.0 and i >= self.n_min and float(q.max()) < self.p_min:
+                p_top = float(q.max())
+                if self.p_min > 0.0 and i >= self.n_min and p_top < self.p_min:
                     break
                 tok = sample(q, rng)
                 out.probs.append(_fit(q, self.target_n_vocab))
             out.tokens.append(tok)
+            out.sources.append("model")
+            out.confidence.append(p_top)
             if i + 1 < n:
                 logits = self.model.decode([tok], outputs=1)[0]
                 out.evals += 1
         return out
+
+    def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """A draft model has nothing to propose without calling the model."""
+        return Draft(source=self.name)
+
+    def finish(self, context: list[int]) -> None:
+        """Nothing to learn: the KV cache already holds what the next call can reuse."""
 
 
 def _fit(q: np.ndarray, n: int) -> np.ndarray:
@@ -148,10 +200,19 @@ class NgramDrafter:
                 if len(context) - j < min(self.min_copy, n):
                     continue  # too little follows the match to be worth a wider pass
                 out.tokens = context[j : j + n]
+                out.sources = ["prompt"] * len(out.tokens)
+                out.confidence = [1.0] * len(out.tokens)
                 if not params.greedy:
                     out.probs = [None] * len(out.tokens)
                 return out
         return out
+
+    def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """Lookup is all this drafter does, and it is free."""
+        return self.draft(context, n, params, rng)
+
+    def finish(self, context: list[int]) -> None:
+        """Prompt lookup forgets each request (the suffix drafter is the one that remembers)."""
 
 
 class CombinedDrafter:
@@ -178,3 +239,7 @@ class CombinedDrafter:
         if len(d.tokens) >= min(self.min_lookup, n):
             return d
         return self.model.draft(context, n, params, rng)
+
+    def finish(self, context: list[int]) -> None:
+        self.ngram.finish(context)
+        self.model.finish(context)

@@ -57,6 +57,10 @@ class ContextOverflowError(LocalspecError, ValueError):
     """Prompt plus max_tokens does not fit the context window."""
 
 
+class SettingsError(LocalspecError, ValueError):
+    """A drafting or generation setting is out of its bounds (see :mod:`localspec.settings`)."""
+
+
 class PresetError(LocalspecError, ValueError):
     """A preset name that does not exist or a preset file that does not validate."""
 

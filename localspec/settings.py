@@ -1,0 +1,110 @@
+"""How drafting runs, declared once: the strategies, their bounds, and one frozen settings type.
+
+The API (``load``/``generate``), presets, the bench, the CLI's choices and the UI's radios all take
+their strategy names and limits from here, so a new strategy or a changed bound lands in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from localspec.errors import SettingsError
+
+#: Every drafting strategy, in the order choices are shown.
+#: ``none`` is the target alone (the baseline); every other one drafts.
+STRATEGIES: tuple[str, ...] = ("model", "ngram", "model+ngram", "none")
+#: The strategies that draft (everything but the target alone).
+SPECULATIVE_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s != "none")
+#: The strategies that need a draft model loaded.
+MODEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if "model" in s.split("+"))
+
+#: Bounds of each numeric setting, inclusive: (lowest, highest).
+N_MAX_RANGE = (1, 64)
+P_MIN_RANGE = (0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """One drafting setting: which drafter, how long its drafts may be, when it stops, adaptive or not.
+
+    ``n_max`` is the longest draft per round; the runtime also caps it at the longest draft llama.cpp can
+    verify in one pass (see :attr:`localspec.runtime.Model.max_draft`). ``n_min`` drafts at least that many
+    tokens before ``p_min`` (the draft model's top probability cut-off) may stop it. ``adaptive`` picks
+    each round's length (zero included) from measured acceptance and costs.
+    """
+
+    strategy: str = "model"
+    n_max: int = 4
+    n_min: int = 0
+    p_min: float = 0.75
+    adaptive: bool = False
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise SettingsError(
+                f"strategy {self.strategy!r} is not one of {', '.join(STRATEGIES)}",
+                hint='use "model" for a draft model, "ngram" for prompt lookup, "none" for the target alone',
+            )
+        for name in ("n_max", "n_min"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SettingsError(f"{name} must be a whole number, got {value!r}", hint=f"e.g. {name}=4")
+        if not isinstance(self.adaptive, bool):
+            raise SettingsError(f"adaptive must be true or false, got {self.adaptive!r}")
+        lo, hi = N_MAX_RANGE
+        if not lo <= self.n_max <= hi:
+            raise SettingsError(
+                f"n_max {self.n_max} is out of range", hint=f"use a value from {lo} to {hi} (4-16 is usual)"
+            )
+        if not 0 <= self.n_min <= self.n_max:
+            raise SettingsError(
+                f"n_min {self.n_min} must be between 0 and n_max ({self.n_max})", hint="lower n_min"
+            )
+        p = self.p_min
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p):
+            raise SettingsError(f"p_min must be a number between 0 and 1, got {p!r}", hint="0.75 is a good start")
+        if not P_MIN_RANGE[0] <= p <= P_MIN_RANGE[1]:
+            raise SettingsError(f"p_min {p} must be between 0 and 1", hint="0.75 is a good start")
+        object.__setattr__(self, "p_min", float(p))
+
+    @property
+    def is_speculative(self) -> bool:
+        """True unless this is the target alone."""
+        return self.strategy != "none"
+
+    @property
+    def uses_model(self) -> bool:
+        """True when this strategy needs a draft model."""
+        return self.strategy in MODEL_STRATEGIES
+
+    def with_overrides(self, **values: Any) -> DraftSettings:
+        """A copy with every value that is not None replaced (validated again)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise SettingsError(
+                f"unknown draft setting(s) {', '.join(unknown)}", hint=f"known: {', '.join(sorted(known))}"
+            )
+        given = {k: v for k, v in values.items() if v is not None}
+        return replace(self, **given) if given else self
+
+    @property
+    def label(self) -> str:
+        """A short human label: ``model k=4 p_min=0.75 adaptive``; ``none`` for the target alone."""
+        if not self.is_speculative:
+            return "none"
+        parts = [self.strategy, f"k={self.n_max}"]
+        if self.uses_model:
+            parts.append(f"p_min={self.p_min:g}")
+        if self.adaptive:
+            parts.append("adaptive")
+        return " ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+#: The target alone: the baseline every speedup is measured against.
+BASELINE = DraftSettings(strategy="none")
