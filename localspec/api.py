@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from localspec import constants
@@ -18,11 +18,10 @@ from localspec.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
 from localspec.engine import Engine, TokenResponse
 from localspec.errors import (
     ContextOverflowError,
-    IncompatiblePairError,
     LocalspecError,
     ModelNotFoundError,
-    UnusableModelError,
 )
+from localspec.pairing import PairInfo, check_pair
 from localspec.runtime import Model
 from localspec.sampling import SamplingParams
 from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
@@ -57,17 +56,6 @@ class GenerationResult(str):
     @property
     def text(self) -> str:
         return str(self)
-
-
-@dataclass
-class PairInfo:
-    target_path: Path
-    draft_path: Path | None
-    strategy: str
-    verdict: str | None = None
-    reasons: list[str] = field(default_factory=list)
-    note: str = ""
-    masked_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -316,44 +304,6 @@ def _check_file(path: str | os.PathLike, role: str) -> Path:
             hint="check the path, or run `localspec scan` to list the GGUF models on this machine",
         )
     return p
-
-
-def _usable_metadata(path: Path, role: str, hint: str):
-    """The header of ``path`` (no merges: pairing does not need them), refused when it cannot run here."""
-    from localspec.gguf_meta import read_metadata
-    from localspec.vocab import usability
-
-    meta = read_metadata(path, merges=False)
-    ok, why = usability(meta)
-    if not ok:
-        raise UnusableModelError(f"{path}: cannot be used as a {role}: {why}", hint=hint)
-    return meta
-
-
-def check_pair(target: Path, draft: Path | None) -> PairInfo:
-    """Read both headers, refuse unusable files and incompatible vocabularies before loading."""
-    from localspec.vocab import compare, fingerprint
-
-    t_meta = _usable_metadata(target, "target", "pick a complete, text-only GGUF model as the target")
-    info = PairInfo(target_path=target, draft_path=draft, strategy="none")
-    if draft is None:
-        return info
-    d_meta = _usable_metadata(
-        draft, "draft", "pick a complete, text-only GGUF model as the draft, or use --draft ngram"
-    )
-    verdict = compare(fingerprint(t_meta), fingerprint(d_meta))
-    if not verdict.usable:
-        raise IncompatiblePairError(
-            f"draft {draft.name} does not fit target {target.name}: vocabularies are incompatible",
-            reasons=verdict.reasons,
-        )
-    info.verdict, info.reasons, info.masked_ids = (
-        verdict.verdict,
-        list(verdict.reasons),
-        list(verdict.masked_ids),
-    )
-    info.strategy = "model"
-    return info
 
 
 def _auto_draft(target: Path) -> tuple[Path | None, str]:

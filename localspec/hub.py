@@ -22,12 +22,11 @@ from localspec.errors import (
     DiskSpaceError,
     DownloadError,
     GatedRepoError,
-    IncompatiblePairError,
     LocalspecError,
     ModelNotFoundError,
     OfflineError,
-    UnusableModelError,
 )
+from localspec.pairing import check_pair
 from localspec.presets import ModelRef, Preset, get_preset
 
 Progress = Callable[[str, int, int], None]
@@ -394,38 +393,11 @@ def ensure_preset(name: str, *, progress: Progress | None = None, check: bool = 
     if check:
         if progress is not None:
             progress("check", 0, 1)
-        pair.verdict, pair.reasons = check_pair(pair.target, pair.draft, label=f"preset '{name}'")
+        info = check_pair(pair.target, pair.draft, label=f"preset '{name}'")
+        pair.verdict, pair.reasons = info.verdict, info.reasons
         if progress is not None:
             progress("check", 1, 1)
     return pair
-
-
-# -------------------------------------------------------------------------------------- pair checks
-
-
-def check_pair(target: Path, draft: Path | None, *, label: str = "pair") -> tuple[str | None, list[str]]:
-    """Verdict for a downloaded pair; raises IncompatiblePairError if the draft cannot serve the target."""
-    from localspec import gguf_meta, vocab
-
-    if draft is None:
-        return None, []
-    t_meta = gguf_meta.read_metadata(target, tensors=False)
-    d_meta = gguf_meta.read_metadata(draft, tensors=False)
-    for role, path, meta in (("target", target, t_meta), ("draft", draft, d_meta)):
-        usable, why = vocab.usability(meta)
-        if not usable:
-            raise UnusableModelError(
-                f"{label}: the {role} {path.name} cannot serve as a model: {why}",
-                hint="fix the preset's file pattern so it names the model file itself",
-            )
-    verdict = vocab.compare(vocab.fingerprint(t_meta), vocab.fingerprint(d_meta))
-    if verdict.verdict == "incompatible":
-        raise IncompatiblePairError(
-            f"{label}: the draft {draft.name} cannot be used with the target {target.name}",
-            reasons=list(verdict.reasons),
-            hint="pick another preset, or list drafts that fit with `localspec pair TARGET`",
-        )
-    return verdict.verdict, list(verdict.reasons)
 
 
 def remote_metadata(repo_id: str, filename: str, revision: str | None = None):

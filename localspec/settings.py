@@ -64,7 +64,9 @@ class DraftSettings:
             )
         p = self.p_min
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p):
-            raise SettingsError(f"p_min must be a number between 0 and 1, got {p!r}", hint="0.75 is a good start")
+            raise SettingsError(
+                f"p_min must be a number between 0 and 1, got {p!r}", hint="0.75 is a good start"
+            )
         if not P_MIN_RANGE[0] <= p <= P_MIN_RANGE[1]:
             raise SettingsError(f"p_min {p} must be between 0 and 1", hint="0.75 is a good start")
         object.__setattr__(self, "p_min", float(p))
