@@ -194,8 +194,9 @@ class Proposal:
 class _Group:
     """Token sequences of one source (history or corpus) with the sorted n-gram index over them."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, merge_at: int = 1 << 16) -> None:
         self.source = source
+        self.merge_at = merge_at  # the recent part is merged into the base part past max(this, base / 4)
         self.buf = np.full(1024, -1, dtype=np.int32)
         self.size = 0  # tokens used in buf (requests are followed by a -1)
         self.starts: list[int] = []  # where each request begins in buf
@@ -228,7 +229,7 @@ class _Group:
         part = _build(self.buf[at : self.size])
         part = (part[0], part[1] + np.int32(at))
         self.recent = _merge(self.recent, part) if self.recent[0].size else part
-        if self.size - self.recent_from > max(1 << 16, (self.recent_from) // 4):
+        if self.size - self.recent_from > max(self.merge_at, self.recent_from // 4):
             self.compact()
 
     def compact(self) -> None:
@@ -285,7 +286,7 @@ class _Group:
             want = np.asarray(tail[-n:], dtype=np.int32)
             pos = pos[(self.buf[pos[:, None] + np.arange(-n, 0)] == want).all(axis=1)]
             if pos.size:
-                return n, np.sort(pos)[-MAX_HITS:]
+                return n, np.unique(pos)[-MAX_HITS:]  # unique: colliding levels share positions
         return 0, np.zeros(0, np.int64)
 
     def windows(self, pos: np.ndarray, k: int) -> list[list[int]]:
@@ -317,13 +318,16 @@ class SuffixIndex:
     """Earlier occurrences of a context's suffix, from the current request, history, and a corpus.
 
     ``max_history_tokens`` caps the history (the oldest requests go first). ``n_vocab``, when known,
-    is the target's vocabulary size: a token outside it is never proposed.
+    is the target's vocabulary size: a token outside it is never proposed. ``merge_at``: tokens the
+    recent part may hold before it is merged into the base part (small values are for tests).
     """
 
-    def __init__(self, *, max_history_tokens: int = 4_000_000, n_vocab: int | None = None) -> None:
+    def __init__(
+        self, *, max_history_tokens: int = 4_000_000, n_vocab: int | None = None, merge_at: int = 1 << 16
+    ) -> None:
         self.max_history_tokens = max_history_tokens
         self.n_vocab = n_vocab
-        self.history = _Group("history")
+        self.history = _Group("history", merge_at)
         self.corpus = _Group("corpus")
         self._live: list[int] = []
         self._live_tables: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in LEVELS}
