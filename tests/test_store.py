@@ -300,3 +300,91 @@ def test_save_failure_is_reported_not_raised(tmp_path):
     s = SuffixStore(blocker / "sub", FP)  # a folder that cannot be created
     assert s.save(_index()) is False
     assert s.problem and "cannot save" in s.problem
+
+
+# The commands --------------------------------------------------------------------------------------
+def _cli():
+    from localspec.cli import _FriendlyGroup
+    from localspec.cli import cache as cachecli
+
+    group = _FriendlyGroup("localspec")  # the real one registers the same COMMANDS
+    for command in cachecli.COMMANDS:
+        group.add_command(command)
+    return group
+
+
+def test_read_corpus_skips_what_is_not_text(tmp_path):
+    src = tmp_path / "repo"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "a.py").write_text("def a():\n    return 1\n")
+    (src / "notes.md").write_text("# notes\n")
+    (src / ".git").mkdir()
+    (src / ".git" / "config").write_text("[core]\n")
+    (src / "node_modules").mkdir()
+    (src / "node_modules" / "x.js").write_text("x")
+    (src / "blob.bin").write_bytes(b"\x00\x01\x02" * 10)
+    (src / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (src / "big.txt").write_text("x" * 2000)
+    (src / "link.py").symlink_to(tmp_path / "outside.py")
+    (tmp_path / "outside.py").write_text("secret = 1\n")
+    scan = storemod.read_corpus(src, max_file_bytes=1000)
+    assert [p for p, _ in scan.files] == ["notes.md", os.path.join("pkg", "a.py")]
+    assert scan.skipped["binary"] == 1 and scan.skipped["not UTF-8 text"] == 1
+    assert scan.skipped["symlink or special file"] == 1 and scan.skipped["hidden or build folder"] == 2
+    assert storemod.read_corpus(src, max_files=1).stopped
+    with pytest.raises(CacheError):
+        storemod.read_corpus(tmp_path / "missing")
+    with pytest.raises(CacheError):
+        storemod.read_corpus(src / "notes.md")
+
+
+def test_index_info_clear_commands(tmp_path):
+    from click.testing import CliRunner
+
+    src = tmp_path / "repo"
+    src.mkdir()
+    (src / "util.py").write_text("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n")
+    cache_dir = tmp_path / "cache"
+    runner = CliRunner()
+    cli = _cli()
+    r = runner.invoke(cli, ["index", str(src), "--dir", str(cache_dir)])
+    assert r.exit_code == 0, r.output
+    assert "Indexed 1 file(s)" in r.output
+    (info,) = list_stores(cache_dir)
+    assert info.corpus_documents == 1 and info.corpus_tokens > 10 and info.corpus_root == str(src.resolve())
+    # the indexed corpus drafts for the target's tokens
+    from localspec import constants
+    from localspec.gguf_meta import read_metadata
+    from localspec.vocab import fingerprint
+
+    fp = fingerprint(read_metadata(constants.EMBEDDED_TARGET)).fingerprint
+    assert info.fingerprint == fp
+    ix = SuffixStore(cache_dir, fp).load()
+    doc = ix.corpus.tokens[:12].tolist()
+    ix.begin(doc[:6])
+    (prop,) = ix.propose(doc[:6], 4)
+    assert prop.source == "corpus" and prop.tokens == doc[6:10]
+
+    out = runner.invoke(cli, ["cache", "info", "--dir", str(cache_dir)]).output
+    assert str(info.path) in out and "corpus" in out and "1 files" in out
+    assert (
+        "Nothing deleted"
+        in runner.invoke(cli, ["cache", "clear", "--dir", str(cache_dir)], input="n\n").output
+    )
+    assert info.path.exists()
+    assert (
+        "Deleted 1 file(s)" in runner.invoke(cli, ["cache", "clear", "--dir", str(cache_dir), "--yes"]).output
+    )
+    assert not info.path.exists()
+
+    # errors are one clear line with a next step, never a traceback
+    for args in (
+        ["index", str(tmp_path / "nope")],
+        ["index", str(src), "--target", str(tmp_path / "x.gguf")],
+    ):
+        r = runner.invoke(cli, [*args, "--dir", str(cache_dir)])
+        assert r.exit_code == 1 and "Error:" in r.output and "->" in r.output and "Traceback" not in r.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = runner.invoke(cli, ["index", str(empty), "--dir", str(cache_dir)])
+    assert r.exit_code == 1 and "no text files" in r.output

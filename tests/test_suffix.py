@@ -329,7 +329,7 @@ def _primed_drafter(pipe, prompt: str) -> tuple[list[int], SuffixDrafter]:
 def test_sampling_distribution_matches_target_with_suffix_drafts(embedded_pipe, monkeypatch):
     """Chi-square of the first two sampled tokens: target alone vs suffix drafts (the rejection rule
     keeps the target's distribution), and the same check catching a sampler that accepts every draft."""
-    n = 600
+    n = 300  # measured at 400: p = 0.32 for the real engine, 1e-90 for the biased one
     tokens, d = _primed_drafter(embedded_pipe, "a = b\nc = d\na = b\nc =")
     base = _first_two(embedded_pipe, tokens, n)
     spec = _first_two(embedded_pipe, tokens, n, d)
