@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from os.path import commonprefix
 from typing import Protocol
 
 import numpy as np
@@ -71,6 +72,11 @@ def choose_length(confidence: Sequence[float], verify_cost: Callable[[int], floa
     (``verify_cost(1) == 1``) and yields ``1 + sum_{i<k} prod_{j<=i} confidence[j]`` tokens on average.
     Returns 0 (no draft) when no length beats the target alone; ties go to the shorter draft.
     """
+    return best_length(confidence, verify_cost)[0]
+
+
+def best_length(confidence: Sequence[float], verify_cost: Callable[[int], float]) -> tuple[int, float]:
+    """:func:`choose_length`'s k and its expected tokens per single-pass cost (1.0 for the target alone)."""
     best_k, best = 0, 1.0 / verify_cost(1)
     expected, run = 1.0, 1.0
     for i, c in enumerate(confidence):
@@ -79,7 +85,7 @@ def choose_length(confidence: Sequence[float], verify_cost: Callable[[int], floa
         value = expected / verify_cost(i + 2)
         if value > best + 1e-12:
             best_k, best = i + 1, value
-    return best_k
+    return best_k, best
 
 
 def prior(context_len: int) -> float:
@@ -272,12 +278,13 @@ class _Group:
         ranges = []  # per part: its positions and, per level, the slice of its sorted keys that match
         for part_keys, part_pos in (self.base, self.recent):
             if part_keys.size:
-                lo = np.searchsorted(part_keys, q, "left")
-                hi = np.searchsorted(part_keys, q, "right")
-                ranges.append((part_pos, lo, hi))
+                # one call for both ends: the right end of key q is the left end of q + 1 (a key of
+                # 0xFFFFFFFF wraps to an empty range: it only loses hits, never invents them)
+                ends = np.searchsorted(part_keys, np.concatenate([q, q + np.uint32(1)]))
+                ranges.append((part_pos, ends[: len(q)], ends[len(q) :]))
         if not ranges:
             return 0, np.zeros(0, np.int64)
-        total = sum(b - a for _, a, b in ranges)
+        total = sum(np.maximum(b - a, 0) for _, a, b in ranges)
         for li in np.flatnonzero(total)[::-1].tolist():
             n = levels[li]
             # the most recent candidates (a few more than needed: hash collisions are dropped below)
@@ -490,38 +497,30 @@ def walk(match: Match, k: int) -> Proposal:
     (votes, occurrences that continue). Occurrences that disagree or end leave the path.
     """
     out = Proposal(source=match.source, match_length=match.length)
-    rows = [w for w in match.windows if w]
+    rows = [w[:k] for w in match.windows if w]
     i = 0
     while rows and i < k:
-        first = rows[0][i]
-        if all(r == rows[0] for r in rows):
-            # every occurrence continues the same way to its end: the rest is a copy
-            rest = rows[0][i:k]
+        # the stretch on which every remaining occurrence agrees needs no vote (the common case):
+        # commonprefix compares the lists in C
+        same = len(commonprefix([r[i:] for r in rows])) if len(rows) > 1 else len(rows[0]) - i
+        if same:
             c = len(rows)
             at = match.length + i
-            out.tokens.extend(int(t) for t in rest)
-            out.counts.extend([(c, c)] * len(rest))
-            out.confidence.extend(
-                [(c + SMOOTHING * p) / (c + SMOOTHING) for p in _PRIORS[at : at + len(rest)]]
-            )
-            break
-        if all(len(r) > i and r[i] == first for r in rows):
-            # everyone agrees: no vote needed (the common case, and the fast one)
-            tok, count, parent = first, len(rows), len(rows)
+            out.tokens.extend(rows[0][i : i + same])
+            out.counts.extend([(c, c)] * same)
+            out.confidence.extend([(c + SMOOTHING * p) / (c + SMOOTHING) for p in _PRIORS[at : at + same]])
+            i += same
         else:
-            col = [r[i] for r in rows if len(r) > i]
-            if not col:
-                break
+            col = [r[i] for r in rows]
             votes = Counter(col)
             last = {t: j for j, t in enumerate(col)}
             tok = max(votes, key=lambda t: (votes[t], last[t]))
-            count, parent = votes[tok], len(col)
-            rows = [r for r in rows if len(r) > i and r[i] == tok]
-        out.tokens.append(int(tok))
-        out.counts.append((count, parent))
-        out.confidence.append(smoothed(count, parent, match.length + i))
-        i += 1
-        rows = [r for r in rows if len(r) > i]
+            out.tokens.append(int(tok))
+            out.counts.append((votes[tok], len(col)))
+            out.confidence.append(smoothed(votes[tok], len(col), match.length + i))
+            rows = [r for r in rows if r[i] == tok]
+            i += 1
+        rows = [r for r in rows if len(r) > i]  # occurrences that end leave the path
     return out
 
 
@@ -576,10 +575,9 @@ class SuffixDrafter:
         best: tuple[float, int, Proposal, list[float], int] | None = None
         for prop in self.index.propose(context, n):
             conf = [self.calibrated(prop.source, c) for c in prop.confidence]
-            k = choose_length(conf, self.verify_cost)
+            k, value = best_length(conf, self.verify_cost)
             if k == 0:
                 continue
-            value = (1.0 + float(np.sum(np.cumprod(conf[:k])))) / self.verify_cost(k + 1)
             key = (value, prop.match_length)
             if best is None or key > best[:2]:
                 best = (value, prop.match_length, prop, conf, k)
