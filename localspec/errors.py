@@ -83,3 +83,7 @@ class DiskSpaceError(DownloadError):
 
 class BenchError(LocalspecError, ValueError):
     """A benchmark input (prompt file, option) that cannot be used."""
+
+
+class CacheError(LocalspecError, ValueError):
+    """The suffix cache (its store files, a corpus folder to index) cannot be used as asked."""

@@ -1,0 +1,152 @@
+"""``localspec cache info|clear`` and ``localspec index DIR``: the suffix cache on disk."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+
+from localspec import constants
+from localspec import store as storemod
+from localspec.errors import CacheError, LocalspecError, ModelNotFoundError
+from localspec.units import format_bytes
+
+_DIR_HELP = "Cache folder (default: suffix/ in localspec's cache folder, LOCALSPEC_HOME)."
+
+
+@click.group("cache")
+def cache() -> None:
+    """The suffix cache: what earlier requests and indexed folders taught the drafter."""
+
+
+@cache.command("info")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), help=_DIR_HELP)
+def info(directory: str | None) -> None:
+    """List the store files: vocabulary, tokens, requests, corpus, size on disk, path."""
+    where = Path(directory) if directory else storemod.default_dir()
+    stores = storemod.list_stores(where)
+    if not stores:
+        click.echo(f"No suffix cache in {where}.")
+        return
+    for s in stores:
+        click.echo(str(s.path))
+        if s.problem:
+            click.echo(f"  unusable: {s.problem} (the next save for its model replaces it)")
+            continue
+        saved = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.saved_at)) if s.saved_at else "-"
+        click.echo(f"  vocabulary {s.fingerprint[:16]}  namespace {s.namespace}  saved {saved}")
+        click.echo(
+            f"  history {s.history_tokens:,} tokens in {s.history_requests:,} requests; "
+            f"corpus {s.corpus_tokens:,} tokens in {s.corpus_documents:,} files"
+            + (f" from {s.corpus_root}" if s.corpus_root else "")
+        )
+        click.echo(f"  {format_bytes(s.size_bytes)} on disk")
+    total = sum(s.size_bytes for s in stores)
+    click.echo(f"\n{len(stores)} store file(s), {format_bytes(total)}. `localspec cache clear` deletes them.")
+
+
+@cache.command("clear")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), help=_DIR_HELP)
+def clear(yes: bool, directory: str | None) -> None:
+    """Delete every store file (the history of earlier requests and indexed corpora)."""
+    where = Path(directory) if directory else storemod.default_dir()
+    stores = storemod.list_stores(where)
+    if not stores:
+        click.echo(f"No suffix cache in {where}.")
+        return
+    total = sum(s.size_bytes for s in stores)
+    if not yes and not click.confirm(
+        f"Delete {len(stores)} store file(s) ({format_bytes(total)}) in {where}?", default=False
+    ):
+        click.echo("Nothing deleted.")
+        return
+    gone = storemod.clear(where)
+    click.echo(f"Deleted {len(gone)} file(s) from {where}.")
+
+
+@click.command("index")
+@click.argument("folder", type=click.Path(file_okay=True, dir_okay=True))
+@click.option("--target", "-t", type=click.Path(dir_okay=False), help="Target GGUF (default: embedded pair).")
+@click.option("--namespace", default="default", show_default=True, help="Store namespace.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), help=_DIR_HELP)
+@click.option(
+    "--max-files", type=click.IntRange(1, 100_000), default=storemod.MAX_CORPUS_FILES, show_default=True
+)
+@click.option(
+    "--max-mb",
+    type=click.IntRange(1, 1000),
+    default=storemod.MAX_CORPUS_BYTES // 1_000_000,
+    show_default=True,
+    help="Stop after this many megabytes of text.",
+)
+def index(
+    folder: str, target: str | None, namespace: str, directory: str | None, max_files: int, max_mb: int
+) -> None:
+    """Index FOLDER (a repository, notes, docs) as the corpus the suffix drafter copies from.
+
+    Tokenizes every text file with the target's own tokenizer (only its vocabulary is loaded) and
+    stores it with the target's vocabulary; it replaces the corpus indexed before for that vocabulary.
+    Hidden files, .git, build folders, symlinks, binary files and files over 1 MB are skipped.
+    """
+    from localspec.gguf_meta import read_metadata
+    from localspec.vocab import fingerprint
+
+    model = Path(target).expanduser() if target else constants.EMBEDDED_TARGET
+    if not model.is_file():
+        raise ModelNotFoundError(f"{model}: no such file", hint="pass --target PATH of a GGUF model")
+    vocab = fingerprint(read_metadata(model))
+    if not vocab.fingerprint:
+        raise CacheError(f"{model} has no vocabulary", hint="pass the target model the corpus is for")
+    scan = storemod.read_corpus(folder, max_files=max_files, max_bytes=max_mb * 1_000_000)
+    if not scan.files:
+        why = ", ".join(f"{n} {k}" for k, n in sorted(scan.skipped.items())) or "it is empty"
+        raise CacheError(
+            f"no text files to index in {scan.root} (skipped: {why})",
+            hint="point at a folder of source files, notes or docs",
+        )
+    documents = _tokenize(model, [text for _, text in scan.files])
+    st = storemod.SuffixStore(directory, vocab.fingerprint, namespace=namespace, n_vocab=vocab.n_vocab)
+    ix = st.load()
+    if st.problem:
+        click.echo(st.problem, err=True)
+    ix.set_corpus(documents)
+    st.corpus_root = str(scan.root.resolve())
+    if not st.save(ix):
+        raise CacheError(
+            st.problem or f"cannot write {st.path}", hint="check free disk space and permissions"
+        )
+    click.echo(
+        f"Indexed {len(scan.files):,} file(s), {ix.corpus_tokens:,} tokens "
+        f"({format_bytes(scan.n_bytes)} of text) from {scan.root} for {model.name}."
+    )
+    if scan.skipped:
+        click.echo("Skipped: " + ", ".join(f"{n} {k}" for k, n in sorted(scan.skipped.items())) + ".")
+    if scan.stopped:
+        click.echo(f"Note: {scan.stopped}; raise the limit to index more.")
+    click.echo(f"Store: {st.path} ({format_bytes(os.path.getsize(st.path))}).")
+
+
+def _tokenize(model: Path, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text with the model's own tokenizer (vocab_only: no weights are loaded)."""
+    import llama_cpp
+
+    from localspec.runtime import _quiet_stderr
+
+    try:
+        with _quiet_stderr():
+            llm = llama_cpp.Llama(model_path=str(model), vocab_only=True, verbose=False)
+    except (ValueError, RuntimeError) as exc:
+        raise LocalspecError(
+            f"{model}: llama.cpp cannot load its vocabulary ({exc})",
+            hint="check that the file is a complete GGUF model",
+        ) from exc
+    try:
+        return [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in texts]
+    finally:
+        llm.close()
+
+
+COMMANDS = [cache, index]

@@ -1,0 +1,642 @@
+"""The suffix cache: draft from what followed the same context before, in this request or any earlier one.
+
+:class:`SuffixIndex` finds the longest earlier occurrences of the context's suffix in four places:
+the current request (prompt and output so far; source ``"prompt"``), every earlier request of this
+process and the persisted store (``"history"``), and an indexed corpus of the user's files
+(``"corpus"``). Following the occurrences forward gives a continuation with, per token, a confidence:
+how often that token followed that context (child count / parent count along the path, as in
+SuffixDecoding), smoothed so that one observation is not certainty. :func:`choose_length` then keeps
+only as many tokens as pay for the wider verify pass on this machine, and :class:`SuffixDrafter`
+serves it all to the engine (a :class:`localspec.drafters.Drafter`).
+
+How lookups stay in microseconds at a million tokens
+----------------------------------------------------
+Tokens of earlier requests live in one int32 array (requests separated by ``-1``). For every n in
+:data:`LEVELS` and every position ``p`` that has ``n`` tokens before it and one after it inside the same
+request, a 32-bit hash of ``tokens[p-n:p]`` (salted by n) is stored; all levels share one sorted key
+array with a parallel int32 array of positions, so one ``np.searchsorted`` call answers every level at
+once. Occurrences are verified token by token (a hash collision never proposes a wrong continuation).
+Memory: 4 bytes per token plus 8 bytes per (token, level): about 60 MB per million tokens with seven
+levels. New requests go into a small *recent* part (sorted merge of two sorted runs, linear), which is
+merged into the *base* part when it grows past a quarter of it; the oldest requests are evicted when
+the history passes its token cap (a filter of sorted arrays, no re-sort). The current request uses
+plain dicts (it changes every round).
+
+Confidence of the i-th drafted token after a match of length L:
+``(count + a * prior(L + i)) / (parent + a)`` with ``a = 1`` and a prior that grows with the context
+length (a 2-token context is a weak predictor, a 16-token one a strong one). :class:`SuffixDrafter`
+further calibrates it online from what the target accepted, per source and confidence bucket.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from os.path import commonprefix
+from typing import Protocol
+
+import numpy as np
+
+from localspec.drafters import Draft
+from localspec.sampling import SamplingParams
+
+#: The match lengths (in tokens) the index knows; the longest one that matches wins.
+LEVELS: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16)
+#: Shortest match that may propose anything (a 1-token match wastes wide passes).
+MIN_MATCH = LEVELS[0]
+#: At most this many occurrences (the most recent ones) are followed per source and round.
+MAX_HITS = 32
+#: Smoothing strength ``a`` (pseudo-observations at the prior).
+SMOOTHING = 1.0
+#: Drafts never run past this many tokens, whatever the caller allows.
+MAX_DRAFT = 64
+
+_M64 = (1 << 64) - 1
+_BASE = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+_SALT = {n: (0xD6E8FEB86659FD93 * (n + 1)) & _M64 for n in LEVELS}
+
+
+def linear_verify_cost(b: int) -> float:
+    """A default verify-cost curve: a b-token pass costs 1 + 0.42 (b - 1) single passes (a Xeon VM)."""
+    return 1.0 + 0.42 * (b - 1)
+
+
+def choose_length(confidence: Sequence[float], verify_cost: Callable[[int], float]) -> int:
+    """How many of the proposed tokens to draft: the k that maximises expected tokens per unit cost.
+
+    ``confidence[i]`` is the probability that token i is accepted given that all before it were. A
+    k-token draft is a verify pass of width k + 1 costing ``verify_cost(k + 1)`` single passes
+    (``verify_cost(1) == 1``) and yields ``1 + sum_{i<k} prod_{j<=i} confidence[j]`` tokens on average.
+    Returns 0 (no draft) when no length beats the target alone; ties go to the shorter draft.
+    """
+    return best_length(confidence, verify_cost)[0]
+
+
+def best_length(confidence: Sequence[float], verify_cost: Callable[[int], float]) -> tuple[int, float]:
+    """:func:`choose_length`'s k and its expected tokens per single-pass cost (1.0 for the target alone)."""
+    best_k, best = 0, 1.0 / verify_cost(1)
+    expected, run = 1.0, 1.0
+    for i, c in enumerate(confidence):
+        run *= min(max(float(c), 0.0), 1.0)
+        expected += run
+        value = expected / verify_cost(i + 2)
+        if value > best + 1e-12:
+            best_k, best = i + 1, value
+    return best_k, best
+
+
+def prior(context_len: int) -> float:
+    """Prior probability that a continuation seen once after a context of this length repeats."""
+    return 1.0 - 0.6 * 0.8 ** max(context_len - MIN_MATCH, 0)
+
+
+_PRIORS = [prior(n) for n in range(LEVELS[-1] + MAX_DRAFT + 1)]
+
+
+def smoothed(count: int, parent: int, context_len: int) -> float:
+    """A frequency with :data:`SMOOTHING` pseudo-observations at :func:`prior` (one sighting: not certain)."""
+    return (count + SMOOTHING * prior(context_len)) / (parent + SMOOTHING)
+
+
+# Hashing -----------------------------------------------------------------------------------------------
+def _mix_np(x: np.ndarray) -> np.ndarray:
+    x = x ^ (x >> np.uint64(31))
+    x = x * np.uint64(_MIX1)
+    x = x ^ (x >> np.uint64(29))
+    x = x * np.uint64(_MIX2)
+    return (x >> np.uint64(32)).astype(np.uint32)
+
+
+def _mix_py(x: int) -> int:
+    x ^= x >> 31
+    x = (x * _MIX1) & _M64
+    x ^= x >> 29
+    x = (x * _MIX2) & _M64
+    return x >> 32
+
+
+def _query_keys(tail: Sequence[int]) -> dict[int, int]:
+    """Hash keys of the last n tokens of ``tail`` for every level n it is long enough for."""
+    keys: dict[int, int] = {}
+    h, power = 0, 1
+    top = min(len(tail), LEVELS[-1])
+    for n in range(1, top + 1):
+        h = (h + (int(tail[-n]) + 1) * power) & _M64
+        power = (power * _BASE) & _M64
+        if n in _SALT:
+            keys[n] = _mix_py(h ^ _SALT[n])
+    return keys
+
+
+_Part = tuple[np.ndarray, np.ndarray]  # sorted uint32 keys, int32 continuation positions
+_EMPTY_PART: _Part = (np.zeros(0, np.uint32), np.zeros(0, np.int32))
+
+
+def _rolling(tokens: np.ndarray, top: int):
+    """Yield (n, h) for n = 1..top: h[j] hashes tokens[j-n+1 .. j] (a -1 separator counts as 0)."""
+    t = tokens.astype(np.uint64) + np.uint64(1)
+    h = np.zeros(len(tokens), dtype=np.uint64)
+    power = np.uint64(1)
+    with np.errstate(over="ignore"):
+        for n in range(1, min(top, len(tokens)) + 1):
+            h[n - 1 :] += t[: len(t) - n + 1] * power
+            power = power * np.uint64(_BASE)
+            yield n, h
+
+
+def _build(tokens: np.ndarray) -> _Part:
+    """Sorted (keys, continuation positions) of every level's n-grams in ``tokens``.
+
+    An entry (n, p) stands for the n tokens before position p; p itself must be a token of the same
+    request (no separator in ``tokens[p-n .. p]``). Within one key, positions ascend.
+    """
+    sep = np.concatenate([[0], np.cumsum(tokens < 0)])
+    all_keys, all_pos = [], []
+    for n, h in _rolling(tokens, LEVELS[-1]):
+        if n not in _SALT:
+            continue
+        p = np.arange(n, len(tokens), dtype=np.int64)
+        p = p[(sep[p + 1] - sep[p - n]) == 0]
+        all_keys.append(_mix_np(h[p - 1] ^ np.uint64(_SALT[n])))
+        all_pos.append(p.astype(np.int32))
+    if not all_keys:
+        return _EMPTY_PART
+    keys = np.concatenate(all_keys)
+    pos = np.concatenate(all_pos)
+    order = np.argsort(keys, kind="stable")
+    return keys[order], pos[order]
+
+
+def _merge(a: _Part, b: _Part) -> _Part:
+    """Two sorted parts as one; within a key, ``a``'s positions stay first (timsort merges two runs)."""
+    keys = np.concatenate([a[0], b[0]])
+    order = np.argsort(keys, kind="stable")
+    return keys[order], np.concatenate([a[1], b[1]])[order]
+
+
+@dataclass
+class Match:
+    """Occurrences of the context's suffix in one source: the match length and the following tokens."""
+
+    source: str
+    length: int
+    windows: list[list[int]]  # per occurrence (oldest first), the tokens that followed it (cut at its end)
+
+
+@dataclass
+class Proposal:
+    """A continuation from one source, with a smoothed confidence per token."""
+
+    source: str = ""
+    match_length: int = 0
+    tokens: list[int] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    counts: list[tuple[int, int]] = field(default_factory=list)  # (child, parent) per token
+
+
+class _Group:
+    """Token sequences of one source (history or corpus) with the sorted n-gram index over them."""
+
+    def __init__(self, source: str, merge_at: int = 1 << 16) -> None:
+        self.source = source
+        self.merge_at = merge_at  # the recent part is merged into the base part past max(this, base / 4)
+        self.buf = np.full(1024, -1, dtype=np.int32)
+        self.size = 0  # tokens used in buf (requests are followed by a -1)
+        self.starts: list[int] = []  # where each request begins in buf
+        self.base = _EMPTY_PART
+        self.recent = _EMPTY_PART
+        self.recent_from = 0  # buf offset where the recent part begins
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.buf[: self.size]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.size - len(self.starts)  # not counting separators
+
+    def add(self, seq: Sequence[int] | np.ndarray) -> None:
+        arr = np.asarray(seq, dtype=np.int32)
+        if arr.size == 0:
+            return
+        need = self.size + arr.size + 1
+        if need > self.buf.size:
+            grown = np.full(max(need, 2 * self.buf.size), -1, dtype=np.int32)
+            grown[: self.size] = self.buf[: self.size]
+            self.buf = grown
+        at = self.size
+        self.buf[at : at + arr.size] = arr
+        self.buf[at + arr.size] = -1
+        self.size = need
+        self.starts.append(at)
+        part = _build(self.buf[at : self.size])
+        part = (part[0], part[1] + np.int32(at))
+        self.recent = _merge(self.recent, part) if self.recent[0].size else part
+        if self.size - self.recent_from > max(self.merge_at, self.recent_from // 4):
+            self.compact()
+
+    def compact(self) -> None:
+        """Merge the recent part into the base part."""
+        if self.recent[0].size:
+            self.base = _merge(self.base, self.recent) if self.base[0].size else self.recent
+        self.recent = _EMPTY_PART
+        self.recent_from = self.size
+
+    def evict(self, max_tokens: int) -> int:
+        """Drop the oldest requests until at most ``max_tokens`` remain; returns how many were dropped."""
+        if self.n_tokens <= max_tokens:
+            return 0
+        target = int(max_tokens * 0.9)  # evict in batches so eviction stays rare
+        drop = 0
+        while drop < len(self.starts) and self.n_tokens_from(drop) > target:
+            drop += 1
+        cut = self.starts[drop] if drop < len(self.starts) else self.size
+        self.compact()
+        keys, pos = self.base
+        keep = pos >= cut  # continuation positions; a window never spans a separator, so all of it is kept
+        self.base = (keys[keep], pos[keep] - np.int32(cut))
+        self.buf = self.buf[cut:].copy()
+        self.size -= cut
+        self.starts = [s - cut for s in self.starts[drop:]]
+        self.recent_from = self.size
+        return drop
+
+    def n_tokens_from(self, i: int) -> int:
+        if i >= len(self.starts):
+            return 0
+        return self.size - self.starts[i] - (len(self.starts) - i)
+
+    def occurrences(self, keys: dict[int, int], tail: Sequence[int]) -> tuple[int, np.ndarray]:
+        """The longest level whose n-gram occurs (verified), and its most recent positions (oldest first)."""
+        levels = [n for n in LEVELS if n in keys]
+        if not levels or self.size == 0:
+            return 0, np.zeros(0, np.int64)
+        q = np.array([keys[n] for n in levels], dtype=np.uint32)
+        ranges = []  # per part: its positions and, per level, the slice of its sorted keys that match
+        for part_keys, part_pos in (self.base, self.recent):
+            if part_keys.size:
+                # one call for both ends: the right end of key q is the left end of q + 1 (a key of
+                # 0xFFFFFFFF wraps to an empty range: it only loses hits, never invents them)
+                ends = np.searchsorted(part_keys, np.concatenate([q, q + np.uint32(1)]))
+                ranges.append((part_pos, ends[: len(q)], ends[len(q) :]))
+        if not ranges:
+            return 0, np.zeros(0, np.int64)
+        total = sum(np.maximum(b - a, 0) for _, a, b in ranges)
+        for li in np.flatnonzero(total)[::-1].tolist():
+            n = levels[li]
+            # the most recent candidates (a few more than needed: hash collisions are dropped below)
+            pieces = [p[max(int(a[li]), int(b[li]) - 4 * MAX_HITS) : int(b[li])] for p, a, b in ranges]
+            pos = np.concatenate(pieces).astype(np.int64)
+            want = np.asarray(tail[-n:], dtype=np.int32)
+            pos = pos[(self.buf[pos[:, None] + np.arange(-n, 0)] == want).all(axis=1)]
+            if pos.size:
+                return n, np.unique(pos)[-MAX_HITS:]  # unique: colliding levels share positions
+        return 0, np.zeros(0, np.int64)
+
+    def windows(self, pos: np.ndarray, k: int) -> list[list[int]]:
+        if pos.size == 0 or k <= 0:
+            return []
+        idx = np.minimum(pos[:, None] + np.arange(k), self.size - 1)
+        return self.buf[idx].tolist()
+
+    def state(self, prefix: str) -> dict[str, np.ndarray]:
+        self.compact()
+        return {
+            f"{prefix}tokens": self.buf[: self.size],
+            f"{prefix}starts": np.asarray(self.starts, dtype=np.int64),
+            f"{prefix}keys": self.base[0],
+            f"{prefix}pos": self.base[1],
+        }
+
+    def restore(self, arrays: dict[str, np.ndarray], prefix: str) -> None:
+        tokens = arrays[f"{prefix}tokens"]
+        self.buf = np.array(tokens, dtype=np.int32)  # a writable copy: appends grow it
+        self.size = int(tokens.size)
+        self.starts = [int(s) for s in arrays[f"{prefix}starts"]]
+        self.base = (arrays[f"{prefix}keys"], arrays[f"{prefix}pos"])
+        self.recent = _EMPTY_PART
+        self.recent_from = self.size
+
+
+class SuffixIndex:
+    """Earlier occurrences of a context's suffix, from the current request, history, and a corpus.
+
+    ``max_history_tokens`` caps the history (the oldest requests go first). ``n_vocab``, when known,
+    is the target's vocabulary size: a token outside it is never proposed. ``merge_at``: tokens the
+    recent part may hold before it is merged into the base part (small values are for tests).
+    """
+
+    def __init__(
+        self, *, max_history_tokens: int = 4_000_000, n_vocab: int | None = None, merge_at: int = 1 << 16
+    ) -> None:
+        self.max_history_tokens = max_history_tokens
+        self.n_vocab = n_vocab
+        self.history = _Group("history", merge_at)
+        self.corpus = _Group("corpus")
+        self._live: list[int] = []
+        self._live_tables: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in LEVELS}
+        self._live_indexed = 0
+
+    # Feeding ---------------------------------------------------------------------------------------
+    def begin(self, context: Sequence[int]) -> None:
+        """A new request: index its prompt (forgetting the previous request's live tables)."""
+        self._live = list(context)
+        self._live_tables = {n: {} for n in LEVELS}
+        self._live_indexed = 0
+        self._index_live()
+
+    def extend(self, context: Sequence[int]) -> None:
+        """The current request grew (the engine appends emitted tokens); index the new positions."""
+        live = self._live
+        if len(context) < len(live) or (live and context[len(live) - 1] != live[-1]):
+            self.begin(context)
+            return
+        live.extend(context[len(live) :])
+        self._index_live()
+
+    def _index_live(self) -> None:
+        live, tables = self._live, self._live_tables
+        for p in range(max(self._live_indexed, 1), len(live)):
+            for n, table in tables.items():
+                if p >= n:
+                    table.setdefault(tuple(live[p - n : p]), []).append(p)
+        self._live_indexed = len(live)
+
+    def add_request(self, tokens: Sequence[int]) -> None:
+        """Remember a finished request (prompt and output) for every later one."""
+        self.history.add(tokens)
+        self.history.evict(self.max_history_tokens)
+
+    def set_corpus(self, documents: Iterable[Sequence[int]]) -> None:
+        """Replace the corpus with these token sequences (one per file)."""
+        group = _Group("corpus")
+        parts = [np.asarray(d, dtype=np.int32) for d in documents]
+        parts = [p for p in parts if p.size]
+        if parts:
+            sep = np.array([-1], dtype=np.int32)
+            flat = np.concatenate([x for p in parts for x in (p, sep)])
+            group.buf = flat
+            group.size = int(flat.size)
+            group.starts = list(np.concatenate([[0], np.cumsum([p.size + 1 for p in parts])[:-1]]).tolist())
+            group.base = _build(flat)
+            group.recent_from = group.size
+        self.corpus = group
+
+    # Sizes -----------------------------------------------------------------------------------------
+    @property
+    def history_tokens(self) -> int:
+        return self.history.n_tokens
+
+    @property
+    def history_requests(self) -> int:
+        return len(self.history.starts)
+
+    @property
+    def corpus_tokens(self) -> int:
+        return self.corpus.n_tokens
+
+    @property
+    def corpus_documents(self) -> int:
+        return len(self.corpus.starts)
+
+    def nbytes(self) -> int:
+        """Bytes held by the history and corpus arrays (the live request's dicts not counted)."""
+        total = 0
+        for g in (self.history, self.corpus):
+            total += g.buf.nbytes + sum(a.nbytes for part in (g.base, g.recent) for a in part)
+        return total
+
+    # Lookup ----------------------------------------------------------------------------------------
+    def matches(self, context: Sequence[int], k: int) -> list[Match]:
+        """Per source with a match of at least :data:`MIN_MATCH` tokens: the longest match and up to
+        ``k`` following tokens of each of its (at most :data:`MAX_HITS` most recent) occurrences."""
+        out: list[Match] = []
+        if len(context) < MIN_MATCH or k <= 0:
+            return out
+        self.extend(context)
+        live, tables = self._live, self._live_tables
+        for n in reversed(LEVELS):
+            if n > len(live):
+                continue
+            hits = tables[n].get(tuple(live[-n:]))
+            if hits:
+                out.append(Match("prompt", n, [live[p : p + k] for p in hits[-MAX_HITS:]]))
+                break
+        tail = list(context[-LEVELS[-1] :])
+        keys = _query_keys(tail)
+        for group in (self.history, self.corpus):
+            n, pos = group.occurrences(keys, tail)
+            if n:
+                cut = [_until_separator(w) for w in group.windows(pos, k)]
+                out.append(Match(group.source, n, cut))
+        return out
+
+    def propose(self, context: Sequence[int], k: int) -> list[Proposal]:
+        """A continuation of up to ``k`` tokens per source that matched (the most frequent path)."""
+        k = min(k, MAX_DRAFT)
+        props = [walk(m, k) for m in self.matches(context, k)]
+        if self.n_vocab is not None:
+            for p in props:
+                bad = next((i for i, t in enumerate(p.tokens) if not 0 <= t < self.n_vocab), None)
+                if bad is not None:
+                    del p.tokens[bad:], p.confidence[bad:], p.counts[bad:]
+        return [p for p in props if p.tokens]
+
+    def overlap(self, context: Sequence[int], *, n: int = 4, window: int = 512) -> float:
+        """Fraction of the last ``window`` tokens' n-grams (n in :data:`LEVELS`) seen in history or corpus."""
+        tail = np.asarray(context[-window:], dtype=np.int32)
+        if tail.size < n or n not in _SALT:
+            return 0.0
+        want = _tail_keys(tail, n)
+        seen = np.zeros(want.size, dtype=bool)
+        for group in (self.history, self.corpus):
+            for keys, _ in (group.base, group.recent):
+                if keys.size:
+                    i = np.searchsorted(keys, want)
+                    seen |= keys[np.minimum(i, keys.size - 1)] == want
+        return float(seen.mean()) if want.size else 0.0
+
+    # Persistence -----------------------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """The arrays that rebuild this index (what a store persists)."""
+        return {**self.history.state("history_"), **self.corpus.state("corpus_")}
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], **kwargs) -> SuffixIndex:
+        """The inverse of :meth:`state` (arrays are trusted: the store checks them first)."""
+        index = cls(**kwargs)
+        index.history.restore(arrays, "history_")
+        index.corpus.restore(arrays, "corpus_")
+        index.history.evict(index.max_history_tokens)
+        return index
+
+
+def _tail_keys(tokens: np.ndarray, n: int) -> np.ndarray:
+    """Keys of level n for every run of n consecutive tokens (the query side of :func:`_build`)."""
+    for level, h in _rolling(tokens, n):
+        if level == n:
+            return _mix_np(h[n - 1 :] ^ np.uint64(_SALT[n]))
+    return np.zeros(0, np.uint32)
+
+
+def _until_separator(window: list[int]) -> list[int]:
+    try:
+        return window[: window.index(-1)]
+    except ValueError:
+        return window
+
+
+def walk(match: Match, k: int) -> Proposal:
+    """Follow the most frequent continuation of ``match``'s occurrences, token by token.
+
+    At each step the occurrences still on the path vote for the next token; the winner has the most
+    votes (a tie goes to the one seen most recently), and its confidence is :func:`smoothed` of
+    (votes, occurrences that continue). Occurrences that disagree or end leave the path.
+    """
+    out = Proposal(source=match.source, match_length=match.length)
+    rows = [w[:k] for w in match.windows if w]
+    i = 0
+    while rows and i < k:
+        # the stretch on which every remaining occurrence agrees needs no vote (the common case):
+        # commonprefix compares the lists in C
+        same = len(commonprefix([r[i:] for r in rows])) if len(rows) > 1 else len(rows[0]) - i
+        if same:
+            c = len(rows)
+            at = match.length + i
+            out.tokens.extend(rows[0][i : i + same])
+            out.counts.extend([(c, c)] * same)
+            out.confidence.extend([(c + SMOOTHING * p) / (c + SMOOTHING) for p in _PRIORS[at : at + same]])
+            i += same
+        else:
+            col = [r[i] for r in rows]
+            votes = Counter(col)
+            last = {t: j for j, t in enumerate(col)}
+            tok = max(votes, key=lambda t: (votes[t], last[t]))
+            out.tokens.append(int(tok))
+            out.counts.append((votes[tok], len(col)))
+            out.confidence.append(smoothed(votes[tok], len(col), match.length + i))
+            rows = [r for r in rows if r[i] == tok]
+            i += 1
+        rows = [r for r in rows if len(r) > i]  # occurrences that end leave the path
+    return out
+
+
+# The drafter ---------------------------------------------------------------------------------------
+class Saver(Protocol):
+    """Something that persists the index after a request (:class:`localspec.store.SuffixStore`)."""
+
+    def save(self, index: SuffixIndex) -> None: ...
+
+
+_BUCKETS = 10
+_CALIBRATION_WEIGHT = 10.0  # pseudo-trials at the smoothed frequency before measured acceptance dominates
+
+
+class SuffixDrafter:
+    """Drafts from the suffix index; free (no model call), lossless under the engine's rejection rule.
+
+    Greedy or sampling, a proposal is deterministic given the context (``probs`` entries are None when
+    sampling, as for :class:`localspec.drafters.NgramDrafter`). The draft length comes from
+    :func:`choose_length` with the per-token confidences, calibrated online from what the target accepted
+    (per source and confidence bucket), and ``verify_cost`` (V(b) of this machine, V(1) = 1).
+    """
+
+    name = "suffix"
+    free = True
+
+    def __init__(
+        self,
+        index: SuffixIndex | None = None,
+        *,
+        verify_cost: Callable[[int], float] = linear_verify_cost,
+        store: Saver | None = None,
+        learn: bool = True,
+    ) -> None:
+        self.index = index if index is not None else SuffixIndex()
+        self.verify_cost = verify_cost
+        self.store = store
+        self.learn = learn
+        # per (source, bucket): [trials, accepted]
+        self.calibration: dict[tuple[str, int], list[int]] = {}
+        self._pending: tuple[int, list[int], list[str], list[float]] | None = None
+
+    def begin(self, context: list[int]) -> None:
+        self._pending = None
+        self.index.begin(context)
+
+    def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        self._settle(context)
+        out = Draft(source=self.name)
+        if n <= 0:
+            return out
+        best: tuple[float, int, Proposal, list[float], int] | None = None
+        for prop in self.index.propose(context, n):
+            conf = [self.calibrated(prop.source, c) for c in prop.confidence]
+            k, value = best_length(conf, self.verify_cost)
+            if k == 0:
+                continue
+            key = (value, prop.match_length)
+            if best is None or key > best[:2]:
+                best = (value, prop.match_length, prop, conf, k)
+        if best is None:
+            return out
+        _, _, prop, conf, k = best
+        out.tokens = prop.tokens[:k]
+        out.sources = [prop.source] * k
+        out.confidence = conf[:k]
+        if not params.greedy:
+            out.probs = [None] * k
+        self._pending = (
+            len(context),
+            list(out.tokens),
+            list(out.sources),
+            [prop.confidence[i] for i in range(k)],
+        )
+        return out
+
+    def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """Lookup is all this drafter does, and it is free."""
+        return self.draft(context, n, params, rng)
+
+    def finish(self, context: list[int]) -> None:
+        """Remember the finished request (prompt and output) and persist it when a store is attached."""
+        self._settle(context)
+        self._pending = None
+        if not self.learn or not context:
+            return
+        self.index.add_request(context)
+        if self.store is not None:
+            self.store.save(self.index)
+
+    def overlap(self, context: list[int]) -> float:
+        """Fraction of the prompt's recent 4-grams already seen in history, store or corpus (for routing)."""
+        return self.index.overlap(context)
+
+    # Calibration -----------------------------------------------------------------------------------
+    def calibrated(self, source: str, c: float) -> float:
+        """The smoothed frequency ``c`` pulled towards the acceptance measured for its source and bucket."""
+        trials, accepted = self.calibration.get((source, _bucket(c)), (0, 0))
+        return (accepted + _CALIBRATION_WEIGHT * c) / (trials + _CALIBRATION_WEIGHT)
+
+    def _settle(self, context: Sequence[int]) -> None:
+        """Score the previous draft against what the engine emitted since: accepted tokens form a prefix."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        at, tokens, sources, raw = pending
+        emitted = context[at : at + len(tokens) + 1]
+        for i, tok in enumerate(tokens):
+            if i >= len(emitted):
+                break  # the generation stopped before reaching this token
+            cell = self.calibration.setdefault((sources[i], _bucket(raw[i])), [0, 0])
+            cell[0] += 1
+            if emitted[i] != tok:
+                break  # rejected: the target emitted its own token here
+            cell[1] += 1
+
+
+def _bucket(c: float) -> int:
+    return min(int(c * _BUCKETS), _BUCKETS - 1)

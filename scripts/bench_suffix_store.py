@@ -1,0 +1,170 @@
+"""Suffix cache costs at a million stored tokens: lookup per round, append, memory, save and load.
+
+    python scripts/bench_suffix_store.py [--tokens 1000000] [--rounds 3000]
+
+The stored text is real: localspec's own source files tokenized with the embedded target's tokenizer,
+stored as requests that are slices of it with small edits (so lookups find many earlier occurrences,
+the expensive case), plus a miss workload of random tokens. A "round" is what the engine pays per
+verify pass: ``SuffixDrafter.draft`` (index lookup, walk, calibration, choose_length) after the
+context grew by the tokens the previous round emitted. Prints median and p95 in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from localspec import constants  # noqa: E402
+from localspec.sampling import SamplingParams  # noqa: E402
+from localspec.store import SuffixStore, read_corpus  # noqa: E402
+from localspec.suffix import SuffixDrafter, SuffixIndex  # noqa: E402
+
+
+def _source_tokens() -> np.ndarray:
+    import llama_cpp
+
+    from localspec.runtime import _quiet_stderr
+
+    with _quiet_stderr():
+        llm = llama_cpp.Llama(model_path=str(constants.EMBEDDED_TARGET), vocab_only=True, verbose=False)
+    scan = read_corpus(ROOT / "localspec")
+    toks = [t for _, text in scan.files for t in llm.tokenize(text.encode(), add_bos=False, special=False)]
+    llm.close()
+    return np.array(toks, dtype=np.int32)
+
+
+def _edited_slice(src: np.ndarray, rng: np.random.Generator, length: int) -> list[int]:
+    start = int(rng.integers(0, len(src) - length))
+    out = src[start : start + length].copy()
+    for _ in range(int(rng.integers(0, 6))):  # a few local edits, like a revised answer
+        i = int(rng.integers(0, length))
+        out[i] = int(rng.integers(0, 32000))
+    return out.tolist()
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.array(xs), q))
+
+
+def _rounds(
+    drafter: SuffixDrafter, contexts: list[list[int]], n_max: int, rng
+) -> tuple[list[float], list[float]]:
+    """Per-round cost (wall and this thread's CPU time: on a busy machine the wall clock also counts
+    time spent waiting for a core): each context is a generation; rounds advance by what a round emits."""
+    params = SamplingParams()
+    times, cpu = [], []
+    for ctx in contexts:
+        prompt_len = len(ctx) // 2
+        drafter.begin(ctx[: prompt_len - 1])
+        at = prompt_len
+        while at < len(ctx):
+            cur = ctx[:at]
+            c, t = time.thread_time(), time.perf_counter()
+            d = drafter.draft(cur, n_max, params, rng)
+            times.append(time.perf_counter() - t)
+            cpu.append(time.thread_time() - c)
+            # the target accepts the drafts that match the real continuation, then emits one token
+            m = 0
+            while m < len(d.tokens) and at + m < len(ctx) and d.tokens[m] == ctx[at + m]:
+                m += 1
+            at += m + 1
+    return times, cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=1_000_000)
+    ap.add_argument("--request", type=int, default=2000, help="tokens per stored request")
+    ap.add_argument("--rounds", type=int, default=3000)
+    ap.add_argument("--n-max", type=int, default=16)
+    args = ap.parse_args()
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall times include waiting for one)"
+    )
+    rng = np.random.default_rng(0)
+
+    src = _source_tokens()
+    print(f"source text: {len(src):,} tokens of localspec's own code (embedded target's tokenizer)")
+    requests = [_edited_slice(src, rng, args.request) for _ in range(args.tokens // args.request)]
+
+    ix = SuffixIndex(max_history_tokens=args.tokens + args.request)
+    t = time.perf_counter()
+    per = []
+    for r in requests:
+        t1 = time.perf_counter()
+        ix.add_request(r)
+        per.append(time.perf_counter() - t1)
+    total = time.perf_counter() - t
+    print(f"\nappend: {len(requests)} requests of {args.request} tokens -> {ix.history_tokens:,} tokens")
+    print(
+        f"  {total / (ix.history_tokens / 1000) * 1e3:.2f} ms per 1K tokens amortized (merges included); "
+        f"per request median {statistics.median(per) * 1e3:.1f} ms, p95 {_pct(per, 95) * 1e3:.1f} ms, "
+        f"max {max(per) * 1e3:.0f} ms (a merge into the base part)"
+    )
+    t = time.perf_counter()
+    SuffixIndex(max_history_tokens=args.tokens + args.request).set_corpus(requests)
+    print(f"  a 1M-token corpus built in one go: {time.perf_counter() - t:.2f} s")
+
+    mb, per_token = ix.nbytes() / 1e6, ix.nbytes() / ix.history_tokens
+    print(
+        f"\nmemory: {mb:.1f} MB for {ix.history_tokens:,} tokens = {per_token:.1f} bytes per token "
+        f"({per_token:.0f} MB per 1M)"
+    )
+
+    drafter = SuffixDrafter(ix)
+    n_ctx = max(1, args.rounds // 100)
+    hits = [_edited_slice(src, rng, 600) for _ in range(n_ctx)]
+    times, cpu = _rounds(drafter, hits, args.n_max, rng)
+    print(
+        f"\nlookup per round at {ix.history_tokens:,} stored tokens, contexts from the stored kind of text "
+        f"(n_max {args.n_max}): {len(times)} rounds"
+    )
+    print(
+        f"  median {statistics.median(times) * 1e6:.1f} us, p95 {_pct(times, 95) * 1e6:.1f} us, "
+        f"p99 {_pct(times, 99) * 1e6:.1f} us; CPU time median {statistics.median(cpu) * 1e6:.1f} us, "
+        f"p95 {_pct(cpu, 95) * 1e6:.1f} us"
+    )
+    misses = [rng.integers(0, 32000, 600).tolist() for _ in range(n_ctx)]
+    times, cpu = _rounds(drafter, misses, args.n_max, rng)
+    print(
+        f"  contexts of random tokens (misses): median {statistics.median(times) * 1e6:.1f} us, "
+        f"p95 {_pct(times, 95) * 1e6:.1f} us; CPU time median {statistics.median(cpu) * 1e6:.1f} us"
+    )
+    t = time.perf_counter()
+    for ctx in hits[:10]:
+        ix.overlap(ctx)
+    print(f"  overlap() of a 600-token prompt: {(time.perf_counter() - t) / 10 * 1e3:.2f} ms")
+
+    with tempfile.TemporaryDirectory() as d:
+        st = SuffixStore(d, "ab" * 32, max_tokens=args.tokens + args.request, n_vocab=32000)
+        t = time.perf_counter()
+        st.save(ix)
+        save = time.perf_counter() - t
+        size = os.path.getsize(st.path)
+        loads = []
+        for _ in range(5):
+            gc.collect()
+            t = time.perf_counter()
+            back = st.load()
+            loads.append(time.perf_counter() - t)
+            assert st.problem is None and back.history_tokens == ix.history_tokens
+        print(
+            f"\nstore of {ix.history_tokens:,} tokens: {size / 1e6:.1f} MB on disk; save {save * 1e3:.0f} ms "
+            f"(write, fsync, rename); load median {statistics.median(loads) * 1e3:.0f} ms "
+            f"(read, checksum, checks; from the page cache)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""The suffix index against brute force, choose_length by hand, and the drafter through the engine."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from _lossless import assert_lossless
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from localspec import suffix
+from localspec.drafters import SOURCES
+from localspec.sampling import SamplingParams
+from localspec.stats import GenerationStats
+from localspec.suffix import (
+    LEVELS,
+    MAX_HITS,
+    SuffixDrafter,
+    SuffixIndex,
+    choose_length,
+    linear_verify_cost,
+    smoothed,
+)
+
+GREEDY = SamplingParams()
+
+
+# choose_length ---------------------------------------------------------------------------------------
+def test_choose_length_hand_checked():
+    lin = linear_verify_cost
+    assert lin(1) == 1.0 and lin(5) == pytest.approx(2.68)
+    assert choose_length([], lin) == 0
+    # certain tokens on a curve that rewards width: take them all ((k+1)/(1+0.42k) grows with k)
+    assert choose_length([1.0] * 8, lin) == 8
+    # 0.5 each: k=1 gives 1.5/1.42 = 1.056 > 1; k=2 gives 1.75/1.84 = 0.95
+    assert choose_length([0.5, 0.5, 0.5], lin) == 1
+    # 0.3: 1.3/1.42 = 0.915 < 1, drafting does not pay
+    assert choose_length([0.3, 1.0, 1.0], lin) == 0
+    # a weak first token followed by sure ones: k=3 gives (1 + 0.5*3)/1.84*... = 2.5/1.84 = 1.36 > k=1's 1.056
+    assert choose_length([0.5, 1.0, 1.0], lin) == 3
+    # a step curve: width 3 costs one pass, width 4 costs four -> stop at k=2
+    step = {1: 1.0, 2: 1.0, 3: 1.0, 4: 4.0, 5: 5.0}
+    assert choose_length([1.0, 1.0, 1.0, 1.0], step.__getitem__) == 2
+    # no batching benefit at all (V(b) = b): every length ties with none, and ties go to the shorter
+    assert choose_length([1.0, 1.0], float) == 0
+    # the EPYC curve from the issue is flat from 12 to 16: with sure tokens 15 beats 11
+    epyc = dict(
+        zip([1, 2, 4, 8, 12, 16, 24, 32], [1.0, 1.53, 2.44, 4.21, 4.95, 4.64, 7.08, 8.14], strict=True)
+    )
+
+    def v(b: int) -> float:
+        lo = max(x for x in epyc if x <= b)
+        hi = min(x for x in epyc if x >= b)
+        return epyc[lo] if lo == hi else epyc[lo] + (epyc[hi] - epyc[lo]) * (b - lo) / (hi - lo)
+
+    assert choose_length([1.0] * 15, v) == 15
+
+
+def test_smoothing_never_calls_one_sighting_certain():
+    assert smoothed(1, 1, 2) < 0.75
+    assert smoothed(1, 1, 16) < 1.0
+    assert smoothed(1, 1, 16) > smoothed(1, 1, 4) > smoothed(1, 1, 2)  # longer contexts predict better
+    assert smoothed(10, 10, 2) > smoothed(1, 1, 2)  # more evidence, more confidence
+    assert smoothed(1, 2, 8) < smoothed(2, 2, 8)
+
+
+# The index against brute force -----------------------------------------------------------------------
+def _brute_matches(context, history, corpus, k):
+    out = []
+    for source, segs in (("prompt", [list(context)]), ("history", history), ("corpus", corpus)):
+        for n in reversed(LEVELS):
+            if n > len(context):
+                continue
+            tail = list(context[-n:])
+            occ = [(s, p) for s, seg in enumerate(segs) for p in range(n, len(seg)) if seg[p - n : p] == tail]
+            if occ:
+                windows = [segs[s][p : p + k] for s, p in occ[-MAX_HITS:]]
+                out.append((source, n, windows))
+                break
+    return out
+
+
+def _brute_walk(windows, k):
+    rows = [w for w in windows if w]
+    toks, counts = [], []
+    for i in range(k):
+        col = [r[i] for r in rows if len(r) > i]
+        if not col:
+            break
+        votes = Counter(col)
+        last = {t: j for j, t in enumerate(col)}
+        tok = max(votes, key=lambda t: (votes[t], last[t]))
+        toks.append(tok)
+        counts.append((votes[tok], len(col)))
+        rows = [r for r in rows if len(r) > i and r[i] == tok]
+    return toks, counts
+
+
+def _kept(requests, cap):
+    """Which requests survive the history cap: the oldest go, in batches down to 90% of the cap."""
+    kept: list[list[int]] = []
+    for r in requests:
+        if not r:
+            continue
+        kept.append(r)
+        if sum(map(len, kept)) > cap:
+            while kept and sum(map(len, kept)) > int(cap * 0.9):
+                kept.pop(0)
+    return kept
+
+
+def _check_against_brute(ix, context, history, corpus, k):
+    got = [(m.source, m.length, m.windows) for m in ix.matches(context, k)]
+    want = _brute_matches(context, history, corpus, k)
+    assert got == want
+    props = {p.source: p for p in ix.propose(context, k)}
+    for source, n, windows in want:
+        toks, counts = _brute_walk(windows, k)
+        if not toks:
+            assert source not in props
+            continue
+        p = props[source]
+        assert p.tokens == toks and p.counts == counts and p.match_length == n
+        assert p.confidence == pytest.approx([smoothed(c, q, n + i) for i, (c, q) in enumerate(counts)])
+        assert p.source in SOURCES
+
+
+seqs = st.lists(st.integers(0, 3), max_size=40)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    history=st.lists(seqs, max_size=6),
+    corpus=st.lists(seqs, max_size=3),
+    prompt=st.lists(st.integers(0, 3), max_size=30),
+    output=st.lists(st.integers(0, 3), max_size=12),
+    k=st.integers(1, 20),
+    merge_at=st.sampled_from([1, 16, 1 << 16]),
+    cap=st.sampled_from([25, 60, 10**6]),
+)
+def test_index_equals_brute_force(history, corpus, prompt, output, k, merge_at, cap):
+    ix = SuffixIndex(max_history_tokens=cap, merge_at=merge_at)
+    for r in history:
+        ix.add_request(r)
+    ix.set_corpus(corpus)
+    kept = _kept(history, cap)
+    corpus = [c for c in corpus if c]
+    assert ix.history_tokens == sum(map(len, kept)) and ix.history_requests == len(kept)
+    # the current request grows the way the engine grows it: begin on the prompt, then token by token
+    ix.begin(prompt)
+    context = list(prompt)
+    _check_against_brute(ix, context, kept, corpus, k)
+    for t in output:
+        context.append(t)
+        _check_against_brute(ix, context, kept, corpus, k)
+    # what a store persists rebuilds the same index
+    again = SuffixIndex.from_state(ix.state(), max_history_tokens=cap)
+    again.begin(context)
+    _check_against_brute(again, context, kept, corpus, k)
+
+
+def test_hash_collisions_never_propose_a_wrong_continuation(monkeypatch):
+    """With every n-gram hashing to the same key, only verified occurrences count."""
+    monkeypatch.setattr(suffix, "_mix_np", lambda x: np.zeros(x.shape, np.uint32))
+    monkeypatch.setattr(suffix, "_mix_py", lambda x: 0)
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        history = [rng.integers(0, 3, int(rng.integers(0, 9))).tolist() for _ in range(2)]
+        ix = SuffixIndex()
+        for r in history:
+            ix.add_request(r)
+        context = rng.integers(0, 3, 10).tolist()
+        ix.begin(context)
+        _check_against_brute(ix, context, [h for h in history if h], [], 6)
+
+
+def test_tokens_outside_the_vocabulary_are_never_proposed():
+    ix = SuffixIndex(n_vocab=100)
+    ix.add_request([1, 2, 3, 4, 5, 500, 6])
+    ix.begin([9, 1, 2, 3])
+    (p,) = ix.propose([9, 1, 2, 3], 8)
+    assert p.tokens == [4, 5]
+
+
+def test_overlap_is_the_fraction_of_recent_ngrams_seen_before():
+    ix = SuffixIndex()
+    assert ix.overlap(list(range(50))) == 0.0
+    ix.add_request(list(range(100)))
+    assert ix.overlap(list(range(10, 60))) == 1.0
+    assert ix.overlap(list(range(1000, 1050))) == 0.0
+    half = list(range(20, 40)) + list(range(1000, 1020))
+    assert 0.3 < ix.overlap(half) < 0.6
+    corpus_only = SuffixIndex()
+    corpus_only.set_corpus([list(range(500, 600))])
+    assert corpus_only.overlap(list(range(510, 540))) == 1.0
+
+
+# The drafter ---------------------------------------------------------------------------------------
+def test_drafter_fills_sources_confidence_and_sampling_probs():
+    d = SuffixDrafter()
+    rng = np.random.default_rng(0)
+    d.finish(list(range(10, 60)))
+    ctx = [1, 2, *range(10, 26)]  # a 16-token match: sure enough for a long draft
+    d.begin(ctx[:-1])
+    greedy = d.draft(ctx, 8, GREEDY, rng)
+    assert greedy.tokens == list(range(26, 34)) and greedy.sources == ["history"] * 8
+    assert len(greedy.confidence) == 8 and all(0.9 < c < 1 for c in greedy.confidence)
+    assert greedy.probs == []
+    sampled = d.draft(ctx, 3, SamplingParams(temperature=0.8, seed=1), rng)
+    assert sampled.tokens == [26, 27, 28] and sampled.probs == [None, None, None]
+    assert d.lookup(ctx, 3, GREEDY, rng).tokens == [26, 27, 28]
+    assert d.draft(ctx, 0, GREEDY, rng).tokens == []
+    # a short match seen once is worth a short draft only
+    short = d.draft([1, 2, 10, 11, 12], 8, GREEDY, rng)
+    assert short.tokens == [13, 14]
+    # an unseen context drafts nothing
+    assert d.draft([1, 2, 77, 78, 79], 8, GREEDY, rng).tokens == []
+
+
+def test_drafter_learns_acceptance_per_source_and_bucket():
+    d = SuffixDrafter()
+    rng = np.random.default_rng(0)
+    d.finish(list(range(10, 60)))
+    ctx = [1, *range(10, 26)]
+    d.begin(ctx[:-1])
+    draft = d.draft(ctx, 6, GREEDY, rng)
+    assert draft.tokens == [26, 27, 28, 29, 30, 31]
+    # the target accepted two drafts and emitted its own third token
+    d.draft([*ctx, 26, 27, 99], 6, GREEDY, rng)
+    trials = sum(t for t, _ in d.calibration.values())
+    accepted = sum(a for _, a in d.calibration.values())
+    assert (trials, accepted) == (3, 2)
+    assert all(src == "history" for src, _ in d.calibration)
+    # many rejections pull that bucket's confidence down
+    bucket = next(iter(d.calibration))
+    d.calibration[bucket] = [100, 0]
+    raw = draft.confidence[0]
+    assert d.calibrated("history", raw) < 0.2
+
+
+def test_choose_length_decides_the_draft_length():
+    d = SuffixDrafter(verify_cost=lambda b: 1.0 + 5.0 * (b - 1))  # a machine where width never pays
+    d.finish(list(range(10, 40)))
+    d.begin([10, 11, 12])
+    assert d.draft([10, 11, 12, 13], 8, GREEDY, np.random.default_rng(0)).tokens == []
+    cheap = SuffixDrafter(verify_cost=lambda b: 1.0)  # free width: take everything offered
+    cheap.finish(list(range(10, 40)))
+    cheap.begin([10, 11, 12])
+    assert len(cheap.draft([10, 11, 12, 13], 8, GREEDY, np.random.default_rng(0)).tokens) == 8
+
+
+# Through the real engine on the embedded pair ----------------------------------------------------------
+PROMPTS = [
+    "import os\n\n\ndef read_lines(path):\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+]
+
+
+def _run(pipe, tokens, drafter, *, max_tokens=48, params=GREEDY, n_max=16):
+    engine = pipe._engine
+    engine.trace = []
+    stats = GenerationStats(strategy="suffix" if drafter else "none")
+    try:
+        out = [
+            r.token
+            for r in engine.stream(
+                tokens, drafter=drafter, max_tokens=max_tokens, params=params, n_max=n_max, stats=stats
+            )
+        ]
+        trace = engine.trace
+    finally:
+        engine.trace = None
+    return SimpleNamespace(tokens=out, stats=stats), trace
+
+
+def test_greedy_is_lossless_with_suffix_drafts(embedded_pipe):
+    drafter = SuffixDrafter(SuffixIndex(n_vocab=embedded_pipe._target.n_vocab))
+    from_history = 0
+    for prompt in PROMPTS:
+        tokens = embedded_pipe.tokenize(prompt)
+        base, bt = _run(embedded_pipe, tokens, None, max_tokens=32)
+        for _ in range(2):  # the second time the history holds the first answer
+            before = drafter.index.history_requests
+            spec, st_ = _run(embedded_pipe, tokens, drafter, max_tokens=32)
+            if drafter.index.history_requests == before:  # until the engine calls finish() itself
+                drafter.finish([*tokens, *spec.tokens])
+            assert_lossless(base, bt, spec, st_)
+        assert spec.stats.drafted > 0, "no draft was proposed: the test would prove nothing"
+        from_history += spec.stats.accepted
+    assert from_history > 0
+    assert any(src == "history" for src, _ in drafter.calibration)
+
+
+def _first_two(pipe, tokens, n, drafter=None):
+    out = []
+    for seed in range(n):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        if drafter is not None:
+            drafter.learn = False  # keep the history fixed: every sample sees the same drafter
+        r, _ = _run(pipe, tokens, drafter, max_tokens=2, params=params, n_max=3)
+        out.append(tuple(r.tokens[:2]))
+    return out
+
+
+def _chi2_pvalue(a: list, b: list) -> float:
+    from scipy.stats import chi2_contingency
+
+    keys = sorted(set(a) | set(b))
+    ca = np.array([a.count(k) for k in keys], dtype=float)
+    cb = np.array([b.count(k) for k in keys], dtype=float)
+    big = (ca + cb) >= 10
+    table = np.array([np.append(ca[big], ca[~big].sum()), np.append(cb[big], cb[~big].sum())])
+    table = table[:, table.sum(axis=0) > 0]
+    return float(chi2_contingency(table)[1])
+
+
+def _primed_drafter(pipe, prompt: str) -> tuple[list[int], SuffixDrafter]:
+    tokens = pipe.tokenize(prompt)
+    d = SuffixDrafter(SuffixIndex(n_vocab=pipe._target.n_vocab), verify_cost=lambda b: 1.0)
+    # an earlier request that continued this prompt some way: its continuation is what gets drafted
+    d.index.add_request([*tokens, *pipe.tokenize(" d\na = b")[1:]])
+    return tokens, d
+
+
+@pytest.mark.slow
+def test_sampling_distribution_matches_target_with_suffix_drafts(embedded_pipe, monkeypatch):
+    """Chi-square of the first two sampled tokens: target alone vs suffix drafts (the rejection rule
+    keeps the target's distribution), and the same check catching a sampler that accepts every draft."""
+    n = 300  # measured at 400: p = 0.32 for the real engine, 1e-90 for the biased one
+    tokens, d = _primed_drafter(embedded_pipe, "a = b\nc = d\na = b\nc =")
+    base = _first_two(embedded_pipe, tokens, n)
+    spec = _first_two(embedded_pipe, tokens, n, d)
+    assert len(set(base)) > 5, "the distribution is too peaked for the test to mean anything"
+    assert _chi2_pvalue(base, spec) > 1e-3
+    monkeypatch.setattr("localspec.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
+    biased = _first_two(embedded_pipe, tokens, n, d)
+    assert _chi2_pvalue(base, biased) < 1e-3
