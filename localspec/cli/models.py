@@ -25,8 +25,14 @@ def _cut(text: str | None, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-_SHORT = (("vocab-only", "vocab only"), ("vision projector", "mmproj"), ("LoRA", "adapter"),
-          ("shard", "shard"), ("recurrent", "recurrent"), ("no vocabulary", "no vocab"))
+_SHORT = (
+    ("vocab-only", "vocab only"),
+    ("vision projector", "mmproj"),
+    ("LoRA", "adapter"),
+    ("shard", "shard"),
+    ("recurrent", "recurrent"),
+    ("no vocabulary", "no vocab"),
+)
 
 
 def _note(m: ModelInfo) -> str:
@@ -52,9 +58,18 @@ def _model_rows(models: list[ModelInfo]) -> str:
     widths = [34, 10, 6, 7, 8, 7, 12]
     rows = [head]
     for m in models:
-        rows.append([os.path.basename(m.path), m.architecture or "-", _params(m.n_params), m.quant or "-",
-                     _size(m.size_bytes), f"{m.n_vocab:,}" if m.n_vocab else "-", m.fingerprint_short or "-",
-                     _note(m)])
+        rows.append(
+            [
+                os.path.basename(m.path),
+                m.architecture or "-",
+                _params(m.n_params),
+                m.quant or "-",
+                _size(m.size_bytes),
+                f"{m.n_vocab:,}" if m.n_vocab else "-",
+                m.fingerprint_short or "-",
+                _note(m),
+            ]
+        )
     return _table(rows, widths)
 
 
@@ -78,26 +93,48 @@ def scan(paths: tuple[str, ...], as_json: bool, no_cache: bool) -> None:
         return
     click.echo(_model_rows(models))
     bad = [m for m in models if m.error]
-    click.echo(f"\n{len(models)} file(s), {len(bad)} unreadable. Same FINGERPRINT = same vocabulary: "
-               "such models can draft for each other.\n'vocab only' files serve for pairing checks only; "
-               "`localspec pair TARGET` ranks the drafts for a target.")
+    click.echo(
+        f"\n{len(models)} file(s), {len(bad)} unreadable. Same FINGERPRINT = same vocabulary: "
+        "such models can draft for each other.\n'vocab only' files serve for pairing checks only; "
+        "`localspec pair TARGET` ranks the drafts for a target."
+    )
     for m in bad:
         click.echo(f"  ERROR {m.error}")
 
 
 def _side(m: ModelInfo) -> dict:
     d = m.as_dict()
-    return {k: d[k] for k in ("path", "name", "architecture", "family", "n_params", "n_vocab", "quant",
-                              "size_bytes", "fingerprint", "usable", "unusable_reason", "error")}
+    return {
+        k: d[k]
+        for k in (
+            "path",
+            "name",
+            "architecture",
+            "family",
+            "n_params",
+            "n_vocab",
+            "quant",
+            "size_bytes",
+            "fingerprint",
+            "usable",
+            "unusable_reason",
+            "error",
+        )
+    }
 
 
 @click.command("pair")
 @click.argument("target", type=click.Path(exists=True, dir_okay=False))
 @click.argument("draft", required=False, type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-@click.option("--search", "search", multiple=True, type=click.Path(exists=True),
-              help="Folder or file to look for drafts in (repeatable). Default: the target's folder and "
-                   "the usual model folders.")
+@click.option(
+    "--search",
+    "search",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Folder or file to look for drafts in (repeatable). Default: the target's folder and "
+    "the usual model folders.",
+)
 def pair(target: str, draft: str | None, as_json: bool, search: tuple[str, ...]) -> None:
     """Check TARGET with DRAFT, or rank the drafts that fit TARGET (best first, with reasons)."""
     t = scanmod.inspect(target)
@@ -110,10 +147,18 @@ def pair(target: str, draft: str | None, as_json: bool, search: tuple[str, ...])
         return
     ranked = scanmod.find_drafts(target, list(search) or None)
     if as_json:
-        click.echo(json.dumps({"target": _side(t), "target_usable": t.usable,
-                               "drafts": [r.as_dict() for r in ranked if r.fits],
-                               "rejected": [r.as_dict() for r in ranked if not r.fits]},
-                              indent=2, ensure_ascii=False))
+        click.echo(
+            json.dumps(
+                {
+                    "target": _side(t),
+                    "target_usable": t.usable,
+                    "drafts": [r.as_dict() for r in ranked if r.fits],
+                    "rejected": [r.as_dict() for r in ranked if not r.fits],
+                },
+                indent=2,
+                ensure_ascii=False,
+            )
+        )
         return
     _print_target(t)
     fits = [r for r in ranked if r.fits]
@@ -123,8 +168,10 @@ def pair(target: str, draft: str | None, as_json: bool, search: tuple[str, ...])
         for i, r in enumerate(fits, 1):
             _print_ranked(i, r)
     else:
-        click.echo("\nNo draft found that fits this target. Try `--draft ngram` (no model needed), or "
-                   "download a small model of the same family (see `localspec presets`).")
+        click.echo(
+            "\nNo draft found that fits this target. Try `--draft ngram` (no model needed), or "
+            "download a small model of the same family (see `localspec presets`)."
+        )
     if rejected:
         click.echo("\nNot usable as a draft here:")
         for r in rejected:
@@ -133,8 +180,10 @@ def pair(target: str, draft: str | None, as_json: bool, search: tuple[str, ...])
 
 def _print_target(t: ModelInfo) -> None:
     click.echo(f"Target: {t.path}")
-    click.echo(f"  {t.name} | {t.architecture} | {_params(t.n_params)} params | {t.quant or '-'} | "
-               f"{t.n_vocab or 0:,} tokens | fingerprint {t.fingerprint_short}")
+    click.echo(
+        f"  {t.name} | {t.architecture} | {_params(t.n_params)} params | {t.quant or '-'} | "
+        f"{t.n_vocab or 0:,} tokens | fingerprint {t.fingerprint_short}"
+    )
     if not t.usable:
         click.echo(f"  cannot run as a target: {t.unusable_reason}")
 
@@ -147,20 +196,30 @@ def _print_ranked(i: int, r: RankedDraft) -> None:
 
 def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> None:
     if d.error:
-        verdict = {"verdict": "incompatible", "reasons": [f"the draft is unreadable: {d.error}"],
-                   "masked_ids": []}
+        verdict = {
+            "verdict": "incompatible",
+            "reasons": [f"the draft is unreadable: {d.error}"],
+            "masked_ids": [],
+        }
     else:
         verdict = scanmod.verdict_for(t, d).as_dict()
     if as_json:
-        out = {**verdict, "target": _side(t), "draft": _side(d),
-               "target_usable": t.usable, "draft_usable": d.usable and not d.error}
+        out = {
+            **verdict,
+            "target": _side(t),
+            "draft": _side(d),
+            "target_usable": t.usable,
+            "draft_usable": d.usable and not d.error,
+        }
         click.echo(json.dumps(out, indent=2, ensure_ascii=False))
         return
     _print_target(t)
     click.echo(f"Draft:  {d.path}")
     if not d.error:
-        click.echo(f"  {d.name} | {d.architecture} | {_params(d.n_params)} params | {d.quant or '-'} | "
-                   f"{d.n_vocab or 0:,} tokens | fingerprint {d.fingerprint_short}")
+        click.echo(
+            f"  {d.name} | {d.architecture} | {_params(d.n_params)} params | {d.quant or '-'} | "
+            f"{d.n_vocab or 0:,} tokens | fingerprint {d.fingerprint_short}"
+        )
     if not d.usable and not d.error:
         click.echo(f"  cannot run as a draft: {d.unusable_reason}")
     click.echo(f"\nVerdict: {verdict['verdict']}")
