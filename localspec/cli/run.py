@@ -153,14 +153,15 @@ def run(
         else:
             stream = pipe.stream(prompt, **kw)
         parts = []
-        stats = None
-        for r in stream:
-            parts.append(r.text)
-            stats = r.stats
+        last = None
+        for last in stream:
+            parts.append(last.text)
             if not as_json:
-                click.echo(r.text, nl=False)
+                click.echo(last.text, nl=False)
         if not as_json:
             click.echo()
+        assert last is not None, "max_tokens >= 1: the engine yields at least one token"
+        stats = last.stats
         if baseline:
             base = (
                 pipe.chat([{"role": "user", "content": prompt}], baseline=True, **kw)
