@@ -5,6 +5,7 @@ from __future__ import annotations
 import gguf
 import llama_cpp
 import pytest
+from conftest import missing_embedded
 
 from localspec.constants import EMBEDDED_DRAFT, EMBEDDED_TARGET
 
@@ -148,3 +149,13 @@ def test_chat_path_uses_the_template(models):
     choice = out["choices"][0]
     assert choice["finish_reason"] in ("stop", "length")
     assert isinstance(choice["message"]["content"], str) and choice["message"]["content"].strip()
+
+
+def test_a_missing_embedded_file_stops_the_session(tmp_path):
+    """conftest stops the whole session (exit status 1) when a file of the pair is missing, instead of
+    letting the tests that need it skip: a packaging loss must fail."""
+    assert missing_embedded(list(PAIR.values())) is None
+    gone = tmp_path / "tiny-target.gguf"
+    problem = missing_embedded([gone, EMBEDDED_DRAFT])
+    assert problem is not None and str(gone) in problem and str(EMBEDDED_DRAFT) not in problem
+    assert "reinstall" in problem
