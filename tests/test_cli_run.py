@@ -132,7 +132,7 @@ def test_ctrl_c_is_exit_130(monkeypatch):
     assert res.exit_code == 130 and res.output.strip() == "Interrupted."
 
 
-def test_gpu_layers_are_left_to_the_library_unless_given(monkeypatch):
+def test_gpu_layers_are_left_to_the_library_unless_given(monkeypatch) -> None:
     stop = ModelNotFoundError("stop here")
     seen: dict = {}
     monkeypatch.setattr(localspec, "load", _load_raising(stop, seen))

@@ -106,6 +106,7 @@ def test_code_compresses_into_merged_tokens(models):
 
 def _greedy(llm: llama_cpp.Llama, prompt: str, n: int) -> str:
     out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1, seed=0)
+    assert isinstance(out, dict)  # not a stream
     return out["choices"][0]["text"]
 
 
