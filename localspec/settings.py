@@ -23,6 +23,10 @@ MODEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if "model" in s.
 #: Bounds of each numeric setting, inclusive: (lowest, highest).
 N_MAX_RANGE = (1, 64)
 P_MIN_RANGE = (0.0, 1.0)
+#: Context sizes (tokens) accepted before a model loads; the model's own trained context may allow less.
+N_CTX_RANGE = (16, 1 << 20)
+#: CPU threads per model: llama.cpp's own ceiling is GGML_MAX_N_THREADS (512); more crashes it.
+THREADS_RANGE = (1, 512)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,30 @@ def embedded_pipe():
     pipe.close()
 
 
+def missing_embedded(paths: list[Path]) -> str | None:
+    """Why the test session cannot run, when a file of the embedded pair is missing; None when all are there.
+
+    The embedded pair is tracked in git and shipped in the package: a test that needs it must fail when it
+    is gone (a packaging loss), never skip. So the session stops at start with this message, and no test
+    needs a skip marker of its own for it.
+    """
+    gone = [str(p) for p in paths if not p.is_file()]
+    if not gone:
+        return None
+    return (
+        f"the embedded model pair is missing ({', '.join(gone)}): it is tracked in git and shipped in the "
+        "package, so this is a broken checkout or install: `git checkout -- localspec/embedded` or reinstall"
+    )
+
+
+def pytest_sessionstart(session):
+    from localspec.constants import EMBEDDED_DRAFT, EMBEDDED_TARGET
+
+    problem = missing_embedded([EMBEDDED_TARGET, EMBEDDED_DRAFT])
+    if problem:
+        pytest.exit(problem, returncode=pytest.ExitCode.TESTS_FAILED)
+
+
 def qwen_dir() -> Path | None:
     d = os.environ.get("LOCALSPEC_QWEN_DIR")
     if d and (Path(d) / QWEN_TARGET).is_file() and (Path(d) / QWEN_DRAFT).is_file():

@@ -33,6 +33,7 @@ def env(tmp_path, monkeypatch):
             "draft_model": {"repo": "org/Toy-0.5B-GGUF", "file": "*q4_k_m.gguf"},
             "download_size": "1.3 MB",
             "ram": "2 MB",
+            "licence": "Toy Licence 1.0",
         }
     )
     yield server
@@ -43,8 +44,14 @@ def test_presets_table_and_json(env):
     runner = CliRunner()
     res = runner.invoke(main, ["presets"])
     assert res.exit_code == 0, res.output
-    line = next(ln for ln in res.output.splitlines() if ln.startswith("toy "))
+    lines = res.output.splitlines()
+    assert lines[0].split() == ["NAME", "TARGET", "DRAFT", "DOWNLOAD", "RAM", "CACHED", "LICENCE", "SOURCE"]
+    line = next(ln for ln in lines if ln.startswith("toy "))
     assert "org/Toy-7B-GGUF" in line and "org/Toy-0.5B-GGUF" in line and " no " in line and "user" in line
+    assert "Toy Licence 1.0" in line
+    # a long licence is cut at its end, keeping the licence's name
+    line = next(ln for ln in lines if ln.startswith("llama-3.1-8b "))
+    assert "Llama 3.1 Community License…" in line
     assert any(ln.startswith("qwen2.5-coder-1.5b ") for ln in res.output.splitlines())
 
     res = runner.invoke(main, ["presets", "--json"])
@@ -59,6 +66,7 @@ def test_download_then_cached(env):
     res = runner.invoke(main, ["download", "toy"])
     assert res.exit_code == 0, res.output
     assert "pair    identical" in res.output
+    assert 'Run it: localspec run --preset toy "..."' in res.output
     target_line = next(ln for ln in res.output.splitlines() if ln.startswith("target  /"))
     assert target_line.endswith("toy-7b-q4_k_m.gguf")
     res = runner.invoke(main, ["presets", "--json"])

@@ -40,8 +40,14 @@ def test_scan_json_contract(folder):
     assert res.exit_code == 0
     rows = json.loads(res.output)
     by = {Path(r["path"]).name: r for r in rows}
-    assert set(by) == {"qwen2.gguf", "qwen35.gguf", "gpt-2.gguf", "llama-spm.gguf", "phi-3.gguf",
-                       "broken.gguf"}
+    assert set(by) == {
+        "qwen2.gguf",
+        "qwen35.gguf",
+        "gpt-2.gguf",
+        "llama-spm.gguf",
+        "phi-3.gguf",
+        "broken.gguf",
+    }
     for r in rows:
         assert {"path", "architecture", "n_params", "n_vocab", "fingerprint", "error"} <= set(r)
     assert by["broken.gguf"]["error"] and "bad magic" in by["broken.gguf"]["error"]
@@ -60,11 +66,14 @@ def test_scan_table_is_readable(folder):
     assert any("ERROR" in line and "broken.gguf" in line and "bad magic" in line for line in lines)
 
 
-@pytest.mark.parametrize("target, draft, verdict", [
-    ("qwen2", "qwen35", "identical"),
-    ("llama-spm", "phi-3", "compatible"),
-    ("gpt-2", "qwen2", "incompatible"),
-])
+@pytest.mark.parametrize(
+    "target, draft, verdict",
+    [
+        ("qwen2", "qwen35", "identical"),
+        ("llama-spm", "phi-3", "compatible"),
+        ("gpt-2", "qwen2", "incompatible"),
+    ],
+)
 def test_pair_two_json(target, draft, verdict):
     res = run("pair", str(vocab_path(target)), str(vocab_path(draft)), "--json")
     assert res.exit_code == 0  # whatever the verdict
@@ -97,18 +106,55 @@ def test_pair_ranking(tmp_path):
 
 
 def test_usage_and_bad_files(tmp_path):
-    assert CliRunner().invoke(main, ["pair", str(tmp_path / "nope.gguf")]).exit_code == 2
+    res = CliRunner().invoke(main, ["pair", str(tmp_path / "nope.gguf")])
+    assert (
+        res.exit_code == 2 and "Invalid value for 'TARGET'" in res.output and "does not exist" in res.output
+    )
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x01\x00\x00\x00" + bytes(40))
     res = CliRunner().invoke(main, ["pair", str(bad)])
-    assert res.exit_code == 1 and "version 1" in res.output
+    assert res.exit_code == 1 and "version 1" in res.output and "cannot read the target" in res.output
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_pair_with_an_unreadable_draft_fails(tmp_path, as_json):
+    """An unreadable DRAFT is an error (exit 1, naming the file and why), not an 'incompatible' verdict."""
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"this is not a gguf file at all")
+    res = CliRunner().invoke(
+        main, ["pair", str(vocab_path("qwen2")), str(junk), *(["--json"] if as_json else [])]
+    )
+    assert res.exit_code == 1, res.output
+    assert f"Error: {junk}: cannot read the draft: not a GGUF file" in res.output
+    assert "Verdict" not in res.output and "verdict" not in res.output
+
+
+def test_scan_json_is_utf8_with_a_non_utf8_file_name(tmp_path):
+    """A file name that is not valid UTF-8 (Linux allows any bytes) still gives valid UTF-8 JSON, and the
+    path in it maps back to the file's real bytes."""
+    d = tmp_path / "odd"
+    d.mkdir()
+    raw = os.path.join(os.fsencode(d), b"caf\xe9-\xff.gguf")
+    try:
+        shutil.copyfile(vocab_path("gpt-2"), raw)
+    except OSError as exc:  # macOS (APFS) and Windows refuse such names
+        pytest.skip(f"this file system refuses non-UTF-8 names: {exc}")
+    res = CliRunner().invoke(main, ["scan", str(d), "--json"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    rows = json.loads(res.stdout_bytes.decode("utf-8"))  # strict: raises on invalid UTF-8
+    assert [os.fsencode(r["path"]) for r in rows] == [raw]
+    assert rows[0]["n_vocab"] == 50257
+    table = CliRunner().invoke(main, ["scan", str(d)])
+    assert table.exit_code == 0, (table.output, table.exception)
+    assert "caf\ufffd-\ufffd.gguf" in table.stdout_bytes.decode("utf-8")
 
 
 def test_console_script_subprocess(folder, tmp_path):
     exe = shutil.which("localspec", path=os.path.dirname(sys.executable))
     cmd = [exe] if exe else [sys.executable, "-m", "localspec"]
     env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "h")}
-    proc = subprocess.run([*cmd, "scan", str(folder), "--json"], capture_output=True, text=True, env=env,
-                          timeout=120)
+    proc = subprocess.run(
+        [*cmd, "scan", str(folder), "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert len(json.loads(proc.stdout)) == 6

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import gguf
 import llama_cpp
+import numpy as np
 import pytest
+from conftest import missing_embedded
 
 from localspec.constants import EMBEDDED_DRAFT, EMBEDDED_TARGET
 
@@ -100,6 +106,7 @@ def test_code_compresses_into_merged_tokens(models):
 
 def _greedy(llm: llama_cpp.Llama, prompt: str, n: int) -> str:
     out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1, seed=0)
+    assert isinstance(out, dict)  # not a stream
     return out["choices"][0]["text"]
 
 
@@ -148,3 +155,85 @@ def test_chat_path_uses_the_template(models):
     choice = out["choices"][0]
     assert choice["finish_reason"] in ("stop", "length")
     assert isinstance(choice["message"]["content"], str) and choice["message"]["content"].strip()
+
+
+def test_a_missing_embedded_file_stops_the_session(tmp_path):
+    """conftest stops the whole session (exit status 1) when a file of the pair is missing, instead of
+    letting the tests that need it skip: a packaging loss must fail."""
+    assert missing_embedded(list(PAIR.values())) is None
+    gone = tmp_path / "tiny-target.gguf"
+    problem = missing_embedded([gone, EMBEDDED_DRAFT])
+    assert problem is not None and str(gone) in problem and str(EMBEDDED_DRAFT) not in problem
+    assert "reinstall" in problem
+
+
+# ------------------------------------------------------------------------------ the script that made them
+# scripts/make_embedded_pair.py needs torch to train and to verify; what follows runs without it: the
+# verdict on an export check, the exit status built from it, and the recipe the docs quote.
+
+
+@pytest.fixture(scope="module")
+def maker():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "make_embedded_pair.py"
+    spec = importlib.util.spec_from_file_location("make_embedded_pair", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def _logits(rows: int = 6, vocab: int = 50) -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(rows, vocab)).astype(np.float32) * 5
+
+
+def test_export_check_passes_matching_logits(maker):
+    ref = _logits()
+    check = maker.compare_logits("t.gguf", ref, ref + 0.002, True)
+    assert check.positions == 6 and check.argmax_agreement == 1.0 and check.problems() == []
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda out: out + 0.5, "logits differ by up to 0.5000"),
+        (lambda out: out * np.nan, "logits differ by up to nan"),
+        (lambda out: -out, "pick the same next token at only"),
+        (lambda out: out[:3], "only 0 position(s) compared"),
+    ],
+)
+def test_export_check_catches_a_bad_export(maker, change, expected):
+    ref = _logits()
+    problems = maker.compare_logits("t.gguf", ref, change(ref.copy()), None).problems()
+    assert any(expected in p for p in problems), problems
+
+
+def test_export_check_catches_a_tokenizer_mismatch(maker):
+    ref = _logits()
+    problems = maker.compare_logits("t.gguf", ref, ref, False).problems()
+    assert problems == ["t.gguf: llama.cpp's tokenizer and the training tokenizer give different ids"]
+
+
+@pytest.mark.parametrize("good", [True, False])
+def test_script_exit_status_follows_the_export_check(maker, monkeypatch, tmp_path, capsys, good):
+    """`--verify-only` (and a full run) exits 1 when the export check fails; it used to exit 0."""
+    ref = _logits()
+
+    def fake_verify(path, prompt, log, tok=None):
+        return maker.compare_logits(path.name, ref, ref if good else ref + 1.0, None)
+
+    monkeypatch.setattr(maker, "verify", fake_verify)
+    assert maker.main(["--verify-only", "--out", str(tmp_path)]) == (0 if good else 1)
+    err = capsys.readouterr().err
+    assert ("verification FAILED: tiny-target.gguf: torch and llama.cpp logits differ" in err) != good
+
+
+def test_documented_recipe_is_the_scripts_default(maker):
+    """docs/embedded-pair.md names the recipe of the shipped files; the script's defaults are that recipe."""
+    args = maker.parser().parse_args([])
+    assert (args.steps, args.distil_steps, args.batch) == (700, 100, 16)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "embedded-pair.md").read_text(encoding="utf-8")
+    assert "--steps 700 --distil-steps 100" in doc
+    assert "python scripts/make_embedded_pair.py\n" in doc  # the command runs the defaults

@@ -1,16 +1,42 @@
-"""The ``localspec`` command. Each concern registers its commands from its own module."""
+"""The ``localspec`` command. Each concern registers its commands from its own module.
+
+What a user sees when something goes wrong, decided here once for every command:
+
+- a bad flag value or a missing argument: click's usage message, exit status 2 (each option declares its
+  bounds with a click type, the bounds taken from :mod:`localspec.settings`);
+- a :class:`~localspec.errors.LocalspecError` (a missing file, an incompatible pair, a failed download...):
+  its message and next step, exit status 1;
+- a plain ``ValueError`` or ``OSError`` (a check the library does without its own error type yet, a
+  permission denied, a full disk): the message in one line, where it was raised, and how to get the full
+  traceback, exit status 1. Such an error is either a bad value the library refused or a bug; the short form
+  keeps the first readable and ``localspec --traceback ...`` keeps the second reportable;
+- any other exception (``TypeError``, ``KeyError``, ...) is a bug in localspec: its traceback is printed as
+  Python prints it, never hidden;
+- Ctrl-C: "Interrupted.", exit status 130; a closed pipe (``localspec scan | head``): quiet, status 141.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 
 import click
 
 from localspec.errors import LocalspecError
 
 
+def _where(exc: BaseException) -> str:
+    """``module.py:123`` of the innermost frame that raised ``exc`` (to find it again in a bug report)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    last = frames[-1]
+    return f"{os.path.basename(last.filename)}:{last.lineno}"
+
+
 class _FriendlyGroup(click.Group):
-    """Turns localspec's own errors into a short message and exit status 1, never a traceback."""
+    """Turns expected errors into a short message and an exit status, never a traceback (see above)."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -21,11 +47,34 @@ class _FriendlyGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             sys.exit(130)
+        except BrokenPipeError:
+            # The reader went away (`localspec scan | head`): nothing left to tell it. Point stdout at
+            # devnull so the interpreter's final flush does not raise again.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(141)
+        except (ValueError, OSError) as exc:
+            if ctx.params.get("show_traceback"):
+                raise
+            name = type(exc).__name__
+            click.echo(f"Error: {exc} ({name} at {_where(exc)})", err=True)
+            click.echo(
+                "  -> if the values you gave are valid, this is a bug: run again as "
+                "`localspec --traceback ...` and report what it prints",
+                err=True,
+            )
+            sys.exit(1)
 
 
 @click.group(cls=_FriendlyGroup)
 @click.version_option(package_name="localspec")
-def main() -> None:
+@click.option(
+    "--traceback",
+    "show_traceback",
+    is_flag=True,
+    help="Print the full Python traceback of an unexpected error (for a bug report).",
+)
+def main(show_traceback: bool) -> None:
     """Speculative decoding for local GGUF models through llama.cpp."""
 
 

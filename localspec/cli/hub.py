@@ -8,6 +8,7 @@ import click
 
 from localspec import constants, hub
 from localspec.presets import list_presets
+from localspec.units import format_bytes
 
 
 def _short(ref) -> str:
@@ -28,7 +29,7 @@ def presets(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([d for _, d in rows], indent=2, default=str))
         return
-    header = ("NAME", "TARGET", "DRAFT", "DOWNLOAD", "RAM", "CACHED", "SOURCE")
+    header = ("NAME", "TARGET", "DRAFT", "DOWNLOAD", "RAM", "CACHED", "LICENCE", "SOURCE")
     table = [header]
     for p, d in rows:
         table.append(
@@ -36,19 +37,27 @@ def presets(as_json: bool) -> None:
                 p.name + (" *" if p.gated else ""),
                 _short(p.target),
                 _short(p.draft_model),
-                hub.format_bytes(p.download_bytes) if p.download_bytes else "none",
-                hub.format_bytes(p.ram_bytes) if p.ram_bytes else "?",
+                format_bytes(p.download_bytes) if p.download_bytes else "none",
+                format_bytes(p.ram_bytes) if p.ram_bytes else "?",
                 "yes" if d["cached"] else "no",
+                p.licence or "-",
                 p.source if p.source in ("builtin", "user") else "user",
             )
         )
     widths = [max(len(str(r[i])) for r in table) for i in range(len(header))]
-    widths[1] = min(widths[1], 64)
-    widths[2] = min(widths[2], 64)
+    # Long repository names keep their end (the model name); a long licence keeps its start (the name of
+    # the licence; `presets --json` has it all).
+    limits = {1: (64, "tail"), 2: (64, "tail"), 6: (28, "head")}
+    for i, (limit, _) in limits.items():
+        widths[i] = min(widths[i], limit)
     for r in table:
-        cells = [
-            str(c) if len(str(c)) <= w else "…" + str(c)[-(w - 1) :] for c, w in zip(r, widths, strict=True)
-        ]
+        cells = []
+        for i, (c, w) in enumerate(zip(r, widths, strict=True)):
+            text = str(c)
+            if len(text) > w:
+                keep = limits.get(i, (w, "tail"))[1]
+                text = "…" + text[-(w - 1) :] if keep == "tail" else text[: w - 1] + "…"
+            cells.append(text)
         click.echo("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
     if any(p.gated for p, _ in rows):
         click.echo("\n* gated: accept the licence on the repository page, then set HF_TOKEN (see the docs).")
@@ -77,7 +86,7 @@ def download(name: str) -> None:
             if stage == "check":
                 click.echo("checking the pair ...", err=True)
             elif done < total:
-                click.echo(f"downloading {stage} ({hub.format_bytes(total)}) ...", err=True)
+                click.echo(f"downloading {stage} ({format_bytes(total)}) ...", err=True)
 
     pair = hub.ensure_preset(name, progress=progress)
     click.echo(f"target  {pair.target}")
@@ -86,7 +95,9 @@ def download(name: str) -> None:
         click.echo(f"pair    {pair.verdict}")
         for reason in pair.reasons:
             click.echo(f"        - {reason}")
-    click.echo(f'Run it: localspec.generate("...", preset="{name}")')
+    click.echo(
+        f'Run it: localspec run --preset {name} "..."  (Python: localspec.generate("...", preset="{name}"))'
+    )
 
 
 @click.command("find-draft")
@@ -110,7 +121,7 @@ def find_draft(repo: str, filename: str | None, as_json: bool) -> None:
             c.verdict,
             c.repo_id,
             c.filename or "-",
-            hub.format_bytes(c.download_bytes),
+            format_bytes(c.download_bytes),
             (c.reasons[0] if c.reasons else ""),
         )
         for c in found

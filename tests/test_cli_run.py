@@ -1,0 +1,167 @@
+"""``localspec run`` and the command group: every user error is a short message and an exit status, never a
+traceback; the flags say what they do (GPU layers left to the library, --baseline not "interleaved")."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from click.testing import CliRunner
+
+import localspec
+from localspec.cli import main
+from localspec.errors import ModelNotFoundError
+
+
+def invoke(*args: str, **kw):
+    return CliRunner().invoke(main, list(args), prog_name="localspec", **kw)
+
+
+def _no_traceback(res) -> None:
+    assert "Traceback" not in res.output
+    # click turns a usage error into SystemExit; anything else in res.exception is an escaped error
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-n", "0"], "Invalid value for '--max-tokens' / '-n': 0 is not in the range x>=1"),
+        (["--temperature", "-1"], "Invalid value for '--temperature': -1.0 is not in the range x>=0.0"),
+        (["--temperature", "nan"], "Invalid value for '--temperature': 'nan' is not a finite number"),
+        (["--temperature", "inf"], "Invalid value for '--temperature': 'inf' is not a finite number"),
+        (["--top-p", "2"], "Invalid value for '--top-p': 2.0 is not in the range 0.0<x<=1.0"),
+        (["--top-p", "0"], "Invalid value for '--top-p': 0.0 is not in the range 0.0<x<=1.0"),
+        (["--min-p", "1"], "Invalid value for '--min-p': 1.0 is not in the range 0.0<=x<1.0"),
+        (["--top-k", "-1"], "Invalid value for '--top-k': -1 is not in the range x>=0"),
+        (["--seed", "-5"], "Invalid value for '--seed': -5 is not in the range x>=0"),
+        (["--threads", "100000"], "Invalid value for '--threads': 100000 is not in the range 1<=x<=512"),
+        (["--threads", "0"], "Invalid value for '--threads': 0 is not in the range 1<=x<=512"),
+        (["--draft-threads", "0"], "Invalid value for '--draft-threads': 0 is not in the range 1<=x<=512"),
+        (["--n-ctx", "1"], "Invalid value for '--n-ctx': 1 is not in the range 16<=x<=1048576"),
+        (
+            ["--n-ctx", str(10**12)],
+            f"Invalid value for '--n-ctx': {10**12} is not in the range 16<=x<=1048576",
+        ),
+        (["--n-max", "0"], "Invalid value for '--n-max': 0 is not in the range 1<=x<=64"),
+        (["--n-max", "1000"], "Invalid value for '--n-max': 1000 is not in the range 1<=x<=64"),
+        (["--n-min", "5", "--n-max", "2"], "Invalid value for '--n-min': 5 is more than --n-max (2)"),
+        (["--p-min", "1.5"], "Invalid value for '--p-min': 1.5 is not in the range 0.0<=x<=1.0"),
+        (["--p-min", "nan"], "Invalid value for '--p-min': 'nan' is not a finite number"),
+        (["--strategy", "fast"], "Invalid value for '--strategy': 'fast' is not one of 'model', 'ngram'"),
+        (["--gpu-layers", "-2"], "Invalid value for '--gpu-layers': -2 is not in the range x>=-1"),
+        (
+            ["--target", "t.gguf", "--preset", "tiny-embedded"],
+            "give either --target or --preset, not both",
+        ),
+    ],
+)
+def test_bad_values_are_usage_errors(args, message, monkeypatch):
+    def never(**kw):
+        raise AssertionError("a bad value reached localspec.load")
+
+    monkeypatch.setattr(localspec, "load", never)
+    res = invoke("run", *args, "def fib(n):")
+    _no_traceback(res)
+    assert res.exit_code == 2, res.output
+    assert message in res.output, res.output
+    assert "Try 'localspec run --help' for help." in res.output
+
+
+def _load_raising(exc: BaseException, seen: dict | None = None):
+    def load(**kw):
+        if seen is not None:
+            seen.update(kw)
+        raise exc
+
+    return load
+
+
+def test_library_errors_exit_1_with_the_next_step(monkeypatch):
+    monkeypatch.setattr(
+        localspec,
+        "load",
+        _load_raising(ModelNotFoundError("target model x.gguf: no such file", hint="check it")),
+    )
+    res = invoke("run", "-t", "x.gguf", "hi")
+    _no_traceback(res)
+    assert res.exit_code == 1
+    assert res.output.splitlines() == ["Error: target model x.gguf: no such file", "  -> check it"]
+
+
+@pytest.mark.parametrize(
+    "exc, shown",
+    [
+        (
+            ValueError("max_tokens must be >= 1, got 0"),
+            "Error: max_tokens must be >= 1, got 0 (ValueError at ",
+        ),
+        (
+            PermissionError(errno.EACCES, "Permission denied", "/models/x.gguf"),
+            "Error: [Errno 13] Permission denied: '/models/x.gguf' (PermissionError at ",
+        ),
+    ],
+)
+def test_plain_value_and_os_errors_are_one_line(monkeypatch, exc, shown):
+    monkeypatch.setattr(localspec, "load", _load_raising(exc))
+    res = invoke("run", "hi")
+    _no_traceback(res)
+    assert res.exit_code == 1
+    first, second = res.output.splitlines()
+    assert first.startswith(shown) and first.endswith(")") and "test_cli_run.py:" in first
+    assert "localspec --traceback" in second
+
+
+def test_traceback_flag_shows_the_real_error(monkeypatch):
+    monkeypatch.setattr(localspec, "load", _load_raising(ValueError("boom")))
+    res = invoke("--traceback", "run", "hi")
+    assert isinstance(res.exception, ValueError) and str(res.exception) == "boom"
+
+
+def test_a_real_bug_is_not_hidden(monkeypatch):
+    """A TypeError is a bug in localspec: it keeps its traceback (not reduced to a one-line 'Error')."""
+    monkeypatch.setattr(localspec, "load", _load_raising(TypeError("unexpected keyword")))
+    res = invoke("run", "hi")
+    assert isinstance(res.exception, TypeError)
+    assert "Error:" not in res.output
+
+
+def test_ctrl_c_is_exit_130(monkeypatch):
+    monkeypatch.setattr(localspec, "load", _load_raising(KeyboardInterrupt()))
+    res = invoke("run", "hi")
+    assert res.exit_code == 130 and res.output.strip() == "Interrupted."
+
+
+def test_gpu_layers_are_left_to_the_library_unless_given(monkeypatch) -> None:
+    stop = ModelNotFoundError("stop here")
+    seen: dict = {}
+    monkeypatch.setattr(localspec, "load", _load_raising(stop, seen))
+    invoke("run", "hi")
+    assert "n_gpu_layers" not in seen and "draft_n_gpu_layers" not in seen, seen
+    seen.clear()
+    invoke("run", "--gpu-layers", "0", "--draft-gpu-layers", "-1", "hi")
+    assert seen["n_gpu_layers"] == 0 and seen["draft_n_gpu_layers"] == -1
+
+
+def _option_help(name: str) -> str:
+    text = invoke("run", "--help").output
+    flat = " ".join(text.split())
+    start = flat.index(name + " ")
+    nxt = flat.find(" --", start + len(name) + 1)
+    return flat[start:nxt]
+
+
+def test_help_says_what_the_flags_do():
+    assert "interleaved" not in _option_help("--baseline")
+    assert "one run each" in _option_help("--baseline")
+    gpu = _option_help("--gpu-layers")
+    assert "default: all when llama.cpp was built with GPU offload, else 0" in gpu
+    strategies = _option_help("--strategy")
+    assert all(s in strategies for s in localspec.settings.STRATEGIES)
+
+
+def test_run_end_to_end_on_the_embedded_pair():
+    """The real thing once: the embedded pair generates, and the summary line names the pair."""
+    res = invoke("run", "-n", "8", "--threads", "2", "--n-ctx", "256", "def fib(n):")
+    assert res.exit_code == 0, res.output
+    assert "[embedded default pair]" in res.output and "8 tokens" in res.output

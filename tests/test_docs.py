@@ -1,0 +1,233 @@
+"""The docs quote only what exists: every ``localspec COMMAND ... --flag`` in README.md and docs/*.md names a
+command of ``localspec --help`` and flags of that command's ``--help``, and every preset name quoted
+(``--preset NAME``, ``localspec download NAME``, ``preset="NAME"``) is one ``localspec presets`` lists.
+
+Only code is read (fenced blocks and inline code spans), so prose such as "localspec makes ..." is not taken
+for a command. A command the docs quote but the CLI lacks is reported with the list of known commands and
+where to register it: a page written for a command that lands later fails here until the command is there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from localspec.cli import main
+from localspec.presets import list_presets
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+_FENCE = re.compile(r"^(```|~~~)")
+_INLINE = re.compile(r"`([^`\n]+)`")
+# "localspec" as a program name: not part of a path (localspec/cli), a module (localspec.load) or a word
+_PROGRAM = re.compile(r"(?<![\w./~-])localspec(?=\s+\S)")
+_STOP = {"#", "|", "||", "&&", ";", ">", "2>&1", "&"}
+_PLACEHOLDER = re.compile(r"^(?:[A-Z][A-Z_]*|\.\.\.|<.*>|\{.*\}|\$.*)$")
+
+
+@dataclass(frozen=True)
+class Quote:
+    where: str  # file:line
+    words: tuple[str, ...]  # what follows "localspec"
+
+    def __str__(self) -> str:
+        return f"{self.where}: `localspec {' '.join(self.words)}`"
+
+
+def code_segments(text: str) -> list[tuple[int, str]]:
+    """(line number, code) per line of a fenced block (continuation lines joined) and per inline span."""
+    out: list[tuple[int, str]] = []
+    in_block = False
+    pending: tuple[int, str] | None = None
+    for n, line in enumerate(text.splitlines(), 1):
+        if _FENCE.match(line.strip()):
+            in_block = not in_block
+            pending = None
+            continue
+        if in_block:
+            start, acc = pending if pending else (n, "")
+            acc += line.rstrip()
+            if acc.endswith("\\"):
+                pending = (start, acc[:-1] + " ")
+                continue
+            pending = None
+            out.append((start, acc))
+        else:
+            if not line.strip():
+                pending = None
+            if pending:  # an inline span broken over two lines
+                line = pending[1] + " " + line
+                n = pending[0]
+                pending = None
+            if line.count("`") % 2:
+                pending = (n, line)
+                continue
+            out.extend((n, m.group(1)) for m in _INLINE.finditer(line))
+    return out
+
+
+def quotes(text: str, name: str) -> list[Quote]:
+    found = []
+    for n, code in code_segments(text):
+        for m in _PROGRAM.finditer(code):
+            words: list[str] = []
+            for word in code[m.end() :].split("`")[0].split():  # a quote inside an output block
+                if word in _STOP or word.startswith("#"):
+                    break
+                words.append(word.strip("[]()"))
+            found.append(Quote(f"{name}:{n}", tuple(w for w in words if w)))
+    return found
+
+
+def _flags(word: str) -> list[str]:
+    """The flag a word names, if it is one: ``--n-ctx=64`` -> ``--n-ctx``; ``-1`` is a number, not a flag."""
+    if not word.startswith("-") or re.match(r"^-\d", word) or word in ("-", "--"):
+        return []
+    return [word.split("=", 1)[0]]
+
+
+@cache
+def _help_flags(path: tuple[str, ...]) -> frozenset[str]:
+    """Every flag in the Options section of ``localspec PATH... --help``."""
+    res = CliRunner().invoke(main, [*path, "--help"], prog_name="localspec")
+    assert res.exit_code == 0, (path, res.output)
+    flags: set[str] = set()
+    in_options = False
+    for line in res.output.splitlines():
+        if line.strip().endswith("Options:"):
+            in_options = True
+            continue
+        if in_options and line.lstrip().startswith("-"):
+            column = re.split(r"\s{2,}", line.strip())[0]
+            flags.update(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", column))
+    return frozenset(flags)
+
+
+def _known_commands(group: click.Group) -> list[str]:
+    return sorted(group.list_commands(click.Context(group)))
+
+
+def check_quote(q: Quote, preset_names: set[str]) -> list[str]:
+    """What is wrong with one quoted command line: an unknown command, unknown flags, unknown presets."""
+    problems = []
+    words = list(q.words)
+    path: list[str] = []
+    group: click.Group = main
+    while words and _flags(words[0]):  # group options such as --traceback, --version
+        flag = _flags(words.pop(0))[0]
+        if flag not in _help_flags(tuple(path)):
+            problems.append(f"{q}: `localspec` has no option {flag}")
+    while words and not words[0].startswith("-"):
+        name = words.pop(0)
+        cmd = group.get_command(click.Context(group), name)
+        if cmd is None:
+            problems.append(
+                f"{q}: no command {' '.join([*path, name])!r} in `localspec {' '.join(path)} --help` "
+                f"(known: {', '.join(_known_commands(group))}); whoever documents it must also register "
+                "it (localspec/cli/__init__.py, _register)"
+            )
+            return problems
+        path.append(name)
+        if not isinstance(cmd, click.Group):
+            break
+        group = cmd
+    if not path:
+        return problems
+    known = _help_flags(tuple(path))
+    command = group.get_command(click.Context(group), path[-1]) if isinstance(group, click.Group) else None
+    preset_flags = {opt for p in (command.params if command else []) if p.name == "preset" for opt in p.opts}
+    for i, word in enumerate(words):
+        for flag in _flags(word):
+            if flag not in known:
+                problems.append(f"{q}: `localspec {' '.join(path)}` has no option {flag}")
+            if flag in preset_flags and i + 1 < len(words):
+                problems.extend(_check_preset(q, words[i + 1], preset_names))
+    if path == ["download"] and words:
+        problems.extend(_check_preset(q, words[0], preset_names))
+    return problems
+
+
+def _check_preset(q: Quote, name: str, preset_names: set[str]) -> list[str]:
+    name = name.strip("\"'")
+    if _PLACEHOLDER.match(name) or name in preset_names:
+        return []
+    return [f"{q}: no preset named {name!r} (`localspec presets` lists them)"]
+
+
+_PY_PRESET = re.compile(r"""preset\s*=\s*["']([^"']+)["']""")
+
+
+def python_presets(text: str, name: str, preset_names: set[str]) -> list[str]:
+    """``preset="NAME"`` in Python examples."""
+    problems = []
+    for n, code in code_segments(text):
+        for m in _PY_PRESET.finditer(code):
+            problems.extend(_check_preset(Quote(f"{name}:{n}", ("(Python)",)), m.group(1), preset_names))
+    return problems
+
+
+def check_text(text: str, name: str) -> tuple[list[Quote], list[str]]:
+    names = {p.name for p in list_presets()}
+    found = quotes(text, name)
+    problems = [p for q in found for p in check_quote(q, names)]
+    return found, problems + python_presets(text, name, names)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_docs_quote_only_real_commands_flags_and_presets(doc):
+    found, problems = check_text(doc.read_text(encoding="utf-8"), doc.relative_to(ROOT).as_posix())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_readme_is_checked_at_all():
+    """The extraction finds the README's commands (a regex that matched nothing would pass everything)."""
+    found, _ = check_text((ROOT / "README.md").read_text(encoding="utf-8"), "README.md")
+    commands = {q.words[0] for q in found if q.words and not q.words[0].startswith("-")}
+    assert {"run", "scan", "pair", "presets", "download", "find-draft", "bench", "ui"} <= commands
+    flags = {w for q in found for w in q.words if w.startswith("--")}
+    assert {"--preset", "--baseline", "--draft", "--json", "--n-ctx"} <= flags
+
+
+@pytest.mark.parametrize(
+    "planted, expected",
+    [
+        ('Run `localspec run --no-such-flag "hi"`.', "`localspec run` has no option --no-such-flag"),
+        ("```console\n$ localspec scan ~/m --jsn\n```", "`localspec scan` has no option --jsn"),
+        ("```bash\nlocalspec bench -t a.gguf \\\n    --limit 3 --bogus\n```", "has no option --bogus"),
+        ("`localspec serve --port 8000`", "no command 'serve' in `localspec  --help` (known: "),
+        ('`localspec run --preset qwen9-99b "x"`', "no preset named 'qwen9-99b'"),
+        ("`localspec download qwen9-99b`", "no preset named 'qwen9-99b'"),
+        (
+            "Get it with `localspec\ndownload qwen9-99b` first.",
+            "planted.md:1: `localspec download qwen9-99b`",
+        ),
+        ('```python\nlocalspec.generate("x", preset="qwen9-99b")\n```', "no preset named 'qwen9-99b'"),
+        ("`localspec --verbose run x`", "`localspec` has no option --verbose"),
+    ],
+)
+def test_the_check_catches_a_planted_mistake(planted, expected):
+    _, problems = check_text(planted, "planted.md")
+    assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "fine",
+    [
+        '`localspec run --preset qwen2.5-coder-1.5b --chat "Write a binary search"`',
+        '`localspec run --gpu-layers -1 --n-ctx=8192 -t t.gguf -d d.gguf "..."`',
+        "`localspec download NAME`, `localspec run --preset NAME`",
+        "localspec makes speculative decoding easy; see `localspec/cli/run.py` and `localspec.load()`.",
+        "```bash\npip uninstall localspec && rm -rf ~/.cache/localspec\n```",
+        "`localspec --help`",
+    ],
+)
+def test_the_check_passes_real_usage(fine):
+    _, problems = check_text(fine, "fine.md")
+    assert problems == []
