@@ -6,8 +6,9 @@ import json
 
 import click
 
-from localspec import constants, hub
+from localspec import constants, hub, hub_search
 from localspec.presets import list_presets
+from localspec.units import format_bytes
 
 
 def _short(ref) -> str:
@@ -36,8 +37,8 @@ def presets(as_json: bool) -> None:
                 p.name + (" *" if p.gated else ""),
                 _short(p.target),
                 _short(p.draft_model),
-                hub.format_bytes(p.download_bytes) if p.download_bytes else "none",
-                hub.format_bytes(p.ram_bytes) if p.ram_bytes else "?",
+                format_bytes(p.download_bytes) if p.download_bytes else "none",
+                format_bytes(p.ram_bytes) if p.ram_bytes else "?",
                 "yes" if d["cached"] else "no",
                 p.source if p.source in ("builtin", "user") else "user",
             )
@@ -77,7 +78,7 @@ def download(name: str) -> None:
             if stage == "check":
                 click.echo("checking the pair ...", err=True)
             elif done < total:
-                click.echo(f"downloading {stage} ({hub.format_bytes(total)}) ...", err=True)
+                click.echo(f"downloading {stage} ({format_bytes(total)}) ...", err=True)
 
     pair = hub.ensure_preset(name, progress=progress)
     click.echo(f"target  {pair.target}")
@@ -97,7 +98,7 @@ def download(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the candidates as JSON.")
 def find_draft(repo: str, filename: str | None, as_json: bool) -> None:
     """Find draft models on the Hub for a target repository (reads only GGUF headers)."""
-    found = hub.find_drafts(repo, filename=filename)
+    found = hub_search.search_hub_drafts(repo, filename=filename)
     if as_json:
         click.echo(json.dumps([c.as_dict() for c in found], indent=2))
         return
@@ -110,7 +111,7 @@ def find_draft(repo: str, filename: str | None, as_json: bool) -> None:
             c.verdict,
             c.repo_id,
             c.filename or "-",
-            hub.format_bytes(c.download_bytes),
+            format_bytes(c.download_bytes),
             (c.reasons[0] if c.reasons else ""),
         )
         for c in found
