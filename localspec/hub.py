@@ -133,7 +133,7 @@ def safe_join(folder: Path, name: str) -> Path:
 
 
 def check_hub_revision(repo_id: str | None, revision: str) -> str:
-    """``revision`` if it is a safe branch, tag or commit name; else :class:`DownloadError` (before any call)."""
+    """``revision`` if it is a safe branch, tag or commit name, else :class:`DownloadError`."""
     problem = revision_problem(revision)
     if problem:
         raise DownloadError(
@@ -604,6 +604,6 @@ def is_cached(preset: Preset) -> bool:
             continue
         try:
             resolve_cached(ref)
-        except OfflineError:
+        except DownloadError:  # OfflineError, or a cache entry with a name safe_join refuses
             return False
     return True

@@ -142,7 +142,7 @@ def revision_problem(revision: object) -> str | None:
 
 
 def check_revision(revision: object, *, where: str) -> str:
-    """``revision`` if it is safe (see :func:`revision_problem`); else :class:`PresetError` naming ``where``."""
+    """``revision`` if it is safe (see :func:`revision_problem`), else a :class:`PresetError` at ``where``."""
     problem = revision_problem(revision)
     if problem:
         raise PresetError(
@@ -180,6 +180,11 @@ def _expect(table: dict, key: str, types: type | tuple, where: str, default: Any
             raise PresetError(f"{where}: missing key '{key}'", hint=f"add `{key} = ...` to that preset")
         return default
     value = table[key]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        raise PresetError(
+            f"{where}: key '{key}' holds a {len(str(abs(value)))}-digit number, out of any sensible range",
+            hint="fix the value in the preset file",
+        )
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
         names = " or ".join(t.__name__ for t in _as_tuple(types))
         raise PresetError(
@@ -323,8 +328,7 @@ def parse_preset(table: dict, *, where: str, source: str, base_dir: Path | None 
     n_ctx = _expect(table, "n_ctx", int, where, constants.DEFAULT_N_CTX)
     if not 64 <= n_ctx <= MAX_N_CTX:
         raise PresetError(
-            f"{where}.n_ctx: {n_ctx if n_ctx < 10**12 else 'a ' + str(len(str(n_ctx))) + '-digit number'} "
-            f"is out of range (64 to {MAX_N_CTX})",
+            f"{where}.n_ctx: {n_ctx} is out of range (64 to {MAX_N_CTX})",
             hint="use at least 512 (4096 is usual)",
         )
     return Preset(

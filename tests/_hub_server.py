@@ -201,7 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     fake: FakeHub
 
-    def log_message(self, format, *args):  # noqa: A002 - quiet
+    def log_message(self, format, *args):
         pass
 
     # ------------------------------------------------------------------------------------ helpers
@@ -273,13 +273,13 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     # ------------------------------------------------------------------------------------ routing
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._route()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._route()
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._route()
 
     def _route(self) -> None:

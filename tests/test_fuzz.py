@@ -25,7 +25,7 @@ from localspec.presets import Preset, parse_preset, parse_text
 
 PER_INPUT_S = 2.0
 FUZZ = settings(
-    max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 
 
@@ -154,8 +154,13 @@ _one_bad_value = st.tuples(st.sampled_from(sorted(_BASE)), _edges | _edges | _va
 )
 
 
+_one_bad_draft_value = st.tuples(
+    st.sampled_from(sorted(_BASE["draft"]) + ["n_min", "adaptive"]), _edges | _values
+).map(lambda kv: {**_BASE, "draft": {**_BASE["draft"], kv[0]: kv[1]}})
+
+
 @FUZZ
-@given(table=_tables | _one_bad_value)
+@given(table=_tables | _one_bad_value | _one_bad_draft_value)
 def test_preset_tables(table):
     start = time.perf_counter()
     try:

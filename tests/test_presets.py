@@ -147,7 +147,7 @@ GOOD = '[[preset]]\nname = "good"\ntarget = { path = "/t.gguf" }\n'
         (GOOD.replace("good", "inf") + "download_size = inf\n", "download_size: inf is not a size"),
         (GOOD.replace("good", "nan") + "ram = nan\n", "ram: nan is not a size"),
         (GOOD.replace("good", "big") + "download_size = " + "9" * 300 + "\n", "is not a size from 0 to 1 PB"),
-        (GOOD.replace("good", "ctx") + "n_ctx = " + "9" * 300 + "\n", "a 300-digit number is out of range"),
+        (GOOD.replace("good", "ctx") + "n_ctx = " + "9" * 300 + "\n", "key 'n_ctx' holds a 300-digit number"),
         (GOOD.replace("good", "latin").encode("utf-8") + b'description = "caf\xe9"\n', "not UTF-8 text"),
         ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
         (
