@@ -212,14 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers: dict[str, str] | None = None,
         content_type: str = "application/json",
     ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        # logged before the answer goes out: a client that has its answer finds it in the log
         self.fake.record(
             LogEntry(
                 self.command,
@@ -229,6 +222,14 @@ class _Handler(BaseHTTPRequestHandler):
                 authorization=self.headers.get("Authorization"),
             )
         )
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _json(self, status: int, obj, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), headers)
@@ -359,12 +360,6 @@ class _Handler(BaseHTTPRequestHandler):
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         length = end - start + 1
-        self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(length))
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.end_headers()
         log = LogEntry(
             self.command,
             self.path,
@@ -373,12 +368,22 @@ class _Handler(BaseHTTPRequestHandler):
             end if rng else None,
             authorization=self.headers.get("Authorization"),
         )
+        self.fake.record(log)  # before the answer; bytes_sent grows as the body goes out
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(length))
+        for k, v in headers.items():
+            self.send_header(k, v)
         if self.command == "HEAD":
-            self.fake.record(log)
+            self.end_headers()
             return
+        # the body's byte count is known only as it goes: count it first, so a client that has read
+        # the whole body finds the full count in the log
         cut = None
         if key in self.fake.drop_after and self.command == "GET":
             cut = self.fake.drop_after.pop(key)
+        log.bytes_sent = length if cut is None else min(length, cut)
+        self.end_headers()
         flip = size // 2 if key in self.fake.corrupt else -1  # the byte served wrong
         sent = 0
         with open(entry.local, "rb") as fh:
@@ -395,8 +400,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk)
                 sent += len(chunk)
                 remaining -= len(chunk)
-        log.bytes_sent = sent
-        self.fake.record(log)
+        log.bytes_sent = sent  # what really went out (less if the client hung up)
         if cut is not None and sent < length:
             self.wfile.flush()
             self.close_connection = True
