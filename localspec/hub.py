@@ -40,7 +40,7 @@ from localspec.errors import (
     OfflineError,
 )
 from localspec.pairing import check_pair
-from localspec.presets import REPO_ID_RE, ModelRef, Preset, get_preset, revision_problem
+from localspec.presets import REPO_ID_RE, HubRef, ModelRef, Preset, get_preset, revision_problem
 from localspec.units import format_bytes
 
 Progress = Callable[[str, int, int], None]
@@ -263,7 +263,7 @@ def _is_network_error(exc: Exception) -> bool:
 
 def _hub_parts(ref: ModelRef) -> tuple[str, str, str]:
     """``(repo_id, filename pattern, revision)`` of a Hub reference, the revision checked."""
-    if ref.kind != "hub" or not ref.repo_id or not ref.filename:
+    if not isinstance(ref, HubRef):
         raise DownloadError(f"{ref.describe()} is not a Hub file reference", hint="give a repo and a file")
     return ref.repo_id, ref.filename, check_hub_revision(ref.repo_id, ref.revision)
 
@@ -281,7 +281,7 @@ def resolve_remote(ref: ModelRef) -> ResolvedRef:
         names = select_files(list(sizes), pattern)
     except LookupError as exc:
         raise DownloadError(
-            f"{ref.repo_id}@{ref.revision}: no single model matches '{ref.filename}' ({exc}); "
+            f"{repo_id}@{revision}: no single model matches '{pattern}' ({exc}); "
             + gguf_listing(sizes),
             hint="fix the `file` pattern in the preset (patterns are case-insensitive globs)",
         ) from None
@@ -336,7 +336,7 @@ def resolve_cached(ref: ModelRef) -> list[Path]:
         chosen = select_files(names, pattern)
     except LookupError:
         raise OfflineError(
-            f"HF_HUB_OFFLINE is set and {ref.repo_id}@{ref.revision}/{ref.filename} is not in the cache "
+            f"HF_HUB_OFFLINE is set and {repo_id}@{revision}/{pattern} is not in the cache "
             f"({constants.hf_hub_cache()})",
             hint="unset HF_HUB_OFFLINE and run `localspec download PRESET` with network access, "
             "or copy a Hugging Face cache that holds the files",

@@ -14,7 +14,7 @@ import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from localspec import constants
 from localspec.errors import PresetError, SettingsError
@@ -48,38 +48,65 @@ _UNITS = {
 
 
 @dataclass(frozen=True)
-class ModelRef:
-    """Where a model comes from: a Hub file (``repo_id`` + ``filename`` glob), an embedded file or a path."""
+class HubRef:
+    """A file (or glob) in a Hub repository at a revision."""
 
-    repo_id: str | None = None
-    filename: str | None = None
+    repo_id: str
+    filename: str  # a name or a case-insensitive glob
     revision: str = "main"
-    path: Path | None = None
-    kind: str = "hub"  # "hub" | "embedded" | "path"
+    kind: Literal["hub"] = "hub"
+    path: None = None  # never a local path (so ``ref.path`` reads on either kind of ref)
 
     @property
     def is_local(self) -> bool:
-        return self.kind in ("embedded", "path")
+        return False
 
     @property
     def is_pattern(self) -> bool:
-        return self.kind == "hub" and any(c in (self.filename or "") for c in "*?[")
+        return any(c in self.filename for c in "*?[")
 
     def describe(self) -> str:
-        if self.kind == "hub":
-            rev = "" if self.revision == "main" else f"@{self.revision}"
-            return f"{self.repo_id}{rev}/{self.filename}"
-        return f"{self.kind}:{self.path.name if self.kind == 'embedded' and self.path else self.path}"
+        rev = "" if self.revision == "main" else f"@{self.revision}"
+        return f"{self.repo_id}{rev}/{self.filename}"
 
     def to_toml_dict(self) -> dict[str, Any]:
-        if self.kind == "hub":
-            out: dict[str, Any] = {"repo": self.repo_id, "file": self.filename}
-            if self.revision != "main":
-                out["revision"] = self.revision
-            return out
+        out: dict[str, Any] = {"repo": self.repo_id, "file": self.filename}
+        if self.revision != "main":
+            out["revision"] = self.revision
+        return out
+
+
+@dataclass(frozen=True)
+class LocalRef:
+    """A file on this machine: shipped inside localspec (``embedded``) or named by a ``path``."""
+
+    path: Path
+    kind: Literal["embedded", "path"] = "path"
+    repo_id: None = None  # never a Hub repository (so ``ref.repo_id`` reads on either kind of ref)
+
+    @property
+    def filename(self) -> str:
+        return self.path.name
+
+    @property
+    def is_local(self) -> bool:
+        return True
+
+    @property
+    def is_pattern(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.path.name if self.kind == 'embedded' else self.path}"
+
+    def to_toml_dict(self) -> dict[str, Any]:
         if self.kind == "embedded":
-            return {"embedded": self.path.name if self.path else ""}
+            return {"embedded": self.path.name}
         return {"path": str(self.path)}
+
+
+#: Where a model comes from: ``isinstance(ref, HubRef)`` (or ``ref.kind == "hub"``) tells which.
+ModelRef = HubRef | LocalRef
 
 
 @dataclass(frozen=True)
@@ -231,14 +258,19 @@ def parse_model_ref(value: Any, where: str, *, base_dir: Path | None = None) -> 
         revision = check_revision(
             _expect(value, "revision", str, where, default="main"), where=f"{where}.revision"
         )
-        return ModelRef(repo_id=repo, filename=filename, revision=revision, kind="hub")
+        return HubRef(repo_id=repo, filename=filename, revision=revision)
     if kinds[0] == "embedded":
         name = _expect(value, "embedded", str, where, required=True)
-        return ModelRef(filename=name, path=constants.EMBEDDED_DIR / name, kind="embedded")
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise PresetError(
+                f"{where}.embedded: {name!r} is not the name of a file shipped with localspec",
+                hint='e.g. embedded = "tiny-target.gguf"',
+            )
+        return LocalRef(path=constants.EMBEDDED_DIR / name, kind="embedded")
     raw = Path(_expect(value, "path", str, where, required=True)).expanduser()
     if not raw.is_absolute() and base_dir is not None:
         raw = base_dir / raw
-    return ModelRef(filename=raw.name, path=raw, kind="path")
+    return LocalRef(path=raw, kind="path")
 
 
 _PRESET_KEYS = {

@@ -15,7 +15,7 @@ from localspec.errors import (
     IncompatiblePairError,
     OfflineError,
 )
-from localspec.presets import save_user_preset
+from localspec.presets import HubRef, save_user_preset
 from localspec.units import format_bytes
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -230,7 +230,7 @@ def test_sharded_gguf_is_fetched_whole(fake_hub, ggufs):
         "m-q8_0.gguf": b"GGUF-not-this-one",
     }
     fake_hub.add_repo("org/split-GGUF", shards)
-    resolved = hub.resolve_remote(hub.ModelRef(repo_id="org/split-GGUF", filename="m-q4_k_m*.gguf"))
+    resolved = hub.resolve_remote(HubRef(repo_id="org/split-GGUF", filename="m-q4_k_m*.gguf"))
     assert [f.filename for f in resolved.files] == sorted(n for n in shards if "q4_k_m" in n)
     first = hub._fetch_resolved(resolved, "target", None)
     assert first.name == "m-q4_k_m-00001-of-00003.gguf"
@@ -400,13 +400,13 @@ def test_a_hostile_listing_cannot_point_outside_the_cache(fake_hub, ggufs, tmp_p
     outside.write_bytes(ggufs["target"].read_bytes())  # a local file a hostile name could resolve to
     fake_hub.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
     fake_hub.extra_siblings["org/t-GGUF"] = [{"rfilename": name, "size": 10}]
-    ref = hub.ModelRef(repo_id="org/t-GGUF", filename="*evil.gguf")
+    ref = HubRef(repo_id="org/t-GGUF", filename="*evil.gguf")
     with pytest.raises(DownloadError, match="refusing to use it under") as info:
         hub.resolve_remote(ref)
     assert repr(name) in str(info.value) and "HF_ENDPOINT" in info.value.hint
     # the good file of the same listing still resolves
     assert [
-        f.filename for f in hub.resolve_remote(hub.ModelRef(repo_id="org/t-GGUF", filename="t-*.gguf")).files
+        f.filename for f in hub.resolve_remote(HubRef(repo_id="org/t-GGUF", filename="t-*.gguf")).files
     ] == ["t-Q4_K_M.gguf"]
 
 
@@ -420,7 +420,7 @@ def test_safe_join_is_the_one_rule(tmp_path):
 def test_a_bad_revision_is_refused_before_any_request(fake_hub, ggufs, tmp_path):
     fake_hub.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
     fake_hub.log.clear()
-    bad = hub.ModelRef(repo_id="org/t-GGUF", filename="t-Q4_K_M.gguf", revision="../../../../escaped")
+    bad = HubRef(repo_id="org/t-GGUF", filename="t-Q4_K_M.gguf", revision="../../../../escaped")
     for call in (
         lambda: hub.resolve_remote(bad),
         lambda: hub.resolve_cached(bad),
