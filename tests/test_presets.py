@@ -88,6 +88,10 @@ def test_unknown_name_suggests_close_matches():
         ('[[preset]]\nname = "x"\ntarget = { path = "m.gguf" }\ncolour = 1\n', "unknown key(s) colour"),
         ('[[preset]]\nname = "Bad Name"\ntarget = { path = "m.gguf" }\n', "name 'Bad Name'"),
         ("[[preset]\n", "not valid TOML"),
+        (
+            '[[preset]]\nname = "x"\ntarget = { embedded = "../../../etc/x.gguf" }\n',
+            "is not the name of a file shipped with localspec",
+        ),
     ],
 )
 def test_validation_names_the_file_and_the_key(tmp_path, body, message):
