@@ -281,8 +281,7 @@ def resolve_remote(ref: ModelRef) -> ResolvedRef:
         names = select_files(list(sizes), pattern)
     except LookupError as exc:
         raise DownloadError(
-            f"{repo_id}@{revision}: no single model matches '{pattern}' ({exc}); "
-            + gguf_listing(sizes),
+            f"{repo_id}@{revision}: no single model matches '{pattern}' ({exc}); " + gguf_listing(sizes),
             hint="fix the `file` pattern in the preset (patterns are case-insensitive globs)",
         ) from None
     files = []
