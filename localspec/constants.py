@@ -1,7 +1,36 @@
 """The one place that reads environment variables and knows default paths.
 
-Functions, not module-level values, so tests can set variables (``HF_HOME``,
-``LOCALSPEC_HOME``...) with monkeypatch and see them take effect.
+Functions, not module-level values, so tests can set variables (``HF_HOME``, ``LOCALSPEC_HOME``...) with
+monkeypatch and see them take effect. Every variable localspec honours:
+
+==========================  ==========================================================================
+Variable                    Effect (accessor)
+==========================  ==========================================================================
+``LOCALSPEC_HOME``          cache folder: scan cache, fingerprints, peer build (:func:`localspec_home`);
+                            default ``$XDG_CACHE_HOME/localspec`` (``~/.cache/localspec``)
+``LOCALSPEC_CONFIG``        config folder, user presets in ``presets/`` (:func:`config_dir`); default
+                            ``$XDG_CONFIG_HOME/localspec`` (``~/.config/localspec``)
+``LOCALSPEC_MODELS``        extra model folders for ``scan``/``pair``, separated by ``os.pathsep``
+                            (``:`` on Linux and macOS, ``;`` on Windows) (:func:`extra_model_dirs`)
+``LOCALSPEC_PEER_DIR``      where ``bench --peer`` builds llama.cpp's server (:func:`peer_dir`)
+``LOCALSPEC_VERBOSE``       any non-empty value: llama.cpp's own log is shown (:func:`verbose`)
+``XDG_CACHE_HOME``          base of the default cache folders (localspec's and Hugging Face's)
+``XDG_CONFIG_HOME``         base of the default config folder
+``HF_HOME``                 Hugging Face home, default ``$XDG_CACHE_HOME/huggingface`` (:func:`hf_home`)
+``HF_HUB_CACHE``            the Hub download cache, default ``$HF_HOME/hub`` (:func:`hf_hub_cache`);
+``HUGGINGFACE_HUB_CACHE``   the older name of ``HF_HUB_CACHE``, used when that is unset
+``HF_ENDPOINT``             the Hub to talk to, e.g. a mirror (:func:`hf_endpoint`)
+``HF_TOKEN``                access token for gated or private repositories (:func:`hf_token`);
+``HUGGING_FACE_HUB_TOKEN``  the older name of ``HF_TOKEN``; with neither, huggingface_hub's saved login
+``HF_HUB_OFFLINE``          ``1``/``true``/``yes``/``on``: no network, files from the cache only
+                            (:func:`hf_offline`)
+``OLLAMA_MODELS``           Ollama's model folder, scanned first (:func:`ollama_dirs`)
+``CMAKE_ARGS``              extra CMake flags for the ``bench --peer`` build (:func:`cmake_args`)
+==========================  ==========================================================================
+
+Not read by localspec but by the libraries it drives: ``HF_HUB_DISABLE_XET`` is forced on for
+localspec's downloads (see :mod:`localspec.hub`); ``HF_HUB_*`` timeouts and proxies (``HTTPS_PROXY``)
+act through huggingface_hub as documented there.
 """
 
 from __future__ import annotations
@@ -121,6 +150,16 @@ def hf_endpoint() -> str:
 def hf_token() -> str | None:
     """``HF_TOKEN`` (or the older ``HUGGING_FACE_HUB_TOKEN``); None lets huggingface_hub use a saved login."""
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+def verbose() -> bool:
+    """``LOCALSPEC_VERBOSE`` set to anything non-empty: show llama.cpp's own log (runtime.py)."""
+    return bool(os.environ.get("LOCALSPEC_VERBOSE"))
+
+
+def cmake_args() -> str:
+    """``CMAKE_ARGS``: extra CMake flags (the same GPU flags as the llama-cpp-python wheel build)."""
+    return os.environ.get("CMAKE_ARGS", "")
 
 
 def peer_dir() -> Path:

@@ -17,6 +17,7 @@ byte offset, never ``MemoryError``, a hang or a crash.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,10 +44,14 @@ REMOTE_CHUNK = 1 << 20  # bytes per read from a remote (range-request) file
 MAX_STRING = 64 << 20  # one string value (chat templates, tokenizer json: a few MB at most)
 MAX_KEY = 1 << 16
 MAX_ARRAY = 1 << 23  # elements in one array (vocabularies are < 1M tokens)
-MAX_KV = 1 << 20
-MAX_TENSORS = 1 << 20
+MAX_KV = 1 << 16  # real files hold 20-60 keys
+MAX_TENSORS = 1 << 17  # the largest real models hold a few thousand tensor infos
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_DEPTH = 3  # arrays of arrays of arrays
+# Totals over the whole header, so many small arrays cannot add up to what one big one may not: every
+# decoded array element, key and tensor info counts once. A 262K-token vocabulary with scores and types
+# plus 500K merges is about 1.3M items; each item costs tens of bytes of Python objects.
+MAX_HEADER_ITEMS = 1 << 22
 
 _SCALAR = {
     GGUFValueType.UINT8: ("B", np.uint8),
@@ -157,22 +162,43 @@ class GGUFMetadata:
         return sum(t.n_elements for t in self.tensors)
 
 
-def read_metadata(
-    path: str | os.PathLike[str], *, tensors: bool = True, merges: bool = True
-) -> GGUFMetadata:
+def read_metadata(path: str | os.PathLike[str], *, tensors: bool = True, merges: bool = True) -> GGUFMetadata:
     """Read the header of a local GGUF file. Raises ``GGUFError`` for anything that is not a sound GGUF."""
     name = os.fspath(path)
+    with open_regular(name) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        return read_metadata_fileobj(fh, name, size, tensors=tensors, merges=merges, chunk_size=LOCAL_CHUNK)
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open a local file for binary reading only if it is a regular file; else raise ``GGUFError``.
+
+    The open is non-blocking and the type is checked on the open descriptor (``fstat``), so a FIFO, a
+    socket or a device named like a model (an Ollama ``sha256-...`` blob) cannot hang the reader, and
+    a file swapped between a check and the open cannot slip through.
+    """
+    name = os.fspath(path)
     try:
-        fh = open(name, "rb")  # noqa: SIM115 - closed below
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except IsADirectoryError as exc:
         raise GGUFError(name, "is a folder, not a GGUF file") from exc
     except OSError as exc:
         raise GGUFError(
             name, f"cannot be opened ({exc.strerror or exc})", hint="check the path and its permissions"
         ) from exc
-    with fh:
-        size = os.fstat(fh.fileno()).st_size
-        return read_metadata_fileobj(fh, name, size, tensors=tensors, merges=merges, chunk_size=LOCAL_CHUNK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise GGUFError(name, "is a folder, not a GGUF file")
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "not a regular file"
+            raise GGUFError(name, f"is {kind}, not a GGUF file", hint="give the path of a .gguf model file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_metadata_fileobj(
@@ -198,9 +224,9 @@ def read_metadata_fileobj(
 def is_gguf_file(path: str | os.PathLike[str]) -> bool:
     """True when the file starts with the GGUF magic (used to find Ollama blobs without an extension)."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             return fh.read(4) == b"GGUF"
-    except OSError:
+    except (OSError, GGUFError):
         return False
 
 
@@ -225,6 +251,7 @@ class _Parser:
         self.base = 0  # file offset of buf[0]
         self.pos = 0  # absolute file offset of the next byte to parse
         self.bo = "<"
+        self.items = 0  # keys, decoded array elements and tensor infos so far (see MAX_HEADER_ITEMS)
 
     # -- low level -------------------------------------------------------------------------------
     def err(self, message: str, offset: int | None = None) -> GGUFError:
@@ -271,6 +298,16 @@ class _Parser:
     def u64(self, what: str) -> int:
         return self.unpack("Q", 8, what)[0]
 
+    def count(self, n: int, what: str, at: int) -> None:
+        """Add ``n`` items to the header's total; refuse a header that holds more than MAX_HEADER_ITEMS."""
+        self.items += n
+        if self.items > MAX_HEADER_ITEMS:
+            raise self.err(
+                f"the header holds more than {MAX_HEADER_ITEMS} keys, array items and tensor infos in "
+                f"total (reached at {what})",
+                at,
+            )
+
     def string(self, what: str, cap: int = MAX_STRING) -> str:
         start = self.pos
         n = self.u64(f"length of {what}")
@@ -313,6 +350,7 @@ class _Parser:
         for _ in range(n_kv):
             key_at = self.pos
             key = self.string("key", MAX_KEY)
+            self.count(1, f"key {key!r}", key_at)
             vtype = self.value_type(f"type of {key!r}")
             if key in kv:
                 raise self.err(f"duplicate key {key!r}", key_at)
@@ -357,7 +395,7 @@ class _Parser:
         val = self.unpack(fmt, size, f"value of {key!r}")[0]
         return val
 
-    def array(self, key: str, depth: int) -> list:
+    def array(self, key: str, depth: int) -> list | SkippedArray:
         at = self.pos
         if depth > MAX_DEPTH:
             raise self.err(f"arrays nested more than {MAX_DEPTH} deep in {key!r}", at)
@@ -370,11 +408,13 @@ class _Parser:
             raise self.err(
                 f"array {key!r} claims {n} items, more than the {self.left()} bytes left can hold", at
             )
+        if not (itype == GGUFValueType.STRING and key in self.skip):
+            self.count(n, f"array {key!r}", at)
         if itype == GGUFValueType.STRING:
             return self.string_array(key, n)
         if itype == GGUFValueType.ARRAY:
             return [self.array(key, depth + 1) for _ in range(n)]
-        dt = np.dtype(_SCALAR[itype][1]).newbyteorder(self.bo)
+        dt = np.dtype(_SCALAR[itype][1]).newbyteorder("<" if self.bo == "<" else ">")
         nbytes = n * dt.itemsize
         rel = self.need(nbytes, f"array {key!r}")
         self.pos += nbytes
@@ -412,6 +452,7 @@ class _Parser:
 
     def tensor_infos(self, meta: GGUFMetadata) -> None:
         infos: list[TensorInfo] = []
+        self.count(meta.n_tensors, "the tensor infos", 8)
         for i in range(meta.n_tensors):
             at = self.pos
             name = self.string(f"name of tensor {i}", MAX_KEY)

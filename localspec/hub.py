@@ -1,21 +1,34 @@
-"""Model pairs from the Hugging Face Hub: download a preset, check the pair, read remote headers.
+"""Model pairs from the Hugging Face Hub: resolve a preset's files, fetch them into the cache, check the pair.
 
-Everything goes through ``huggingface_hub`` (``HfApi``, ``hf_hub_download``, ``HfFileSystem``) into the
-standard cache (``HF_HUB_CACHE`` / ``HF_HOME``), so other tools see the files. Endpoint, token, cache and
-offline mode are read from the environment at call time through :mod:`localspec.constants`, never from
-``huggingface_hub``'s import-time constants. huggingface_hub downloads into a uniquely named
-``.incomplete`` file, resumes with an HTTP ``Range`` request when the connection drops, and renames the
-file into the cache only when complete (it deletes the partial file if the download fails for good).
+Everything goes through ``huggingface_hub`` (``HfApi``, ``hf_hub_download``) into the standard cache
+(``HF_HUB_CACHE`` / ``HF_HOME``), so other tools see the files. Endpoint, token, cache and offline mode
+are read from the environment at call time through :mod:`localspec.constants`, never from
+``huggingface_hub``'s import-time constants. The Hub-wide draft search lives in :mod:`localspec.hub_search`.
+
+What a download guarantees (the installed huggingface_hub, read in its ``file_download.py``): the file is
+written to a uniquely named ``<etag>.<random>.incomplete`` file, a dropped connection is resumed with an
+HTTP ``Range`` request *within the same process*, and the file is renamed into the cache only when complete.
+A killed process leaves its ``.incomplete`` file behind and the next run starts that file again from byte
+0; :func:`clean_stale_incomplete` removes such leftovers. Xet storage is switched off for localspec's
+downloads (:func:`_plain_http`): files come over plain HTTPS, the path the tests exercise.
+
+Nothing the Hub sends is trusted: revisions are checked before any call (they become paths under
+``refs/``), remote file names go through :func:`safe_join` before they touch a local path, and every
+downloaded file is hashed and compared with the SHA-256 (LFS) or git SHA-1 the Hub reported; a file that
+does not match is deleted, so the next run fetches it again.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from localspec import constants
 from localspec.errors import (
@@ -27,11 +40,14 @@ from localspec.errors import (
     OfflineError,
 )
 from localspec.pairing import check_pair
-from localspec.presets import ModelRef, Preset, get_preset
+from localspec.presets import REPO_ID_RE, HubRef, ModelRef, Preset, get_preset, revision_problem
+from localspec.units import format_bytes
 
 Progress = Callable[[str, int, int], None]
-_SHARD = re.compile(r"^(?P<base>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
+SHARD_RE = re.compile(r"^(?P<base>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$", re.IGNORECASE)
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+STALE_INCOMPLETE_S = 600  # a live download writes every second; a partial file untouched this long is dead
 
 
 @dataclass
@@ -51,6 +67,8 @@ class RemoteFile:
     filename: str
     revision: str
     size: int | None
+    sha256: str | None = None  # what the listing says for an LFS file
+    git_oid: str | None = None  # the git blob SHA-1 the listing gives (the content hash of a small file)
 
 
 @dataclass
@@ -77,16 +95,55 @@ def disk_free(path: Path) -> int:
     return shutil.disk_usage(Path.cwd()).free
 
 
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+def remote_name_problem(name: object) -> str | None:
+    """Why a file name from a remote listing may not be joined to a local folder, or None when it may.
+
+    Allowed: relative POSIX paths of plain parts. Refused: absolute paths, ``.``/``..`` parts, empty
+    parts, backslashes (a Windows separator), drive letters and control characters.
+    """
+    if not isinstance(name, str) or not name:
+        return "an empty or non-text name"
+    if len(name) > 1024:
+        return "a name longer than 1024 characters"
+    if "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "a backslash or a control character"
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+        return "an absolute path"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "an empty, '.' or '..' part"
+    return None
 
 
-def _api():
+def safe_join(folder: Path, name: str) -> Path:
+    """``folder / name`` for a name a remote server sent, refused unless it stays inside ``folder``.
+
+    The check is on the names (the cache's snapshot entries are symlinks into ``blobs/``, so resolving
+    links would leave the folder by design). Raises :class:`DownloadError` naming the file.
+    """
+    problem = remote_name_problem(name)
+    if problem is None:
+        joined = folder / PurePosixPath(name)
+        if os.path.normpath(joined).startswith(os.path.normpath(folder) + os.sep):
+            return joined
+        problem = "a path outside the folder"
+    raise DownloadError(
+        f"the server listed a file named {name!r}, which is {problem}: refusing to use it under {folder}",
+        hint="the repository listing is malformed or hostile; check HF_ENDPOINT and the repository id",
+    )
+
+
+def check_hub_revision(repo_id: str | None, revision: str) -> str:
+    """``revision`` if it is a safe branch, tag or commit name, else :class:`DownloadError`."""
+    problem = revision_problem(revision)
+    if problem:
+        raise DownloadError(
+            f"{repo_id}: {problem}",
+            hint='use a branch or tag name such as "main", or a 40-hex commit id, as the `revision`',
+        )
+    return revision
+
+
+def api_client():
     from huggingface_hub import HfApi
 
     return HfApi(endpoint=constants.hf_endpoint(), token=constants.hf_token(), library_name="localspec")
@@ -112,7 +169,7 @@ def select_files(names: list[str], pattern: str) -> list[str]:
         hits = [n for n in hits if "mmproj" not in n.lower()]
     groups: dict[str, list[str]] = {}
     for name in hits:
-        m = _SHARD.match(name)
+        m = SHARD_RE.match(name)
         key = f"{m['base'].lower()}-of-{m['n']}" if m else name
         groups.setdefault(key, []).append(name)
     if not groups:
@@ -120,7 +177,7 @@ def select_files(names: list[str], pattern: str) -> list[str]:
     if len(groups) > 1:
         raise LookupError("ambiguous: " + ", ".join(sorted(groups)))
     key, members = next(iter(groups.items()))
-    m = _SHARD.match(members[0])
+    m = SHARD_RE.match(members[0])
     if not m:
         return members
     base, n = m["base"], int(m["n"])
@@ -132,7 +189,7 @@ def select_files(names: list[str], pattern: str) -> list[str]:
     return [by_lower[w.lower()] for w in want]
 
 
-def _gguf_listing(names_sizes: dict[str, int | None], limit: int = 25) -> str:
+def gguf_listing(names_sizes: dict[str, int | None], limit: int = 25) -> str:
     ggufs = sorted(n for n in names_sizes if n.lower().endswith(".gguf"))
     shown = [f"{n} ({format_bytes(names_sizes[n])})" for n in ggufs[:limit]]
     more = f" ... and {len(ggufs) - limit} more" if len(ggufs) > limit else ""
@@ -145,7 +202,7 @@ def _gguf_listing(names_sizes: dict[str, int | None], limit: int = 25) -> str:
 # -------------------------------------------------------------------------------------- errors
 
 
-def _translate(exc: Exception, repo_id: str, filename: str | None = None) -> LocalspecError:
+def translate_error(exc: Exception, repo_id: str, filename: str | None = None) -> LocalspecError:
     """huggingface_hub / network errors -> localspec errors with a next step."""
     from huggingface_hub import errors as hf
 
@@ -192,75 +249,98 @@ def _translate(exc: Exception, repo_id: str, filename: str | None = None) -> Loc
 
 
 def _is_network_error(exc: Exception) -> bool:
+    import importlib
+
     try:
-        import httpx2 as httpx_mod  # huggingface_hub >= 2.x
+        httpx_mod = importlib.import_module("httpx2")  # huggingface_hub >= 2.x
     except ImportError:  # pragma: no cover
-        import httpx as httpx_mod
+        httpx_mod = importlib.import_module("httpx")
     return isinstance(exc, (httpx_mod.TransportError, ConnectionError, TimeoutError))
 
 
 # -------------------------------------------------------------------------------------- resolving
 
 
+def _hub_parts(ref: ModelRef) -> tuple[str, str, str]:
+    """``(repo_id, filename pattern, revision)`` of a Hub reference, the revision checked."""
+    if not isinstance(ref, HubRef):
+        raise DownloadError(f"{ref.describe()} is not a Hub file reference", hint="give a repo and a file")
+    return ref.repo_id, ref.filename, check_hub_revision(ref.repo_id, ref.revision)
+
+
 def resolve_remote(ref: ModelRef) -> ResolvedRef:
     """Ask the Hub which files a Hub reference stands for, with their sizes and the commit."""
+    repo_id, pattern, revision = _hub_parts(ref)
     try:
-        info = _api().model_info(ref.repo_id, revision=ref.revision, files_metadata=True)
+        info = api_client().model_info(repo_id, revision=revision, files_metadata=True)
     except Exception as exc:
-        raise _translate(exc, ref.repo_id) from exc
-    sizes = {s.rfilename: s.size for s in info.siblings or []}
+        raise translate_error(exc, repo_id) from exc
+    siblings = {s.rfilename: s for s in info.siblings or [] if isinstance(s.rfilename, str)}
+    sizes = {name: s.size for name, s in siblings.items()}
     try:
-        names = select_files(list(sizes), ref.filename)
+        names = select_files(list(sizes), pattern)
     except LookupError as exc:
         raise DownloadError(
-            f"{ref.repo_id}@{ref.revision}: no single model matches '{ref.filename}' ({exc}); "
-            + _gguf_listing(sizes),
+            f"{repo_id}@{revision}: no single model matches '{pattern}' ({exc}); " + gguf_listing(sizes),
             hint="fix the `file` pattern in the preset (patterns are case-insensitive globs)",
         ) from None
-    files = [RemoteFile(ref.repo_id, n, ref.revision, sizes.get(n)) for n in names]
-    return ResolvedRef(ref, files, info.sha)
+    files = []
+    for n in names:
+        safe_join(Path("snapshot"), n)  # refuse a hostile name before it is used anywhere
+        sib = siblings[n]
+        lfs_sha = getattr(sib.lfs, "sha256", None) if sib.lfs else None
+        files.append(RemoteFile(repo_id, n, revision, sib.size, lfs_sha, sib.blob_id))
+    commit = info.sha if isinstance(info.sha, str) and _COMMIT.match(info.sha) else None
+    return ResolvedRef(ref, files, commit)
 
 
-def _repo_cache_dir(repo_id: str) -> Path:
+def _repo_cache_dir(repo_id: str | None) -> Path:
+    if not isinstance(repo_id, str) or not REPO_ID_RE.match(repo_id):
+        raise DownloadError(f"{repo_id!r} is not a Hub repository id", hint='write it as "org/name"')
     return constants.hf_hub_cache() / ("models--" + repo_id.replace("/", "--"))
 
 
 def _cached_commit(repo_id: str, revision: str) -> str | None:
+    check_hub_revision(repo_id, revision)
     if _COMMIT.match(revision):
         return revision
     ref_file = _repo_cache_dir(repo_id) / "refs" / revision
     try:
-        return ref_file.read_text().strip() or None
+        commit = ref_file.read_text(encoding="ascii", errors="replace").strip()
     except OSError:
         return None
+    return commit if _COMMIT.match(commit) else None
 
 
 def cached_paths(resolved: ResolvedRef) -> list[Path | None]:
     """For each file, its path in the local cache snapshot, or None when it is not (fully) there."""
-    commit = resolved.commit or _cached_commit(resolved.ref.repo_id, resolved.ref.revision)
+    repo_id, _, revision = _hub_parts(resolved.ref)
+    commit = resolved.commit or _cached_commit(repo_id, revision)
     if commit is None:
         return [None] * len(resolved.files)
-    snap = _repo_cache_dir(resolved.ref.repo_id) / "snapshots" / commit
-    return [(snap / f.filename) if (snap / f.filename).exists() else None for f in resolved.files]
+    snap = _repo_cache_dir(repo_id) / "snapshots" / commit
+    paths = [safe_join(snap, f.filename) for f in resolved.files]
+    return [p if p.is_file() else None for p in paths]
 
 
 def resolve_cached(ref: ModelRef) -> list[Path]:
     """Resolve a Hub reference from the cache only (offline); raises OfflineError naming what is missing."""
-    commit = _cached_commit(ref.repo_id, ref.revision)
-    snap = _repo_cache_dir(ref.repo_id) / "snapshots" / (commit or "-")
+    repo_id, pattern, revision = _hub_parts(ref)
+    commit = _cached_commit(repo_id, revision)
+    snap = _repo_cache_dir(repo_id) / "snapshots" / (commit or "-")
     names = (
         [str(p.relative_to(snap)) for p in snap.rglob("*") if p.is_file()] if commit and snap.is_dir() else []
     )
     try:
-        chosen = select_files(names, ref.filename)
+        chosen = select_files(names, pattern)
     except LookupError:
         raise OfflineError(
-            f"HF_HUB_OFFLINE is set and {ref.repo_id}@{ref.revision}/{ref.filename} is not in the cache "
+            f"HF_HUB_OFFLINE is set and {repo_id}@{revision}/{pattern} is not in the cache "
             f"({constants.hf_hub_cache()})",
             hint="unset HF_HUB_OFFLINE and run `localspec download PRESET` with network access, "
             "or copy a Hugging Face cache that holds the files",
         ) from None
-    return [snap / n for n in chosen]
+    return [safe_join(snap, n) for n in chosen]
 
 
 # -------------------------------------------------------------------------------------- downloading
@@ -289,13 +369,32 @@ def _progress_bar_class(progress: Progress | None, stage: str, base: list[int], 
     return _Bar
 
 
+def _plain_http() -> None:
+    """Switch huggingface_hub's Xet transfer off (it reads this flag at each download).
+
+    Why: Xet downloads go through the compiled ``hf_xet`` client with its own protocol, which the local
+    test Hub cannot exercise; plain HTTPS (resumable within a process, checked here by hash) is the one
+    path localspec tests. The real Hub serves every Xet-stored file over plain HTTPS as well.
+    """
+    from huggingface_hub import constants as hf_constants
+
+    hf_constants.HF_HUB_DISABLE_XET = True
+
+
 def download_file(remote: RemoteFile, *, tqdm_class=None) -> Path:
-    """Fetch one file into the cache with ``hf_hub_download`` (resumes on dropped connections)."""
+    """Fetch one file into the cache with ``hf_hub_download``, then check its hash (see :func:`verify_file`).
+
+    Resumes a dropped connection within this call. ``KeyboardInterrupt`` is never caught: huggingface_hub
+    deletes its partial file and the interrupt reaches the caller (the CLI exits 130).
+    """
     from huggingface_hub import errors as hf
     from huggingface_hub import hf_hub_download
 
+    check_hub_revision(remote.repo_id, remote.revision)
+    safe_join(Path("snapshot"), remote.filename)
+    _plain_http()
     try:
-        return Path(
+        path = Path(
             hf_hub_download(
                 remote.repo_id,
                 remote.filename,
@@ -316,13 +415,105 @@ def download_file(remote: RemoteFile, *, tqdm_class=None) -> Path:
     except LocalspecError:
         raise
     except Exception as exc:
-        raise _translate(exc, remote.repo_id, remote.filename) from exc
+        raise translate_error(exc, remote.repo_id, remote.filename) from exc
+    snapshots = _repo_cache_dir(remote.repo_id) / "snapshots"
+    if not os.path.normpath(path).startswith(os.path.normpath(snapshots) + os.sep):
+        raise DownloadError(
+            f"{remote.repo_id}/{remote.filename}: huggingface_hub returned {path}, outside {snapshots}",
+            hint="check HF_HUB_CACHE; this should not happen",
+        )
+    verify_file(path, remote)
+    return path
+
+
+def _digest(path: Path, algo: str, prefix: bytes = b"") -> str:
+    h = hashlib.new(algo, prefix)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def expected_hashes(path: Path, remote: RemoteFile) -> tuple[str | None, str | None]:
+    """``(sha256, git_sha1)`` the Hub reported for a downloaded file: from the listing, else the blob name.
+
+    huggingface_hub names a blob after the file's ETag: the SHA-256 (``X-Linked-Etag``) for an LFS file,
+    the git blob SHA-1 for a small one.
+    """
+    blob = os.path.basename(os.path.realpath(path))
+    sha256 = remote.sha256 or (blob if _HEX64.match(blob) else None)
+    git_oid = remote.git_oid or (blob if _COMMIT.match(blob) else None)
+    return sha256, git_oid
+
+
+def verify_file(path: Path, remote: RemoteFile) -> None:
+    """Hash a downloaded file and compare with what the Hub reported; on a mismatch delete it and raise.
+
+    An LFS file (``sha256`` known) is checked against its SHA-256; any other against its git blob SHA-1
+    when the Hub gave one. A file that does not match (or whose check is interrupted) is removed, blob
+    and snapshot link, so the next run downloads it again.
+    """
+    sha256, git_oid = expected_hashes(path, remote)
+    try:
+        if sha256:
+            algo, want = "SHA-256", sha256
+            got = _digest(path, "sha256")
+        elif git_oid:
+            algo, want = "git SHA-1", git_oid
+            got = _digest(path, "sha1", f"blob {os.path.getsize(path)}\0".encode())
+        else:
+            return
+    except BaseException:
+        _remove_cached(path)
+        raise
+    if got != want.lower():
+        _remove_cached(path)
+        raise DownloadError(
+            f"{remote.repo_id}/{remote.filename}: the downloaded file is corrupt ({algo} {got[:16]}..., "
+            f"the Hub reported {want[:16]}...); it was deleted from the cache",
+            hint="run the command again to download it again; if it fails the same way, the server or a "
+            "proxy in between (HF_ENDPOINT) serves wrong bytes",
+        )
+
+
+def _remove_cached(path: Path) -> None:
+    """Delete a snapshot entry and the blob it points to (both stay inside the cache)."""
+    blob = Path(os.path.realpath(path))
+    for p in (blob, path):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def clean_stale_incomplete(repo_id: str, *, older_than_s: float = STALE_INCOMPLETE_S) -> list[Path]:
+    """Delete ``*.incomplete`` files a killed download left in the repository's ``blobs/`` folder.
+
+    Only files not written for ``older_than_s`` seconds go: a download running in another process keeps
+    its own file fresh. Returns what was removed.
+    """
+    blobs = _repo_cache_dir(repo_id) / "blobs"
+    removed: list[Path] = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(blobs))
+    except OSError:
+        return removed
+    for e in entries:
+        try:
+            if e.name.endswith(".incomplete") and e.is_file(follow_symlinks=False):
+                if now - e.stat(follow_symlinks=False).st_mtime > older_than_s:
+                    os.unlink(e.path)
+                    removed.append(Path(e.path))
+        except OSError:
+            continue
+    return removed
 
 
 def _listing_for_error(repo_id: str, revision: str) -> str:
     try:
-        files = _api().list_repo_tree(repo_id, revision=revision, recursive=True)
-        return _gguf_listing({f.path: getattr(f, "size", None) for f in files if hasattr(f, "size")})
+        files = api_client().list_repo_tree(repo_id, revision=revision, recursive=True)
+        return gguf_listing({f.path: getattr(f, "size", None) for f in files if hasattr(f, "size")})
     except Exception:  # the listing is a courtesy; the 404 itself is what matters
         return "the file list could not be read"
 
@@ -387,6 +578,7 @@ def ensure_preset(name: str, *, progress: Progress | None = None, check: bool = 
                 hint="free some space, or point HF_HUB_CACHE (or HF_HOME) to a disk with more room",
             )
         for stage, resolved in todo.items():
+            clean_stale_incomplete(resolved.files[0].repo_id)
             local[stage] = _fetch_resolved(resolved, stage, progress)
     assert local["target"] is not None
     pair = ResolvedPair(preset, local["target"], local["draft"])
@@ -400,173 +592,6 @@ def ensure_preset(name: str, *, progress: Progress | None = None, check: bool = 
     return pair
 
 
-def remote_metadata(repo_id: str, filename: str, revision: str | None = None):
-    """The GGUF header (key/value section only) of a file on the Hub, read through HTTP range requests."""
-    from huggingface_hub import HfFileSystem
-
-    from localspec import gguf_meta
-
-    fs = HfFileSystem(endpoint=constants.hf_endpoint(), token=constants.hf_token(), skip_instance_cache=True)
-    path = f"{repo_id}/{filename}"
-    try:
-        with fs.open(path, "rb", revision=revision, block_size=gguf_meta.REMOTE_CHUNK) as fh:
-            return gguf_meta.read_metadata_fileobj(fh, f"hf://{path}", fh.size, tensors=False)
-    except LocalspecError:
-        raise
-    except FileNotFoundError as exc:
-        raise DownloadError(
-            f"{path} does not exist on {constants.hf_endpoint()}",
-            hint="check the repository id and file name",
-        ) from exc
-    except Exception as exc:
-        raise _translate(exc, repo_id, filename) from exc
-
-
-def remote_fingerprint(repo_id: str, filename: str, revision: str | None = None):
-    """Vocabulary fingerprint of a GGUF on the Hub without downloading its weights."""
-    from localspec import vocab
-
-    return vocab.fingerprint(remote_metadata(repo_id, filename, revision))
-
-
-# -------------------------------------------------------------------------------------- finding drafts
-
-_PARAMS = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)\s*([bm])(?![a-z])", re.IGNORECASE)
-_QUANT_PREFERENCE = ("q4_k_m", "q8_0", "q4_0", "q4_k_s", "q5_k_m", "q6_k")
-_VERDICT_RANK = {"identical": 0, "compatible": 1, "compatible-with-mask": 2, "incompatible": 3}
-
-
-@dataclass
-class DraftCandidate:
-    """One draft found on the Hub for a target, with the verdict read from its remote header."""
-
-    repo_id: str
-    filename: str
-    download_bytes: int | None
-    params: float | None  # parameter count from the repository name (e.g. 0.5e9), None if unknown
-    verdict: str  # identical | compatible | compatible-with-mask | incompatible | error
-    reasons: list[str] = field(default_factory=list)
-    same_author: bool = False
-
-    def as_dict(self) -> dict:
-        return {
-            "repo_id": self.repo_id,
-            "filename": self.filename,
-            "download_bytes": self.download_bytes,
-            "params": self.params,
-            "verdict": self.verdict,
-            "reasons": self.reasons,
-            "same_author": self.same_author,
-        }
-
-
-def params_from_name(name: str) -> float | None:
-    """``Qwen2.5-Coder-0.5B-Instruct`` -> 5e8, ``SmolLM2-135M`` -> 1.35e8 (the last size-like token)."""
-    hits = _PARAMS.findall(name.rsplit("/", 1)[-1])
-    if not hits:
-        return None
-    value, unit = hits[-1]
-    return float(value) * (1e9 if unit.lower() == "b" else 1e6)
-
-
-def family_from_name(repo_id: str) -> str:
-    """``Qwen/Qwen2.5-Coder-7B-Instruct-GGUF`` -> ``Qwen2.5-Coder`` (the name before the size)."""
-    name = repo_id.rsplit("/", 1)[-1]
-    m = _PARAMS.search(name)
-    base = name[: m.start()] if m else re.sub(r"-?gguf$", "", name, flags=re.IGNORECASE)
-    return base.strip("-_. ") or name
-
-
-def pick_gguf(sizes: dict[str, int | None]) -> str | None:
-    """The file a draft would be fetched as: Q4_K_M first, then Q8_0, ...; else the smallest model file."""
-    ggufs = [n for n in sizes if n.lower().endswith(".gguf") and "mmproj" not in n.lower()]
-    ggufs = [n for n in ggufs if not (_SHARD.match(n) and not _SHARD.match(n)["i"].endswith("1"))]
-    for quant in _QUANT_PREFERENCE:
-        for n in sorted(ggufs):
-            if quant in n.lower():
-                return n
-    return min(ggufs, key=lambda n: sizes.get(n) or 0, default=None)
-
-
-def find_drafts(
-    repo_id: str, *, filename: str | None = None, max_candidates: int = 8
-) -> list[DraftCandidate]:
-    """Candidate drafts for a target repository: smaller GGUF models of the same author or family.
-
-    Each candidate's vocabulary is compared with the target's from their remote headers (range reads,
-    no weights downloaded). Best first: verdict, then same author, then smaller download.
-    """
-    from localspec import vocab
-
-    api = _api()
-    try:
-        info = api.model_info(repo_id, files_metadata=True)
-    except Exception as exc:
-        raise _translate(exc, repo_id) from exc
-    t_sizes = {s.rfilename: s.size for s in info.siblings or []}
-    t_file = filename or pick_gguf(t_sizes)
-    if t_file is None:
-        raise DownloadError(
-            f"{repo_id} holds no GGUF model; {_gguf_listing(t_sizes)}",
-            hint="give a repository with .gguf files (names usually end in -GGUF)",
-        )
-    t_fp = remote_fingerprint(repo_id, t_file)
-    t_params = params_from_name(repo_id) or params_from_name(t_file)
-    author, family = repo_id.split("/", 1)[0], family_from_name(repo_id)
-
-    seen: dict[str, object] = {}
-    try:
-        for kwargs in ({"search": family, "author": author}, {"search": family}):
-            for m in api.list_models(limit=50, **kwargs):
-                if m.id != repo_id and m.id not in seen:
-                    seen[m.id] = m
-    except Exception as exc:
-        raise _translate(exc, repo_id) from exc
-
-    def smaller(cand_id: str) -> bool:
-        p = params_from_name(cand_id)
-        return p is not None and t_params is not None and p < t_params
-
-    cands = [cid for cid in seen if "gguf" in cid.lower() and smaller(cid)]
-    cands.sort(key=lambda cid: (cid.split("/", 1)[0] != author, params_from_name(cid) or 0))
-    out: list[DraftCandidate] = []
-    for cid in cands[:max_candidates]:
-        try:
-            c_info = api.model_info(cid, files_metadata=True)
-            sizes = {s.rfilename: s.size for s in c_info.siblings or []}
-            c_file = pick_gguf(sizes)
-            if c_file is None:
-                continue
-            group = select_files(list(sizes), c_file)
-            size = sum(sizes.get(n) or 0 for n in group)
-            verdict = vocab.compare(t_fp, remote_fingerprint(cid, c_file))
-            out.append(
-                DraftCandidate(
-                    cid,
-                    c_file,
-                    size,
-                    params_from_name(cid),
-                    verdict.verdict,
-                    list(verdict.reasons),
-                    cid.split("/", 1)[0] == author,
-                )
-            )
-        except (LocalspecError, LookupError) as exc:
-            out.append(
-                DraftCandidate(
-                    cid,
-                    "",
-                    None,
-                    params_from_name(cid),
-                    "error",
-                    [str(exc).splitlines()[0]],
-                    cid.split("/", 1)[0] == author,
-                )
-            )
-    out.sort(key=lambda c: (_VERDICT_RANK.get(c.verdict, 9), not c.same_author, c.download_bytes or 0))
-    return out
-
-
 def is_cached(preset: Preset) -> bool:
     """Whether every file of the preset is on this machine (cache lookups only, no network)."""
     for ref in (preset.target, preset.draft_model):
@@ -578,6 +603,6 @@ def is_cached(preset: Preset) -> bool:
             continue
         try:
             resolve_cached(ref)
-        except OfflineError:
+        except DownloadError:  # OfflineError, or a cache entry with a name safe_join refuses
             return False
     return True

@@ -14,19 +14,24 @@ import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from localspec import constants
-from localspec.errors import PresetError
+from localspec.errors import PresetError, SettingsError
+from localspec.settings import DraftSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-STRATEGIES = ("model", "ngram", "model+ngram", "none")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._+-]*$")
-_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REV_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*$")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+MAX_REVISION = 255
+MAX_SIZE = 10**15  # 1 PB: far above any model, far below what overflows a float or an int64
+MAX_N_CTX = 1 << 24  # 16M tokens: above every model's training context
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
@@ -43,49 +48,65 @@ _UNITS = {
 
 
 @dataclass(frozen=True)
-class ModelRef:
-    """Where a model comes from: a Hub file (``repo_id`` + ``filename`` glob), an embedded file or a path."""
+class HubRef:
+    """A file (or glob) in a Hub repository at a revision."""
 
-    repo_id: str | None = None
-    filename: str | None = None
+    repo_id: str
+    filename: str  # a name or a case-insensitive glob
     revision: str = "main"
-    path: Path | None = None
-    kind: str = "hub"  # "hub" | "embedded" | "path"
+    kind: Literal["hub"] = "hub"
+    path: None = None  # never a local path (so ``ref.path`` reads on either kind of ref)
 
     @property
     def is_local(self) -> bool:
-        return self.kind in ("embedded", "path")
+        return False
 
     @property
     def is_pattern(self) -> bool:
-        return self.kind == "hub" and any(c in (self.filename or "") for c in "*?[")
+        return any(c in self.filename for c in "*?[")
 
     def describe(self) -> str:
-        if self.kind == "hub":
-            rev = "" if self.revision == "main" else f"@{self.revision}"
-            return f"{self.repo_id}{rev}/{self.filename}"
-        return f"{self.kind}:{self.path.name if self.kind == 'embedded' and self.path else self.path}"
+        rev = "" if self.revision == "main" else f"@{self.revision}"
+        return f"{self.repo_id}{rev}/{self.filename}"
 
     def to_toml_dict(self) -> dict[str, Any]:
-        if self.kind == "hub":
-            out: dict[str, Any] = {"repo": self.repo_id, "file": self.filename}
-            if self.revision != "main":
-                out["revision"] = self.revision
-            return out
-        if self.kind == "embedded":
-            return {"embedded": self.path.name if self.path else ""}
-        return {"path": str(self.path)}
+        out: dict[str, Any] = {"repo": self.repo_id, "file": self.filename}
+        if self.revision != "main":
+            out["revision"] = self.revision
+        return out
 
 
 @dataclass(frozen=True)
-class DraftSettings:
-    """How the drafter runs: proposal length bounds, confidence cut-off, adaptivity, strategy."""
+class LocalRef:
+    """A file on this machine: shipped inside localspec (``embedded``) or named by a ``path``."""
 
-    n_max: int = 4
-    n_min: int = 0
-    p_min: float = 0.75
-    adaptive: bool = False
-    strategy: str = "model"
+    path: Path
+    kind: Literal["embedded", "path"] = "path"
+    repo_id: None = None  # never a Hub repository (so ``ref.repo_id`` reads on either kind of ref)
+
+    @property
+    def filename(self) -> str:
+        return self.path.name
+
+    @property
+    def is_local(self) -> bool:
+        return True
+
+    @property
+    def is_pattern(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.path.name if self.kind == 'embedded' else self.path}"
+
+    def to_toml_dict(self) -> dict[str, Any]:
+        if self.kind == "embedded":
+            return {"embedded": self.path.name}
+        return {"path": str(self.path)}
+
+
+#: Where a model comes from: ``isinstance(ref, HubRef)`` (or ``ref.kind == "hub"``) tells which.
+ModelRef = HubRef | LocalRef
 
 
 @dataclass(frozen=True)
@@ -121,21 +142,62 @@ class Preset:
 # ---------------------------------------------------------------------------------------------- parsing
 
 
+def revision_problem(revision: object) -> str | None:
+    """Why ``revision`` is not a safe Hub revision (a branch, a tag or a 40-hex commit), or None if it is.
+
+    huggingface_hub writes ``refs/<revision>`` inside the cache, so a revision is a path as well as a
+    name: ``..`` parts, a leading or doubled ``/``, backslashes and control characters are refused
+    (``refs/pr/1``-style names with single slashes between plain parts are allowed).
+    """
+    if not isinstance(revision, str) or not revision:
+        return f"revision {revision!r} must be a non-empty string"
+    if _COMMIT_RE.match(revision):
+        return None
+    if len(revision) > MAX_REVISION:
+        return f"revision is {len(revision)} characters long (at most {MAX_REVISION})"
+    if any(ord(c) < 32 or ord(c) == 127 for c in revision) or "\\" in revision:
+        return f"revision {revision!r} holds a backslash or a control character"
+    if revision.startswith("/") or revision.endswith("/"):
+        return f"revision {revision!r} starts or ends with '/'"
+    for part in revision.split("/"):
+        if not _REV_PART.match(part) or part.endswith(".lock") or ".." in part:
+            return (
+                f"revision {revision!r} is not a branch, tag or commit name (part {part!r}: letters, digits "
+                "and . _ + - only, not starting with '.', no '..')"
+            )
+    return None
+
+
+def check_revision(revision: object, *, where: str) -> str:
+    """``revision`` if it is safe (see :func:`revision_problem`), else a :class:`PresetError` at ``where``."""
+    problem = revision_problem(revision)
+    if problem:
+        raise PresetError(
+            f"{where}: {problem}", hint='use a branch or tag name such as "main", or a 40-hex commit id'
+        )
+    assert isinstance(revision, str)
+    return revision
+
+
 def parse_size(value: Any, *, where: str) -> int:
     """``123``, ``"4.7 GB"``, ``"900MiB"`` -> bytes (decimal units for k/M/G/T, binary for Ki/Mi/Gi/Ti)."""
     if isinstance(value, bool):
         raise PresetError(
             f"{where}: expected a size, got {value!r}", hint='write e.g. 4700000000 or "4.7 GB"'
         )
-    if isinstance(value, int) and value >= 0:
-        return value
-    if isinstance(value, float) and value >= 0:
-        return int(value)
-    if isinstance(value, str):
+    hint = 'write e.g. 4700000000 or "4.7 GB"'
+    number: float | int | None = None
+    if isinstance(value, (int, float)):
+        number = value
+    elif isinstance(value, str) and len(value) <= 64:
         m = _SIZE_RE.match(value)
         if m:
             unit = (m.group(2) or "").lower().rstrip("b")
-            return int(float(m.group(1)) * _UNITS[unit])
+            number = float(m.group(1)) * _UNITS[unit]
+    if number is not None:
+        if not (0 <= number <= MAX_SIZE):  # also refuses nan
+            raise PresetError(f"{where}: {value!r} is not a size from 0 to 1 PB", hint=hint)
+        return int(number)
     raise PresetError(f"{where}: {value!r} is not a size", hint='write e.g. 4700000000 or "4.7 GB"')
 
 
@@ -145,6 +207,11 @@ def _expect(table: dict, key: str, types: type | tuple, where: str, default: Any
             raise PresetError(f"{where}: missing key '{key}'", hint=f"add `{key} = ...` to that preset")
         return default
     value = table[key]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        raise PresetError(
+            f"{where}: key '{key}' holds a {len(str(abs(value)))}-digit number, out of any sensible range",
+            hint="fix the value in the preset file",
+        )
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
         names = " or ".join(t.__name__ for t in _as_tuple(types))
         raise PresetError(
@@ -178,7 +245,7 @@ def parse_model_ref(value: Any, where: str, *, base_dir: Path | None = None) -> 
         )
     if kinds[0] == "repo":
         repo = _expect(value, "repo", str, where, required=True)
-        if not _REPO_RE.match(repo):
+        if not REPO_ID_RE.match(repo):
             raise PresetError(
                 f"{where}.repo: {repo!r} is not a Hub repository id", hint='write it as "org/name"'
             )
@@ -188,15 +255,22 @@ def parse_model_ref(value: Any, where: str, *, base_dir: Path | None = None) -> 
                 f"{where}.file: {filename!r} does not name a .gguf file",
                 hint='use the GGUF file name or a pattern such as "*Q4_K_M.gguf"',
             )
-        revision = _expect(value, "revision", str, where, default="main")
-        return ModelRef(repo_id=repo, filename=filename, revision=revision, kind="hub")
+        revision = check_revision(
+            _expect(value, "revision", str, where, default="main"), where=f"{where}.revision"
+        )
+        return HubRef(repo_id=repo, filename=filename, revision=revision)
     if kinds[0] == "embedded":
         name = _expect(value, "embedded", str, where, required=True)
-        return ModelRef(filename=name, path=constants.EMBEDDED_DIR / name, kind="embedded")
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise PresetError(
+                f"{where}.embedded: {name!r} is not the name of a file shipped with localspec",
+                hint='e.g. embedded = "tiny-target.gguf"',
+            )
+        return LocalRef(path=constants.EMBEDDED_DIR / name, kind="embedded")
     raw = Path(_expect(value, "path", str, where, required=True)).expanduser()
     if not raw.is_absolute() and base_dir is not None:
         raw = base_dir / raw
-    return ModelRef(filename=raw.name, path=raw, kind="path")
+    return LocalRef(path=raw, kind="path")
 
 
 _PRESET_KEYS = {
@@ -227,25 +301,19 @@ def _parse_draft_settings(table: Any, where: str) -> DraftSettings:
             f"{where}: unknown key(s) {', '.join(unknown)}", hint=f"allowed: {', '.join(sorted(_DRAFT_KEYS))}"
         )
     d = DraftSettings()
-    n_max = _expect(table, "n_max", int, where, d.n_max)
-    n_min = _expect(table, "n_min", int, where, d.n_min)
-    p_min = float(_expect(table, "p_min", (int, float), where, d.p_min))
-    adaptive = _expect(table, "adaptive", bool, where, d.adaptive)
-    strategy = _expect(table, "strategy", str, where, d.strategy)
-    if not 1 <= n_max <= 64:
-        raise PresetError(
-            f"{where}.n_max: {n_max} is out of range", hint="use a value from 1 to 64 (4-8 is usual)"
-        )
-    if not 0 <= n_min <= n_max:
-        raise PresetError(f"{where}.n_min: {n_min} must be between 0 and n_max ({n_max})", hint="lower n_min")
-    if not 0.0 <= p_min <= 1.0:
-        raise PresetError(f"{where}.p_min: {p_min} must be between 0 and 1", hint="0.75 is a good start")
-    if strategy not in STRATEGIES:
-        raise PresetError(
-            f"{where}.strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}",
-            hint='use "model" for a draft model',
-        )
-    return DraftSettings(n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive, strategy=strategy)
+    values = {
+        "n_max": _expect(table, "n_max", int, where, d.n_max),
+        "n_min": _expect(table, "n_min", int, where, d.n_min),
+        "p_min": _expect(table, "p_min", (int, float), where, d.p_min),
+        "adaptive": _expect(table, "adaptive", bool, where, d.adaptive),
+        "strategy": _expect(table, "strategy", str, where, d.strategy),
+    }
+    try:
+        return DraftSettings(**values)
+    except SettingsError as exc:
+        # settings.py words the problem ("n_max 99 is out of range"); name the file, preset and key
+        key = next((k for k in values if exc.message.startswith(k)), "")
+        raise PresetError(f"{where}{'.' + key if key else ''}: {exc.message}", hint=exc.hint) from None
 
 
 def _merge(defaults: dict, table: dict) -> dict:
@@ -290,8 +358,11 @@ def parse_preset(table: dict, *, where: str, source: str, base_dir: Path | None 
     else:
         raise PresetError(f"{where}: key 'gated' must be true, false or a note", hint="e.g. gated = true")
     n_ctx = _expect(table, "n_ctx", int, where, constants.DEFAULT_N_CTX)
-    if n_ctx < 64:
-        raise PresetError(f"{where}.n_ctx: {n_ctx} is too small", hint="use at least 512 (4096 is usual)")
+    if not 64 <= n_ctx <= MAX_N_CTX:
+        raise PresetError(
+            f"{where}.n_ctx: {n_ctx} is out of range (64 to {MAX_N_CTX})",
+            hint="use at least 512 (4096 is usual)",
+        )
     return Preset(
         name=name,
         target=target,
@@ -312,13 +383,37 @@ def parse_preset(table: dict, *, where: str, source: str, base_dir: Path | None 
 def load_file(path: Path, *, source: str) -> list[Preset]:
     """All presets of one TOML file (``source`` is "builtin" or "user")."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise PresetError(f"{path}: not valid TOML ({exc})", hint="fix the syntax at the line shown") from exc
+        raw = path.read_bytes()
     except OSError as exc:
         raise PresetError(
-            f"{path}: cannot read ({exc.strerror})", hint="check the file's permissions"
+            f"{path}: cannot read ({exc.strerror or exc})", hint="check the file's permissions"
         ) from exc
+    return parse_text(raw, path=path, source=source)
+
+
+def parse_text(raw: bytes | str, *, path: Path, source: str) -> list[Preset]:
+    """All presets of one TOML document (``path`` names it in errors and anchors relative paths).
+
+    Anything wrong raises :class:`PresetError` naming ``path``: bad UTF-8, bad TOML, nesting too deep
+    for the parser, out-of-range numbers, unknown keys.
+    """
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as exc:
+        raise PresetError(
+            f"{path}: not UTF-8 text (byte {exc.start} is {raw[exc.start : exc.start + 1]!r})",
+            hint="save the file as UTF-8",
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PresetError(f"{path}: not valid TOML ({exc})", hint="fix the syntax at the line shown") from exc
+    except RecursionError:
+        raise PresetError(
+            f"{path}: nested too deeply to read", hint="a preset needs only a few levels"
+        ) from None
+    except ValueError as exc:  # e.g. an integer too long to convert
+        raise PresetError(f"{path}: cannot be read as TOML ({exc})", hint="fix the value shown") from None
     unknown = sorted(set(data) - {"defaults", "preset"})
     if unknown:
         raise PresetError(
@@ -335,7 +430,7 @@ def load_file(path: Path, *, source: str) -> list[Preset]:
         )
     out = []
     for i, table in enumerate(tables):
-        label = table.get("name", f"#{i + 1}") if isinstance(table, dict) else f"#{i + 1}"
+        label = str(table.get("name", f"#{i + 1}"))[:80] if isinstance(table, dict) else f"#{i + 1}"
         where = f"{path} [preset {label}]"
         if not isinstance(table, dict):
             raise PresetError(f"{where}: expected a table", hint="write each preset as [[preset]]")
@@ -343,34 +438,60 @@ def load_file(path: Path, *, source: str) -> list[Preset]:
     return out
 
 
-def _load_dir(folder: Path, source: str) -> list[Preset]:
-    if not folder.is_dir():
+def _load_dir(folder: Path, source: str, problems: list[PresetError]) -> list[Preset]:
+    """Every preset in ``folder``; a file that does not load goes to ``problems`` and is skipped whole."""
+    try:
+        paths = sorted(p for p in folder.glob("*.toml") if p.is_file()) if folder.is_dir() else []
+    except OSError as exc:
+        problems.append(PresetError(f"{folder}: cannot list ({exc})", hint="check the folder's permissions"))
         return []
     presets: list[Preset] = []
     seen: dict[str, Path] = {}
-    for path in sorted(folder.glob("*.toml")):
-        for preset in load_file(path, source=source if source == "builtin" else str(path)):
-            if preset.name in seen:
-                raise PresetError(
-                    f"{path}: preset '{preset.name}' is also defined in {seen[preset.name]}",
-                    hint="rename one of them",
-                )
+    for path in sorted(paths):
+        try:
+            loaded = load_file(path, source=source if source == "builtin" else str(path))
+            for preset in loaded:
+                if preset.name in seen:
+                    raise PresetError(
+                        f"{path}: preset '{preset.name}' is also defined in {seen[preset.name]}",
+                        hint="rename one of them",
+                    )
+        except PresetError as exc:
+            problems.append(exc)
+            continue
+        for preset in loaded:
             seen[preset.name] = path
             presets.append(preset)
     return presets
 
 
-def list_presets() -> list[Preset]:
-    """Built-in presets plus the user's (a user preset replaces a built-in one of the same name)."""
-    by_name = {p.name: p for p in _load_dir(constants.builtin_presets_dir(), "builtin")}
-    for p in _load_dir(constants.user_presets_dir(), "user"):
+def load_presets() -> tuple[list[Preset], list[PresetError]]:
+    """Built-in presets plus the user's, and one :class:`PresetError` per file that was skipped.
+
+    A user preset replaces a built-in one of the same name. A broken file never hides the others:
+    it is reported (by path, with the key and a next step) and left out.
+    """
+    problems: list[PresetError] = []
+    by_name = {p.name: p for p in _load_dir(constants.builtin_presets_dir(), "builtin", problems)}
+    for p in _load_dir(constants.user_presets_dir(), "user", problems):
         by_name[p.name] = p
-    return list(by_name.values())
+    return list(by_name.values()), problems
+
+
+def list_presets() -> list[Preset]:
+    """Every preset that loads (see :func:`load_presets`; :func:`preset_problems` lists the skipped files)."""
+    return load_presets()[0]
+
+
+def preset_problems() -> list[PresetError]:
+    """One error per preset file that was skipped because it does not load (empty when all are fine)."""
+    return load_presets()[1]
 
 
 def get_preset(name: str) -> Preset:
     """The preset called ``name``; an unknown name raises :class:`PresetError` listing close matches."""
-    presets = {p.name: p for p in list_presets()}
+    found, problems = load_presets()
+    presets = {p.name: p for p in found}
     if name in presets:
         return presets[name]
     close = difflib.get_close_matches(name, presets, n=5, cutoff=0.5)
@@ -378,7 +499,13 @@ def get_preset(name: str) -> Preset:
     msg = f"no preset named '{name}'"
     if close:
         msg += f"; did you mean: {', '.join(close)}?"
-    raise PresetError(msg, hint="run `localspec presets` to list them all")
+    if problems:
+        msg += (
+            f" ({len(problems)} preset file(s) were skipped: "
+            + "; ".join(str(p.message).split("\n")[0][:200] for p in problems[:3])
+            + ")"
+        )
+    raise PresetError(msg, hint="run `localspec presets` to list them all (and fix the files named)")
 
 
 def save_user_preset(preset: Preset | dict, name: str | None = None) -> Path:
@@ -421,7 +548,7 @@ def _preset_to_table(p: Preset) -> dict[str, Any]:
         download_size=p.download_bytes,
         ram=p.ram_bytes,
     )
-    table["draft"] = asdict(p.draft)
+    table["draft"] = p.draft.as_dict()
     return table
 
 

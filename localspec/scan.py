@@ -4,8 +4,12 @@ Where it looks: folders given, else ``localspec.constants.default_scan_dirs()`` 
 the Hugging Face cache, LM Studio, Ollama). HF cache snapshots are symlinks into ``blobs/``: files are
 deduplicated by real path. Ollama's blobs (``sha256-...`` without an extension) are found by their magic.
 
-The cache (``<localspec home>/scan-cache.json``) maps a real path to its size, mtime_ns and summary
-(no token list), so a rescan of an unchanged folder reads no GGUF at all. ``compare`` needs the token
+The cache (``<localspec home>/scan-cache.json``) maps a real path to its size, mtime_ns, mode and summary
+(no token list), so a rescan of an unchanged folder reads no GGUF at all. Only files that were read are
+cached: an error (permission denied, a file cut short) is looked at again on the next scan. A cache file
+that does not parse, or holds entries of the wrong shape, is ignored (and rewritten), never an error.
+Only regular files are opened (see :func:`localspec.gguf_meta.open_regular`): a FIFO named like an
+Ollama blob cannot hang a scan. ``compare`` needs the token
 texts, so when two cached fingerprints differ and a verdict is wanted, the vocabularies are read for real
 (``ModelInfo.load_vocab``).
 """
@@ -35,7 +39,7 @@ from localspec.vocab import (
     usability,
 )
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: entries keyed on mode too, errors never cached
 SWEET_SPOT = (5.0, 20.0)  # target params / draft params
 _VERDICT_RANK = {"identical": 0, "compatible": 1, "compatible-with-mask": 2}
 _SIZE_WORDS = re.compile(r"[-_. ]?(\d+(\.\d+)?[bBmM]|instruct|chat|base|it|gguf|q\d\w*|f16|bf16)\b", re.I)
@@ -92,11 +96,17 @@ class RankedDraft:
     score: tuple = ()
 
     def as_dict(self) -> dict:
-        return {"path": self.model.path, "name": self.model.name, "fits": self.fits, "why": self.why,
-                "verdict": self.verdict.verdict if self.verdict else None,
-                "reasons": self.verdict.reasons if self.verdict else [],
-                "n_masked": len(self.verdict.masked_ids) if self.verdict else 0,
-                "n_params": self.model.n_params, "size_bytes": self.model.size_bytes}
+        return {
+            "path": self.model.path,
+            "name": self.model.name,
+            "fits": self.fits,
+            "why": self.why,
+            "verdict": self.verdict.verdict if self.verdict else None,
+            "reasons": self.verdict.reasons if self.verdict else [],
+            "n_masked": len(self.verdict.masked_ids) if self.verdict else 0,
+            "n_params": self.model.n_params,
+            "size_bytes": self.model.size_bytes,
+        }
 
 
 # -- one file ------------------------------------------------------------------------------------------
@@ -175,18 +185,44 @@ def scan(paths: Iterable[str | os.PathLike[str]] | None = None, *, use_cache: bo
         except OSError as exc:
             out.append(ModelInfo(path=f, name=Path(f).name, error=f"{f}: {exc.strerror or exc}"))
             continue
-        hit = cache.get(real)
-        if hit and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
-            info = ModelInfo.from_dict(hit["info"])
+        key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "mode": st.st_mode}
+        info = _cached_info(cache.get(real), key)
+        if info is not None:
             info.path = f
         else:
             info = inspect(f)
-            cache[real] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "info": info.as_dict()}
+            if info.error is None:
+                cache[real] = {**key, "info": info.as_dict()}
+            else:
+                cache.pop(real, None)
             dirty = True
         out.append(info)
     if use_cache and dirty:
         _save_cache(cache)
     return out
+
+
+def _cached_info(hit: object, key: dict) -> ModelInfo | None:
+    """The cached summary if ``hit`` is a sound entry for a file of exactly this size, mtime and mode."""
+    if not isinstance(hit, dict) or any(hit.get(k) != v for k, v in key.items()):
+        return None
+    data = hit.get("info")
+    if not isinstance(data, dict) or data.get("error") is not None:
+        return None
+    try:
+        info = ModelInfo.from_dict(data)
+    except TypeError:
+        return None
+    expected: dict[str, type | tuple[type, ...]] = {
+        "name": (str, type(None)),
+        "n_vocab": (int, type(None)),
+        "fingerprint": (str, type(None)),
+        "size_bytes": int,
+        "usable": bool,
+    }
+    if not all(isinstance(getattr(info, k), t) for k, t in expected.items()):
+        return None
+    return info
 
 
 def cache_path() -> Path:
@@ -196,7 +232,7 @@ def cache_path() -> Path:
 def _load_cache() -> dict:
     try:
         data = json.loads(cache_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, nested absurdly
         return {}
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
         return {}
@@ -226,18 +262,30 @@ def verdict_for(target: ModelInfo, draft: ModelInfo) -> PairVerdict:
         if target.vocab is not None and draft.vocab is not None:
             return compare(target.vocab, draft.vocab)
         return compare(target.load_vocab(), draft.load_vocab())
-    same_special = (target.add_bos == draft.add_bos and target.add_eos == draft.add_eos
-                    and (not target.add_bos or target.bos_id == draft.bos_id)
-                    and (not target.add_eos or target.eos_id == draft.eos_id))
+    same_special = (
+        target.add_bos == draft.add_bos
+        and target.add_eos == draft.add_eos
+        and (not target.add_bos or target.bos_id == draft.bos_id)
+        and (not target.add_eos or target.eos_id == draft.eos_id)
+    )
     if target.fingerprint == draft.fingerprint and same_special:
         kind = VOCAB_TYPES.get(target.vocab_model or "none", target.vocab_model)
-        return PairVerdict("identical", [f"same {kind} tokenizer and the same {target.n_vocab:,} token "
-                                         f"texts (fingerprint {target.fingerprint_short})"])
+        return PairVerdict(
+            "identical",
+            [
+                f"same {kind} tokenizer and the same {target.n_vocab:,} token "
+                f"texts (fingerprint {target.fingerprint_short})"
+            ],
+        )
     too_many = max(256, int(MAX_MASK_FRACTION * draft.n_vocab))
     if draft.n_vocab - target.n_vocab > too_many:
-        return PairVerdict("incompatible", [
-            f"the draft has {draft.n_vocab - target.n_vocab:,} more tokens than the target "
-            f"({draft.n_vocab:,} vs {target.n_vocab:,}): far too many ids the target does not know"])
+        return PairVerdict(
+            "incompatible",
+            [
+                f"the draft has {draft.n_vocab - target.n_vocab:,} more tokens than the target "
+                f"({draft.n_vocab:,} vs {target.n_vocab:,}): far too many ids the target does not know"
+            ],
+        )
     return compare(target.load_vocab(), draft.load_vocab())
 
 
@@ -278,12 +326,21 @@ def rank_drafts(target: ModelInfo, candidates: Iterable[ModelInfo]) -> list[Rank
         else:
             lo, hi = SWEET_SPOT
             distance = 0.0 if lo <= ratio <= hi else abs(math.log(ratio / (lo if ratio < lo else hi)))
-            where = "in the 5-20x sweet spot" if distance == 0 else (
-                "too close in size for much speed-up" if ratio < lo else "very small: low acceptance likely")
+            where = (
+                "in the 5-20x sweet spot"
+                if distance == 0
+                else (
+                    "too close in size for much speed-up"
+                    if ratio < lo
+                    else "very small: low acceptance likely"
+                )
+            )
             size_why = f"{ratio:.1f}x smaller ({where})"
-        verdict_why = {"identical": "identical vocabulary",
-                       "compatible": "compatible vocabulary (llama.cpp rule)",
-                       "compatible-with-mask": f"compatible with {len(v.masked_ids):,} masked ids"}[v.verdict]
+        verdict_why = {
+            "identical": "identical vocabulary",
+            "compatible": "compatible vocabulary (llama.cpp rule)",
+            "compatible-with-mask": f"compatible with {len(v.masked_ids):,} masked ids",
+        }[v.verdict]
         family_why = f"same family ({c.family})" if same_family else "different family"
         score = (_VERDICT_RANK[v.verdict], 0 if same_family else 1, round(distance, 3), c.size_bytes)
         fits.append(RankedDraft(c, v, True, f"{verdict_why}; {family_why}; {size_why}", score))
@@ -291,8 +348,9 @@ def rank_drafts(target: ModelInfo, candidates: Iterable[ModelInfo]) -> list[Rank
     return fits + rejected
 
 
-def find_drafts(target_path: str | os.PathLike[str],
-                search_paths: Iterable[str | os.PathLike[str]] | None = None) -> list[RankedDraft]:
+def find_drafts(
+    target_path: str | os.PathLike[str], search_paths: Iterable[str | os.PathLike[str]] | None = None
+) -> list[RankedDraft]:
     """Rank every model under ``search_paths`` (default: the target's folder plus the usual model folders)
     as a draft for ``target_path``."""
     target = inspect(target_path)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import numpy as np
 
@@ -46,16 +47,46 @@ CHECK_START_ID = 5  # SPEC_VOCAB_CHECK_START_TOKEN_ID in llama.cpp
 ORDINARY_TYPES = (1, 6)  # gguf TokenType NORMAL and BYTE; the rest are special in some way
 MAX_MASK_FRACTION = 0.05  # more masked ids than this and the pair is called incompatible
 
-VOCAB_TYPES = {"llama": "SPM", "gpt2": "BPE", "bert": "WPM", "t5": "UGM", "rwkv": "RWKV",
-               "plamo2": "PLAMO2", "no_vocab": "NONE", "none": "NONE"}
-_LLAMA3_LIKE_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                    "tekken", "chameleon"}
+VOCAB_TYPES = {
+    "llama": "SPM",
+    "gpt2": "BPE",
+    "bert": "WPM",
+    "t5": "UGM",
+    "rwkv": "RWKV",
+    "plamo2": "PLAMO2",
+    "no_vocab": "NONE",
+    "none": "NONE",
+}
+_LLAMA3_LIKE_PRE = {
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "tekken",
+    "chameleon",
+}
 
 # llama.cpp: llm_arch_is_recurrent / llm_arch_is_hybrid (src/llama-arch.cpp). Their memory cannot drop a
 # rejected suffix of draft tokens, which speculative verification needs.
 RECURRENT_ARCHS = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"}
-HYBRID_ARCHS = {"jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h",
-                "nemotron_h_moe", "qwen3next", "kimi-linear", "qwen35", "qwen35moe"}
+HYBRID_ARCHS = {
+    "jamba",
+    "falcon-h1",
+    "plamo2",
+    "granitehybrid",
+    "lfm2",
+    "lfm2moe",
+    "nemotron_h",
+    "nemotron_h_moe",
+    "qwen3next",
+    "kimi-linear",
+    "qwen35",
+    "qwen35moe",
+}
 
 
 @dataclass
@@ -96,10 +127,18 @@ class VocabInfo:
         return self.token_types[token_id] in ORDINARY_TYPES
 
     def summary(self) -> dict:
-        return {"model": self.model, "pre": self.pre, "vocab_type": self.vocab_type,
-                "n_vocab": self.n_vocab, "bos_id": self.bos_id, "eos_id": self.eos_id,
-                "add_bos": self.add_bos, "add_eos": self.add_eos,
-                "fingerprint": self.fingerprint, "fingerprint_short": self.short}
+        return {
+            "model": self.model,
+            "pre": self.pre,
+            "vocab_type": self.vocab_type,
+            "n_vocab": self.n_vocab,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "add_bos": self.add_bos,
+            "add_eos": self.add_eos,
+            "fingerprint": self.fingerprint,
+            "fingerprint_short": self.short,
+        }
 
 
 @dataclass
@@ -113,8 +152,12 @@ class PairVerdict:
         return self.verdict != "incompatible"
 
     def as_dict(self) -> dict:
-        return {"verdict": self.verdict, "reasons": list(self.reasons), "masked_ids": list(self.masked_ids),
-                "n_masked": len(self.masked_ids)}
+        return {
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "masked_ids": list(self.masked_ids),
+            "n_masked": len(self.masked_ids),
+        }
 
 
 def fingerprint_tokens(model: str | None, tokens: list[str]) -> str:
@@ -155,8 +198,18 @@ def fingerprint(meta: GGUFMetadata) -> VocabInfo:
     if isinstance(kv.get("tokenizer.ggml.add_eos_token"), bool):
         add_eos = kv["tokenizer.ggml.add_eos_token"]
     fp = fingerprint_tokens(model, tokens) if tokens else None
-    return VocabInfo(model=model, pre=pre, tokens=tokens, token_types=types, bos_id=bos, eos_id=eos,
-                     add_bos=add_bos, add_eos=add_eos, fingerprint=fp, source=meta.path)
+    return VocabInfo(
+        model=model,
+        pre=pre,
+        tokens=tokens,
+        token_types=types,
+        bos_id=bos,
+        eos_id=eos,
+        add_bos=add_bos,
+        add_eos=add_eos,
+        fingerprint=fp,
+        source=meta.path,
+    )
 
 
 def compare(target: VocabInfo | GGUFMetadata, draft: VocabInfo | GGUFMetadata) -> PairVerdict:
@@ -165,8 +218,13 @@ def compare(target: VocabInfo | GGUFMetadata, draft: VocabInfo | GGUFMetadata) -
     d = draft if isinstance(draft, VocabInfo) else fingerprint(draft)
     for side, v in (("target", t), ("draft", d)):
         if not v.tokens:
-            return PairVerdict("incompatible", [f"the {side} ({_name(v)}) has no vocabulary "
-                                                f"(no tokenizer.ggml.tokens): it cannot be paired"])
+            return PairVerdict(
+                "incompatible",
+                [
+                    f"the {side} ({_name(v)}) has no vocabulary "
+                    f"(no tokenizer.ggml.tokens): it cannot be paired"
+                ],
+            )
     if t.vocab_type != d.vocab_type:
         return type_mismatch(t.model, d.model)
 
@@ -174,55 +232,72 @@ def compare(target: VocabInfo | GGUFMetadata, draft: VocabInfo | GGUFMetadata) -
     n_min = min(t.n_vocab, d.n_vocab)
     diff = d.n_vocab - t.n_vocab
     if t.fingerprint == d.fingerprint and not special:
-        return PairVerdict("identical", [
-            f"same {t.vocab_type} tokenizer and the same {t.n_vocab:,} token texts (fingerprint {t.short})"])
+        return PairVerdict(
+            "identical",
+            [f"same {t.vocab_type} tokenizer and the same {t.n_vocab:,} token texts (fingerprint {t.short})"],
+        )
 
     mism = _mismatching_ids(t.tokens, d.tokens, n_min)
     beyond = list(range(t.n_vocab, d.n_vocab))  # draft ids the target does not have
     late = [i for i in mism if i >= CHECK_START_ID]
     size_line = _size_line(t, d)
     if not special and abs(diff) <= MAX_SIZE_DIFFERENCE and not late:
-        reasons = ["passes llama.cpp's check (common/speculative.cpp): same tokenizer type, BOS/EOS "
-                   f"consistent, texts equal from id {CHECK_START_ID} on"]
+        reasons: list[str] = [
+            "passes llama.cpp's check (common/speculative.cpp): same tokenizer type, BOS/EOS "
+            f"consistent, texts equal from id {CHECK_START_ID} on"
+        ]
         if size_line:
             reasons.append(size_line)
         if mism:
-            reasons.append(f"ids below {CHECK_START_ID} differ ({_first(t, d, mism)}); llama.cpp ignores "
-                           "them, localspec masks them in the draft")
+            reasons.append(
+                f"ids below {CHECK_START_ID} differ ({_first(t, d, mism)}); llama.cpp ignores "
+                "them, localspec masks them in the draft"
+            )
         if t.fingerprint == d.fingerprint:
             reasons.insert(0, f"same token texts (fingerprint {t.short})")
         return PairVerdict("compatible", reasons, sorted(set(mism) | set(beyond)))
 
     ordinary = [i for i in late if t.is_ordinary(i) and d.is_ordinary(i)]
     masked = sorted(set(mism) | set(beyond))
-    reasons: list[str] = []
+    reasons = []
     if ordinary:
-        reasons.append(f"token {ordinary[0]} differs: target {t.text(ordinary[0])} vs draft "
-                       f"{d.text(ordinary[0])} ({len(ordinary):,} of {n_min:,} shared ids hold different "
-                       "ordinary tokens); the draft's guesses would mean different text")
+        reasons.append(
+            f"token {ordinary[0]} differs: target {t.text(ordinary[0])} vs draft "
+            f"{d.text(ordinary[0])} ({len(ordinary):,} of {n_min:,} shared ids hold different "
+            "ordinary tokens); the draft's guesses would mean different text"
+        )
     elif len(masked) > max(256, int(MAX_MASK_FRACTION * d.n_vocab)):
-        reasons.append(f"{len(masked):,} draft ids would have to be masked (more than "
-                       f"{MAX_MASK_FRACTION:.0%} of the draft's {d.n_vocab:,} tokens)")
+        reasons.append(
+            f"{len(masked):,} draft ids would have to be masked (more than "
+            f"{MAX_MASK_FRACTION:.0%} of the draft's {d.n_vocab:,} tokens)"
+        )
     if size_line:
         reasons.append(size_line)
     reasons.extend(special)
     if reasons and (ordinary or len(masked) > max(256, int(MAX_MASK_FRACTION * d.n_vocab))):
-        reasons.append("pick a draft whose vocabulary matches (`localspec pair TARGET` lists them), or use "
-                       "--draft ngram")
+        reasons.append(
+            "pick a draft whose vocabulary matches (`localspec pair TARGET` lists them), or use --draft ngram"
+        )
         return PairVerdict("incompatible", reasons)
 
     why = []
     if mism:
-        why.append(f"{len(mism):,} shared ids differ, all special/control tokens (first: "
-                   f"{_first(t, d, mism)})")
+        why.append(
+            f"{len(mism):,} shared ids differ, all special/control tokens (first: {_first(t, d, mism)})"
+        )
     if beyond:
         why.append(f"draft ids {beyond[0]}..{beyond[-1]} do not exist in the target")
-    bar = (f". localspec bars the draft from proposing these {len(masked):,} ids" if masked
-           else "; no id needs masking")
+    bar = (
+        f". localspec bars the draft from proposing these {len(masked):,} ids"
+        if masked
+        else "; no id needs masking"
+    )
     reasons.insert(0, "ordinary tokens agree; " + "; ".join(why or ["only BOS/EOS settings differ"]) + bar)
     if special or abs(diff) > MAX_SIZE_DIFFERENCE or late:
-        reasons.append("llama.cpp's own check (common/speculative.cpp) refuses this pair; localspec feeds "
-                       "the target's tokens to the draft, so the pair stays exact, only acceptance may drop")
+        reasons.append(
+            "llama.cpp's own check (common/speculative.cpp) refuses this pair; localspec feeds "
+            "the target's tokens to the draft, so the pair stays exact, only acceptance may drop"
+        )
     return PairVerdict("compatible-with-mask", reasons, masked)
 
 
@@ -230,10 +305,14 @@ def type_mismatch(target_model: str | None, draft_model: str | None) -> PairVerd
     """The verdict for two different tokenizer models (``tokenizer.ggml.model``)."""
     tt = VOCAB_TYPES.get(target_model or "none", str(target_model).upper())
     dt = VOCAB_TYPES.get(draft_model or "none", str(draft_model).upper())
-    return PairVerdict("incompatible", [
-        f"different tokenizer types: the target uses {target_model!r} ({tt}), the draft uses "
-        f"{draft_model!r} ({dt}); the same ids mean different text. Pick a draft from the "
-        f"target's own family"])
+    return PairVerdict(
+        "incompatible",
+        [
+            f"different tokenizer types: the target uses {target_model!r} ({tt}), the draft uses "
+            f"{draft_model!r} ({dt}); the same ids mean different text. Pick a draft from the "
+            f"target's own family"
+        ],
+    )
 
 
 def usability(meta: GGUFMetadata) -> tuple[bool, str | None]:
@@ -249,14 +328,18 @@ def usability(meta: GGUFMetadata) -> tuple[bool, str | None]:
     if _is_int(split_no) and split_no > 0:
         count = kv.get("split.count")
         of = f" of {count}" if _is_int(count) else ""
-        return False, (f"shard {split_no + 1}{of} of a split model: open the first shard "
-                       f"(...-00001-of-...gguf), llama.cpp loads the rest")
+        return False, (
+            f"shard {split_no + 1}{of} of a split model: open the first shard "
+            f"(...-00001-of-...gguf), llama.cpp loads the rest"
+        )
     if meta.n_tensors == 0:
         return False, "vocab-only file (no weights): fine for pairing checks, not for generation"
     if arch in RECURRENT_ARCHS or arch in HYBRID_ARCHS:
         kind = "recurrent" if arch in RECURRENT_ARCHS else "hybrid recurrent"
-        return False, (f"{kind} architecture {arch!r}: its memory cannot roll back rejected draft tokens, "
-                       "which speculative verification needs")
+        return False, (
+            f"{kind} architecture {arch!r}: its memory cannot roll back rejected draft tokens, "
+            "which speculative verification needs"
+        )
     if not isinstance(kv.get("tokenizer.ggml.tokens"), list):
         return False, "no vocabulary in the file (tokenizer.ggml.tokens missing)"
     return True, None
@@ -282,12 +365,16 @@ def _llama_cpp_defaults(model: str | None, pre: str | None) -> tuple[int | None,
 def _special_mismatches(t: VocabInfo, d: VocabInfo) -> list[str]:
     """llama.cpp's BOS/EOS rule: same add flag, and the same id when the token is added."""
     out = []
-    for what, ta, da, tid, did in (("BOS", t.add_bos, d.add_bos, t.bos_id, d.bos_id),
-                                   ("EOS", t.add_eos, d.add_eos, t.eos_id, d.eos_id)):
+    for what, ta, da, tid, did in (
+        ("BOS", t.add_bos, d.add_bos, t.bos_id, d.bos_id),
+        ("EOS", t.add_eos, d.add_eos, t.eos_id, d.eos_id),
+    ):
         if ta != da:
-            out.append(f"the target {'adds' if ta else 'does not add'} {what} to the prompt, the draft "
-                       f"{'does' if da else 'does not'} (target {what} {tid} {t.text(tid)}, "
-                       f"draft {what} {did} {d.text(did)})")
+            out.append(
+                f"the target {'adds' if ta else 'does not add'} {what} to the prompt, the draft "
+                f"{'does' if da else 'does not'} (target {what} {tid} {t.text(tid)}, "
+                f"draft {what} {did} {d.text(did)})"
+            )
         elif ta and tid != did:
             out.append(f"different {what}: target id {tid} {t.text(tid)}, draft id {did} {d.text(did)}")
     return out
@@ -307,8 +394,10 @@ def _size_line(t: VocabInfo, d: VocabInfo) -> str | None:
         return None
     more = "more" if diff > 0 else "fewer"
     limit = "within" if abs(diff) <= MAX_SIZE_DIFFERENCE else "beyond"
-    return (f"the draft has {abs(diff):,} {more} tokens than the target ({d.n_vocab:,} vs {t.n_vocab:,}; "
-            f"{limit} llama.cpp's limit of {MAX_SIZE_DIFFERENCE})")
+    return (
+        f"the draft has {abs(diff):,} {more} tokens than the target ({d.n_vocab:,} vs {t.n_vocab:,}; "
+        f"{limit} llama.cpp's limit of {MAX_SIZE_DIFFERENCE})"
+    )
 
 
 def _first(t: VocabInfo, d: VocabInfo, ids: list[int]) -> str:
@@ -329,5 +418,5 @@ def _str(v: object) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def _is_int(v: object) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)

@@ -76,16 +76,36 @@ def synthetic_tokens(n: int, prefix: str = "tok") -> list[str]:
     return [f"{prefix}{i}" for i in range(n)]
 
 
-def tiny_model(path: Path, tokens: Sequence[str], *, n_embd: int = 4, arch: str = "llama", name: str = "tiny",
-               basename: str | None = None, token_types: Sequence[int] | None = None, **kw) -> Path:
+def tiny_model(
+    path: Path,
+    tokens: Sequence[str],
+    *,
+    n_embd: int = 4,
+    arch: str = "llama",
+    name: str = "tiny",
+    basename: str | None = None,
+    token_types: Sequence[int] | None = None,
+    **kw,
+) -> Path:
     """A 'model' whose parameter count is ``len(tokens) * n_embd * 2`` (embedding + output), f16."""
     n = len(tokens)
-    tensors = {"token_embd.weight": np.zeros((n, n_embd), dtype=np.float16),
-               "output.weight": np.zeros((n, n_embd), dtype=np.float16)}
+    tensors = {
+        "token_embd.weight": np.zeros((n, n_embd), dtype=np.float16),
+        "output.weight": np.zeros((n, n_embd), dtype=np.float16),
+    }
 
     def extra(w: gguf.GGUFWriter) -> None:
         if basename:
             w.add_basename(basename)
 
-    return write_gguf(path, arch=arch, name=name, tokens=tokens, token_types=token_types, tensors=tensors,
-                      file_type=gguf.LlamaFileType.MOSTLY_F16, extra=extra, **kw)
+    return write_gguf(
+        path,
+        arch=arch,
+        name=name,
+        tokens=tokens,
+        token_types=token_types,
+        tensors=tensors,
+        file_type=gguf.LlamaFileType.MOSTLY_F16,
+        extra=extra,
+        **kw,
+    )

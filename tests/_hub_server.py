@@ -15,7 +15,17 @@ Gated repos answer 401 (no token) or 403 (a token without access) with ``X-Error
 unknown repos 401 ``RepoNotFound``; missing files 404 ``EntryNotFound``. Every request is logged
 (method, path, requested range, status, body bytes sent) so tests can assert what went over the
 wire. ``drop_after[path] = n`` makes the next full GET of that file stop after ``n`` bytes and close
-the connection, to exercise resuming. No Xet headers are ever sent, so downloads stay plain HTTP.
+the connection, to exercise resuming.
+
+Hostile modes, for the checks localspec makes on what a server sends:
+
+- ``corrupt`` ("repo/path" keys): the file's bytes are served with one byte flipped, under the true
+  headers (size, ``ETag``/``X-Linked-Etag`` with the real hashes), as a bad mirror or proxy would;
+- ``xet = True``: resolve answers carry the Xet headers the real Hub sends for Xet-stored files
+  (``X-Xet-Hash``, ``X-Xet-Refresh-Route``); the refresh route itself answers 404 and is logged, so a
+  test sees whether a client tried the Xet protocol instead of plain HTTP;
+- ``extra_siblings[repo]``: names added to the repository listing (``model_info``) only, e.g.
+  ``../../x.gguf``, as a hostile listing would.
 """
 
 from __future__ import annotations
@@ -98,6 +108,9 @@ class FakeHub:
         self.tokens = tokens or {}  # token -> set of gated repo ids it may read
         self.log: list[LogEntry] = []
         self.drop_after: dict[str, int] = {}  # "repo/path" -> bytes to send before cutting the connection
+        self.corrupt: set[str] = set()  # "repo/path" served with a flipped byte under the true headers
+        self.xet = False  # send Xet headers on resolve
+        self.extra_siblings: dict[str, list[dict]] = {}  # repo -> extra listing entries
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -188,7 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     fake: FakeHub
 
-    def log_message(self, format, *args):  # noqa: A002 - quiet
+    def log_message(self, format, *args):
         pass
 
     # ------------------------------------------------------------------------------------ helpers
@@ -199,14 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers: dict[str, str] | None = None,
         content_type: str = "application/json",
     ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        # logged before the answer goes out: a client that has its answer finds it in the log
         self.fake.record(
             LogEntry(
                 self.command,
@@ -216,6 +222,14 @@ class _Handler(BaseHTTPRequestHandler):
                 authorization=self.headers.get("Authorization"),
             )
         )
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _json(self, status: int, obj, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), headers)
@@ -260,13 +274,13 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     # ------------------------------------------------------------------------------------ routing
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._route()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._route()
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._route()
 
     def _route(self) -> None:
@@ -301,6 +315,9 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{entry.git_oid}"', "Accept-Ranges": "bytes"}
+        if self.fake.xet:
+            headers["X-Xet-Hash"] = hashlib.sha256(entry.sha256.encode()).hexdigest()
+            headers["X-Xet-Refresh-Route"] = f"{self.fake.endpoint}/api/models/{repo_id}/xet-read-token/{rev}"
         if entry.is_lfs:
             headers.update({"X-Linked-Etag": f'"{entry.sha256}"', "X-Linked-Size": str(entry.size)})
             if self.fake.redirect_lfs:
@@ -343,12 +360,6 @@ class _Handler(BaseHTTPRequestHandler):
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
         length = end - start + 1
-        self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(length))
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.end_headers()
         log = LogEntry(
             self.command,
             self.path,
@@ -357,25 +368,39 @@ class _Handler(BaseHTTPRequestHandler):
             end if rng else None,
             authorization=self.headers.get("Authorization"),
         )
+        self.fake.record(log)  # before the answer; bytes_sent grows as the body goes out
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(length))
+        for k, v in headers.items():
+            self.send_header(k, v)
         if self.command == "HEAD":
-            self.fake.record(log)
+            self.end_headers()
             return
+        # the body's byte count is known only as it goes: count it first, so a client that has read
+        # the whole body finds the full count in the log
         cut = None
         if key in self.fake.drop_after and self.command == "GET":
             cut = self.fake.drop_after.pop(key)
+        log.bytes_sent = length if cut is None else min(length, cut)
+        self.end_headers()
+        flip = size // 2 if key in self.fake.corrupt else -1  # the byte served wrong
         sent = 0
         with open(entry.local, "rb") as fh:
             fh.seek(start)
             remaining = length if cut is None else min(length, cut)
             while remaining > 0:
+                at = fh.tell()
                 chunk = fh.read(min(65536, remaining))
                 if not chunk:
                     break
+                if at <= flip < at + len(chunk):
+                    i = flip - at
+                    chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1 :]
                 self.wfile.write(chunk)
                 sent += len(chunk)
                 remaining -= len(chunk)
-        log.bytes_sent = sent
-        self.fake.record(log)
+        log.bytes_sent = sent  # what really went out (less if the client hung up)
         if cut is not None and sent < length:
             self.wfile.flush()
             self.close_connection = True
@@ -405,7 +430,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._model_summary(repo)
             | {
                 "sha": repo.commit,
-                "siblings": [self._sibling(e, blobs) for e in repo.files.values()],
+                "siblings": [self._sibling(e, blobs) for e in repo.files.values()]
+                + self.fake.extra_siblings.get(repo_id, []),
                 "usedStorage": sum(e.size for e in repo.files.values()),
             },
         )

@@ -41,11 +41,24 @@ def _rich_file(path: Path) -> Path:
         w.add_array("t.nested", [[1, 2], [3]])
         w.add_block_count(2)
 
-    tensors = {"token_embd.weight": np.zeros((70, 8), dtype=np.float16),
-               "blk.0.attn_q.weight": np.ones((8, 8), dtype=np.float32),
-               "blk.0.ffn_norm.weight": np.ones(8, dtype=np.float32)}
-    return write_gguf(path, arch="llama", name="rich", tokens=synthetic_tokens(70), token_types=[1] * 70,
-                      bos=1, eos=2, add_bos=True, tensors=tensors, file_type=1, extra=extra)
+    tensors = {
+        "token_embd.weight": np.zeros((70, 8), dtype=np.float16),
+        "blk.0.attn_q.weight": np.ones((8, 8), dtype=np.float32),
+        "blk.0.ffn_norm.weight": np.ones(8, dtype=np.float32),
+    }
+    return write_gguf(
+        path,
+        arch="llama",
+        name="rich",
+        tokens=synthetic_tokens(70),
+        token_types=[1] * 70,
+        bos=1,
+        eos=2,
+        add_bos=True,
+        tensors=tensors,
+        file_type=1,
+        extra=extra,
+    )
 
 
 def test_rich_file_matches_gguf_reader(tmp_path):
@@ -69,7 +82,8 @@ def test_rich_file_matches_gguf_reader(tmp_path):
     assert meta.kv["t.nested"] == [[1, 2], [3]]
     assert meta.kv["t.str"] == "héllo ✓ 世界"
     assert [(t.name, t.shape, t.ggml_type) for t in meta.tensors] == [
-        (t.name, tuple(int(x) for x in t.shape), int(t.tensor_type)) for t in ref.tensors]
+        (t.name, tuple(int(x) for x in t.shape), int(t.tensor_type)) for t in ref.tensors
+    ]
     assert meta.data_offset == ref.data_offset
     assert [meta.data_offset + t.offset for t in meta.tensors] == [t.data_offset for t in ref.tensors]
     assert meta.n_params == 70 * 8 + 64 + 8
@@ -116,7 +130,7 @@ class CountingFile(io.RawIOBase):
         return self.pos
 
     def read(self, n: int = -1) -> bytes:
-        chunk = self.data[self.pos:] if n < 0 else self.data[self.pos:self.pos + n]
+        chunk = self.data[self.pos :] if n < 0 else self.data[self.pos : self.pos + n]
         self.pos += len(chunk)
         self.bytes_read += len(chunk)
         self.reads += 1
@@ -125,8 +139,7 @@ class CountingFile(io.RawIOBase):
 
 def test_fileobj_stops_after_kv_section(tmp_path):
     big = {"token_embd.weight": np.zeros((1000, 1024), dtype=np.float32)}  # 4 MB of tensor data
-    path = write_gguf(tmp_path / "m.gguf", tokens=synthetic_tokens(5000), token_types=[1] * 5000,
-                      tensors=big)
+    path = write_gguf(tmp_path / "m.gguf", tokens=synthetic_tokens(5000), token_types=[1] * 5000, tensors=big)
     data = path.read_bytes()
     fh = CountingFile(data)
     meta = read_metadata_fileobj(fh, "remote://m.gguf", len(data), tensors=False, chunk_size=1 << 16)
@@ -146,8 +159,13 @@ def test_small_chunks_give_the_same_vocabulary():
 
 # -- hostile files ---------------------------------------------------------------------------------
 def _base(tmp_path: Path) -> bytes:
-    return write_gguf(tmp_path / "base.gguf", tokens=synthetic_tokens(100), token_types=[1] * 100, bos=0,
-                      tensors={"w": np.zeros((4, 4), dtype=np.float32)}).read_bytes()
+    return write_gguf(
+        tmp_path / "base.gguf",
+        tokens=synthetic_tokens(100),
+        token_types=[1] * 100,
+        bos=0,
+        tensors={"w": np.zeros((4, 4), dtype=np.float32)},
+    ).read_bytes()
 
 
 def _kv_start() -> int:
@@ -170,13 +188,13 @@ def _corruptions(base: bytes) -> dict[str, bytes]:
         "absurd kv count": base[:16] + struct.pack("<Q", 2**60) + base[24:],
         "absurd tensor count": base[:8] + struct.pack("<Q", 2**40) + base[16:],
         "huge key length": base[:24] + struct.pack("<Q", 2**63) + base[32:],
-        "huge array count": base[: toks + 8] + struct.pack("<Q", 2**62) + base[toks + 16:],
-        "string longer than file": base[:first_len] + struct.pack("<Q", len(base)) + base[first_len + 8:],
-        "unknown value type": base[: toks] + struct.pack("<I", 77) + base[toks + 4:],
+        "huge array count": base[: toks + 8] + struct.pack("<Q", 2**62) + base[toks + 16 :],
+        "string longer than file": base[:first_len] + struct.pack("<Q", len(base)) + base[first_len + 8 :],
+        "unknown value type": base[:toks] + struct.pack("<I", 77) + base[toks + 4 :],
     }
     # a tensor with five dimensions: find the tensor name "w" (length 1) after the KV section
     w_at = base.rindex(struct.pack("<Q", 1) + b"w")
-    out["five dims"] = base[: w_at + 9] + struct.pack("<I", 5) + base[w_at + 13:]
+    out["five dims"] = base[: w_at + 9] + struct.pack("<I", 5) + base[w_at + 13 :]
     return out
 
 
@@ -197,10 +215,16 @@ def test_each_corruption_gives_a_clean_error(tmp_path):
 def test_specific_messages(tmp_path):
     base = _base(tmp_path)
     cases = _corruptions(base)
-    expect = {"bad magic": "not a GGUF file", "version 1": "version 1 is not supported",
-              "truncated in tensor data": "cut short", "absurd kv count": "absurd key/value count",
-              "huge array count": "claims", "unknown value type": "unknown value type 77",
-              "five dims": "5 dimensions", "string longer than file": "remain in the file"}
+    expect = {
+        "bad magic": "not a GGUF file",
+        "version 1": "version 1 is not supported",
+        "truncated in tensor data": "cut short",
+        "absurd kv count": "absurd key/value count",
+        "huge array count": "claims",
+        "unknown value type": "unknown value type 77",
+        "five dims": "5 dimensions",
+        "string longer than file": "remain in the file",
+    }
     for label, needle in expect.items():
         p = tmp_path / "x.gguf"
         p.write_bytes(cases[label])
@@ -212,8 +236,11 @@ def test_nesting_duplicates_alignment_and_folders(tmp_path):
     deep = write_gguf(tmp_path / "deep.gguf", extra=lambda w: w.add_array("x", [[[[1]]]]))
     with pytest.raises(GGUFError, match="nested"):
         read_metadata(deep)
-    dup = write_gguf(tmp_path / "dup.gguf", extra=lambda w: w.add_uint32("general.alignment", 24),
-                     tensors={"w": np.zeros(4, dtype=np.float32)})
+    dup = write_gguf(
+        tmp_path / "dup.gguf",
+        extra=lambda w: w.add_uint32("general.alignment", 24),
+        tensors={"w": np.zeros(4, dtype=np.float32)},
+    )
     with pytest.raises(GGUFError, match="power of two"):
         read_metadata(dup)
     raw = write_gguf(tmp_path / "two.gguf", extra=lambda w: (w.add_uint32("aa", 1), w.add_uint32("ab", 2)))
@@ -244,10 +271,15 @@ _FUZZ_BASE: dict[str, bytes] = {}
 def _fuzz_base(tmp_path_factory) -> bytes:
     if "b" not in _FUZZ_BASE:
         d = tmp_path_factory.mktemp("fuzz")
-        _FUZZ_BASE["b"] = write_gguf(d / "f.gguf", tokens=synthetic_tokens(200) + ["", "\x00x"] * 10,
-                                     token_types=[1] * 220, bos=1, add_bos=True,
-                                     extra=lambda w: w.add_array("n", [[1, 2], [3]]),
-                                     tensors={"a": np.zeros((3, 5), dtype=np.float16)}).read_bytes()
+        _FUZZ_BASE["b"] = write_gguf(
+            d / "f.gguf",
+            tokens=synthetic_tokens(200) + ["", "\x00x"] * 10,
+            token_types=[1] * 220,
+            bos=1,
+            add_bos=True,
+            extra=lambda w: w.add_array("n", [[1, 2], [3]]),
+            tensors={"a": np.zeros((3, 5), dtype=np.float16)},
+        ).read_bytes()
     return _FUZZ_BASE["b"]
 
 
@@ -269,7 +301,7 @@ def test_fuzzed_headers_only_raise_gguf_error(tmp_path_factory, mutations):
         if kind == "flip" and data:
             data[at] = value
         elif kind == "u64":
-            data[at:at + 8] = struct.pack("<Q", value)
+            data[at : at + 8] = struct.pack("<Q", value)
         elif kind == "cut":
             del data[at:]
         else:
@@ -284,3 +316,48 @@ def test_fuzzed_headers_only_raise_gguf_error(tmp_path_factory, mutations):
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     assert peak < 64 * len(blob) + (8 << 20)
+
+
+# -- totals over the whole header -------------------------------------------------------------------
+def _raw_gguf(kv: list[tuple[str, int, bytes]], n_tensors: int = 0, tensor_bytes: bytes = b"") -> bytes:
+    """A GGUF v3 built by hand: ``kv`` items are (key, value type, encoded value)."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, n_tensors, len(kv))
+    for key, vtype, value in kv:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", vtype) + value
+    return out + tensor_bytes
+
+
+def test_many_arrays_each_under_the_cap_are_refused_in_total(tmp_path):
+    from localspec.gguf_meta import MAX_ARRAY, MAX_HEADER_ITEMS
+
+    per = 1 << 20  # each array is far below MAX_ARRAY; together they pass MAX_HEADER_ITEMS
+    assert per < MAX_ARRAY and 5 * per > MAX_HEADER_ITEMS
+    arr = struct.pack("<IQ", int(gguf.GGUFValueType.UINT8), per) + bytes(per)
+    p = tmp_path / "many.gguf"
+    p.write_bytes(_raw_gguf([(f"a{i}", int(gguf.GGUFValueType.ARRAY), arr) for i in range(5)]))
+    tracemalloc.start()
+    try:
+        with pytest.raises(GGUFError, match=r"more than \d+ keys, array items and tensor infos in total"):
+            read_metadata(p)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * p.stat().st_size  # refused before the lists grew to ~10x the file
+
+
+def test_a_header_with_too_many_tensor_infos_is_refused_before_reading_them(tmp_path):
+    n = 200_000  # 24 bytes per minimal tensor info: a 4.8 MB header
+    info = struct.pack("<Q", 1) + b"t" + struct.pack("<IIQ", 0, 0, 0)  # 0-dim F32 tensor at offset 0
+    p = tmp_path / "tensors.gguf"
+    p.write_bytes(_raw_gguf([], n_tensors=n, tensor_bytes=info * n + bytes(64)))
+    with pytest.raises(GGUFError, match="absurd tensor count 200000"):
+        read_metadata(p)
+
+
+def test_real_vocabularies_stay_well_under_the_totals():
+    from localspec.gguf_meta import MAX_HEADER_ITEMS
+
+    for name in ("qwen2", "llama-spm", "gpt-2"):
+        meta = read_metadata(vocab_path(name))
+        items = sum(len(v) for v in meta.kv.values() if isinstance(v, list)) + len(meta.kv)
+        assert items * 3 < MAX_HEADER_ITEMS, name

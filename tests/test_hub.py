@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from _hub_server import FakeHub, make_gguf, ordinary_tokens
 
-from localspec import constants, hub
+from localspec import constants, hub, hub_search
 from localspec.errors import (
     DiskSpaceError,
     DownloadError,
@@ -15,7 +15,8 @@ from localspec.errors import (
     IncompatiblePairError,
     OfflineError,
 )
-from localspec.presets import save_user_preset
+from localspec.presets import HubRef, save_user_preset
+from localspec.units import format_bytes
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB = SPECIAL + ordinary_tokens(400)
@@ -213,7 +214,7 @@ def test_too_little_disk_space_stops_before_downloading(fake_hub, ggufs, monkeyp
     with pytest.raises(DiskSpaceError) as info:
         hub.ensure_preset("full-disk")
     need = ggufs["target"].stat().st_size + ggufs["draft"].stat().st_size
-    assert f"needs {hub.format_bytes(need)} (2 file(s)) but only 1.0 MB is free" in str(info.value)
+    assert f"needs {format_bytes(need)} (2 file(s)) but only 1.0 MB is free" in str(info.value)
     assert "HF_HUB_CACHE" in info.value.hint
     assert asked == [tmp_path / "hf" / "hub"]
     assert [e for e in fake_hub.log if "/resolve/" in e.path] == []
@@ -229,7 +230,7 @@ def test_sharded_gguf_is_fetched_whole(fake_hub, ggufs):
         "m-q8_0.gguf": b"GGUF-not-this-one",
     }
     fake_hub.add_repo("org/split-GGUF", shards)
-    resolved = hub.resolve_remote(hub.ModelRef(repo_id="org/split-GGUF", filename="m-q4_k_m*.gguf"))
+    resolved = hub.resolve_remote(HubRef(repo_id="org/split-GGUF", filename="m-q4_k_m*.gguf"))
     assert [f.filename for f in resolved.files] == sorted(n for n in shards if "q4_k_m" in n)
     first = hub._fetch_resolved(resolved, "target", None)
     assert first.name == "m-q4_k_m-00001-of-00003.gguf"
@@ -262,7 +263,7 @@ def test_remote_fingerprint_reads_only_the_header(fake_hub, tmp_path):
 
     from localspec import gguf_meta, vocab
 
-    remote = hub.remote_fingerprint("org/big-GGUF", "big-Q4_K_M.gguf")
+    remote = hub_search.remote_fingerprint("org/big-GGUF", "big-Q4_K_M.gguf")
     local = vocab.fingerprint(gguf_meta.read_metadata(big, tensors=False))
     assert remote.fingerprint == local.fingerprint and remote.tokens == local.tokens
     reads = [e for e in fake_hub.requests_for("big-Q4_K_M.gguf", "GET")]
@@ -279,7 +280,7 @@ def test_pair_check_refuses_an_incompatible_pair(fake_hub, ggufs):
     _pair_preset("mismatch", ("org/t-GGUF", "*Q4_K_M.gguf"), ("other/alien-GGUF", "*Q4_K_M.gguf"))
     with pytest.raises(IncompatiblePairError) as info:
         hub.ensure_preset("mismatch")
-    assert "preset 'mismatch': the draft alien-Q4_K_M.gguf cannot be used" in str(info.value)
+    assert "preset 'mismatch': draft alien-Q4_K_M.gguf does not fit target t-Q4_K_M.gguf" in str(info.value)
     assert info.value.reasons  # the verdict's reasons travel with the error
 
 
@@ -328,7 +329,7 @@ def test_find_drafts_ranks_candidates(fake_hub, ggufs):
     )  # larger: skipped
     fake_hub.add_repo("Qwen/Toy-0.5B-Instruct", {"model.safetensors": b"x"})  # not GGUF: skipped
 
-    found = hub.find_drafts("Qwen/Toy-7B-Instruct-GGUF")
+    found = hub_search.search_hub_drafts("Qwen/Toy-7B-Instruct-GGUF")
     assert [c.repo_id for c in found] == ["Qwen/Toy-0.5B-Instruct-GGUF", "someone/Toy-1B-GGUF"]
     best, worst = found
     assert (best.verdict, best.filename, best.same_author) == (
@@ -350,3 +351,139 @@ def test_embedded_preset_needs_no_network(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     pair = hub.ensure_preset(constants.EMBEDDED_PRESET)
     assert (pair.target, pair.draft) == (constants.EMBEDDED_TARGET, constants.EMBEDDED_DRAFT)
+
+
+# ------------------------------------------------------------------------ what the server sends is checked
+
+
+def _blobs(tmp_path: Path, repo: str) -> Path:
+    return tmp_path / "hf" / "hub" / ("models--" + repo.replace("/", "--")) / "blobs"
+
+
+def test_a_corrupt_download_is_deleted_and_fetched_again_next_run(fake_hub, ggufs, tmp_path):
+    fake_hub.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
+    fake_hub.add_repo("org/d-GGUF", {"d-Q4_K_M.gguf": ggufs["draft"]})
+    _pair_preset("bad-mirror", ("org/t-GGUF", "*Q4_K_M.gguf"), ("org/d-GGUF", "*Q4_K_M.gguf"))
+    fake_hub.corrupt.add("org/t-GGUF/t-Q4_K_M.gguf")  # right size and headers, one byte wrong
+
+    with pytest.raises(DownloadError) as info:
+        hub.ensure_preset("bad-mirror")
+    text = str(info.value)
+    assert "org/t-GGUF/t-Q4_K_M.gguf: the downloaded file is corrupt (SHA-256" in text
+    assert "it was deleted from the cache" in text and "run the command again" in info.value.hint
+    assert list(_blobs(tmp_path, "org/t-GGUF").iterdir()) == []  # no corrupt blob kept
+    snapshots = _blobs(tmp_path, "org/t-GGUF").parent / "snapshots"
+    assert [p for p in snapshots.rglob("*") if p.name.endswith(".gguf")] == []
+
+    fake_hub.corrupt.clear()  # the next run fetches the file again and gets the right bytes
+    pair = hub.ensure_preset("bad-mirror")
+    assert pair.target.read_bytes() == ggufs["target"].read_bytes()
+
+
+def test_a_corrupt_small_git_file_is_caught_by_its_git_sha1(fake_hub, tmp_path):
+    fake_hub.add_repo("org/r", {"README.md": b"# a model card\n" * 50})
+    fake_hub.corrupt.add("org/r/README.md")
+    remote = hub.RemoteFile("org/r", "README.md", "main", 750)
+    with pytest.raises(DownloadError, match=r"corrupt \(git SHA-1"):
+        hub.download_file(remote)
+    assert list(_blobs(tmp_path, "org/r").iterdir()) == []
+    fake_hub.corrupt.clear()
+    assert hub.download_file(remote).read_bytes() == b"# a model card\n" * 50
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../../../evil.gguf", "/tmp/evil.gguf", "sub/../../evil.gguf", "a\\..\\evil.gguf", "C:/evil.gguf"],
+)
+def test_a_hostile_listing_cannot_point_outside_the_cache(fake_hub, ggufs, tmp_path, name):
+    outside = tmp_path / "evil.gguf"
+    outside.write_bytes(ggufs["target"].read_bytes())  # a local file a hostile name could resolve to
+    fake_hub.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
+    fake_hub.extra_siblings["org/t-GGUF"] = [{"rfilename": name, "size": 10}]
+    ref = HubRef(repo_id="org/t-GGUF", filename="*evil.gguf")
+    with pytest.raises(DownloadError, match="refusing to use it under") as info:
+        hub.resolve_remote(ref)
+    assert repr(name) in str(info.value) and "HF_ENDPOINT" in info.value.hint
+    # the good file of the same listing still resolves
+    assert [
+        f.filename for f in hub.resolve_remote(HubRef(repo_id="org/t-GGUF", filename="t-*.gguf")).files
+    ] == ["t-Q4_K_M.gguf"]
+
+
+def test_safe_join_is_the_one_rule(tmp_path):
+    assert hub.safe_join(tmp_path, "a/b.gguf") == tmp_path / "a" / "b.gguf"
+    for bad in ("", ".", "..", "a/./b", "a//b", "/abs", "..\\x", "x\0y", "D:x"):
+        with pytest.raises(DownloadError):
+            hub.safe_join(tmp_path, bad)
+
+
+def test_a_bad_revision_is_refused_before_any_request(fake_hub, ggufs, tmp_path):
+    fake_hub.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
+    fake_hub.log.clear()
+    bad = HubRef(repo_id="org/t-GGUF", filename="t-Q4_K_M.gguf", revision="../../../../escaped")
+    for call in (
+        lambda: hub.resolve_remote(bad),
+        lambda: hub.resolve_cached(bad),
+        lambda: hub.download_file(hub.RemoteFile("org/t-GGUF", "t-Q4_K_M.gguf", bad.revision, None)),
+        lambda: hub_search.remote_metadata("org/t-GGUF", "t-Q4_K_M.gguf", bad.revision),
+    ):
+        with pytest.raises(DownloadError, match="revision") as info:
+            call()
+        assert "40-hex commit" in info.value.hint
+    assert fake_hub.log == []
+    assert not any("escaped" in str(p) for p in tmp_path.rglob("*"))
+
+
+def test_stale_incomplete_files_are_cleaned_and_live_ones_kept(fake_hub, ggufs, tmp_path):
+    import os
+    import time
+
+    fake_hub.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
+    fake_hub.add_repo("org/d-GGUF", {"d-Q4_K_M.gguf": ggufs["draft"]})
+    _pair_preset("leftovers", ("org/t-GGUF", "*Q4_K_M.gguf"), ("org/d-GGUF", "*Q4_K_M.gguf"))
+    blobs = _blobs(tmp_path, "org/t-GGUF")
+    blobs.mkdir(parents=True)
+    dead, live = blobs / ("a" * 64 + ".1234abcd.incomplete"), blobs / ("b" * 64 + ".5678abcd.incomplete")
+    dead.write_bytes(b"x" * 1000)
+    live.write_bytes(b"y" * 1000)
+    old = time.time() - 2 * hub.STALE_INCOMPLETE_S
+    os.utime(dead, (old, old))
+
+    hub.ensure_preset("leftovers")
+    assert not dead.exists() and live.exists()
+
+
+def test_ctrl_c_stops_a_download_at_once_and_leaves_nothing(fake_hub, ggufs, tmp_path):
+    big = make_gguf(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=24 << 20)
+    fake_hub.add_repo("org/big-GGUF", {"big-q4_k_m.gguf": big})
+    fake_hub.add_repo("org/small-GGUF", {"small-q4_k_m.gguf": ggufs["draft"]})
+    _pair_preset("interrupted", ("org/big-GGUF", "*q4_k_m.gguf"), ("org/small-GGUF", "*q4_k_m.gguf"))
+    calls = []
+
+    def progress(stage, done, total):
+        calls.append(done)
+        if stage == "target" and 0 < done < total:
+            raise KeyboardInterrupt  # what Ctrl-C raises in the main thread
+
+    with pytest.raises(KeyboardInterrupt):
+        hub.ensure_preset("interrupted", progress=progress)
+    gets = fake_hub.requests_for("big-q4_k_m.gguf", "GET")
+    assert len(gets) <= 1 and len(calls) == 1  # no retry, no resume, no further progress
+    assert _incomplete_files(tmp_path / "hf") == []
+    assert list(_blobs(tmp_path, "org/big-GGUF").iterdir()) == []
+
+
+def test_xet_headers_do_not_switch_localspec_off_plain_http(fake_hub, ggufs, monkeypatch):
+    import huggingface_hub.constants as hf_constants
+
+    # as in a process where huggingface_hub was imported before anyone set HF_HUB_DISABLE_XET
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", False)
+    fake_hub.xet = True
+    fake_hub.add_repo("org/t-GGUF", {"t-Q4_K_M.gguf": ggufs["target"]})
+    fake_hub.add_repo("org/d-GGUF", {"d-Q4_K_M.gguf": ggufs["draft"]})
+    _pair_preset("xet", ("org/t-GGUF", "*Q4_K_M.gguf"), ("org/d-GGUF", "*Q4_K_M.gguf"))
+
+    pair = hub.ensure_preset("xet")
+    assert pair.target.read_bytes() == ggufs["target"].read_bytes()
+    assert [e.path for e in fake_hub.log if "xet-read-token" in e.path] == []
+    assert len(fake_hub.requests_for("t-Q4_K_M.gguf", "GET")) == 1

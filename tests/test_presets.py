@@ -8,7 +8,18 @@ import pytest
 
 from localspec import constants
 from localspec.errors import PresetError
-from localspec.presets import DraftSettings, get_preset, list_presets, load_file, parse_size, save_user_preset
+from localspec.presets import (
+    check_revision,
+    dump_toml,
+    get_preset,
+    list_presets,
+    load_file,
+    load_presets,
+    parse_size,
+    preset_problems,
+    save_user_preset,
+)
+from localspec.settings import DraftSettings
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +72,10 @@ def test_unknown_name_suggests_close_matches():
         ('[[preset]]\nname = "x"\n', "missing key 'target'"),
         ('[[preset]]\nname = "x"\ntarget = { repo = "a/b", file = "m.bin" }\n', "does not name a .gguf"),
         ('[[preset]]\nname = "x"\ntarget = { repo = "nope", file = "m.gguf" }\n', "not a Hub repository id"),
-        ('[[preset]]\nname = "x"\ntarget = { path = "m.gguf" }\n[preset.draft]\nn_max = 0\n', "n_max: 0"),
+        (
+            '[[preset]]\nname = "x"\ntarget = { path = "m.gguf" }\n[preset.draft]\nn_max = 0\n',
+            ".draft.n_max: n_max 0 is out of range",
+        ),
         (
             '[[preset]]\nname = "x"\ntarget = { path = "m.gguf" }\n[preset.draft]\nstrategy = "magic"\n',
             "strategy",
@@ -74,6 +88,10 @@ def test_unknown_name_suggests_close_matches():
         ('[[preset]]\nname = "x"\ntarget = { path = "m.gguf" }\ncolour = 1\n', "unknown key(s) colour"),
         ('[[preset]]\nname = "Bad Name"\ntarget = { path = "m.gguf" }\n', "name 'Bad Name'"),
         ("[[preset]\n", "not valid TOML"),
+        (
+            '[[preset]]\nname = "x"\ntarget = { embedded = "../../../etc/x.gguf" }\n',
+            "is not the name of a file shipped with localspec",
+        ),
     ],
 )
 def test_validation_names_the_file_and_the_key(tmp_path, body, message):
@@ -112,9 +130,74 @@ def test_user_presets_override_builtin_and_round_trip(user_config):
     assert not (user_config / "broken.toml").exists()
 
 
-def test_duplicate_names_in_one_folder_are_an_error(user_config):
+def test_duplicate_names_in_one_folder_are_reported_and_the_second_file_skipped(user_config):
     user_config.mkdir(parents=True)
     for f in ("a.toml", "b.toml"):
         (user_config / f).write_text('[[preset]]\nname = "twin"\ntarget = { path = "/t.gguf" }\n')
-    with pytest.raises(PresetError, match="also defined in"):
-        list_presets()
+    twins = [p for p in list_presets() if p.name == "twin"]
+    assert [p.source for p in twins] == [str(user_config / "a.toml")]
+    (problem,) = preset_problems()
+    assert f"{user_config / 'b.toml'}: preset 'twin' is also defined in {user_config / 'a.toml'}" in str(
+        problem
+    )
+
+
+GOOD = '[[preset]]\nname = "good"\ntarget = { path = "/t.gguf" }\n'
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (GOOD.replace("good", "inf") + "download_size = inf\n", "download_size: inf is not a size"),
+        (GOOD.replace("good", "nan") + "ram = nan\n", "ram: nan is not a size"),
+        (GOOD.replace("good", "big") + "download_size = " + "9" * 300 + "\n", "is not a size from 0 to 1 PB"),
+        (GOOD.replace("good", "ctx") + "n_ctx = " + "9" * 300 + "\n", "key 'n_ctx' holds a 300-digit number"),
+        (GOOD.replace("good", "latin").encode("utf-8") + b'description = "caf\xe9"\n', "not UTF-8 text"),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+        (
+            GOOD.replace("good", "rev").replace('{ path = "/t.gguf" }', '{ repo = "a/b", file = "m.gguf" }'),
+            None,
+        ),
+        (
+            '[[preset]]\nname = "esc"\ntarget = { repo = "a/b", file = "m.gguf", revision = "../../../x" }\n',
+            "target.revision: revision '../../../x' is not a branch, tag or commit name",
+        ),
+    ],
+)
+def test_a_broken_user_file_is_reported_by_name_and_the_rest_keep_working(user_config, body, message):
+    user_config.mkdir(parents=True)
+    (user_config / "fine.toml").write_text(GOOD)
+    bad = user_config / "broken.toml"
+    bad.write_bytes(body if isinstance(body, bytes) else body.encode())
+    presets, problems = load_presets()
+    names = {p.name for p in presets}
+    assert "good" in names and "tiny-embedded" in names  # the other user file and the built-in ones
+    if message is None:  # control case: the same file without the fault loads
+        assert problems == [] and "rev" in names
+        return
+    (problem,) = problems
+    assert isinstance(problem, PresetError) and str(problem).startswith(str(bad)), str(problem)
+    assert message in str(problem) and problem.hint
+    assert preset_problems()[0].message == problem.message
+    with pytest.raises(PresetError, match="1 preset file"):
+        get_preset("not-there")
+
+
+@pytest.mark.parametrize(
+    "revision",
+    ["../x", "/etc", "a/../b", "a\\b", "a//b", "main/", ".hidden", "x\ny", "a.lock", "", "x" * 300],
+)
+def test_unsafe_revisions_are_refused_at_parse_time(tmp_path, revision):
+    body = dump_toml(
+        {"preset": [{"name": "r", "target": {"repo": "a/b", "file": "m.gguf", "revision": revision}}]}
+    )
+    path = tmp_path / "r.toml"
+    path.write_text(body)
+    with pytest.raises(PresetError, match=r"revision") as info:
+        load_file(path, source="user")
+    assert str(path) in str(info.value) and "40-hex commit" in info.value.hint
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/1", "release_2024-01", "a" * 40 + "0" * 0])
+def test_ordinary_revisions_pass(revision):
+    assert check_revision(revision, where="x") == revision

@@ -109,8 +109,12 @@ def test_rank_drafts_order_and_reasons(zoo):
     assert target.n_params == 24000 and target.family == "fam" and target.usable
     ranked = rank_drafts(target, scan([zoo]))
     fits = [os.path.basename(r.model.path) for r in ranked if r.fits]
-    assert fits == ["a_same_family_10x.gguf", "c_same_family_2x.gguf", "b_other_family_10x.gguf",
-                    "d_compatible_10x.gguf"]
+    assert fits == [
+        "a_same_family_10x.gguf",
+        "c_same_family_2x.gguf",
+        "b_other_family_10x.gguf",
+        "d_compatible_10x.gguf",
+    ]
     why = {os.path.basename(r.model.path): r.why for r in ranked}
     assert "identical vocabulary" in why["a_same_family_10x.gguf"]
     assert "10.0x smaller (in the 5-20x sweet spot)" in why["a_same_family_10x.gguf"]
@@ -141,3 +145,117 @@ def test_inspect_keeps_vocab_and_reports_bad_files(tmp_path):
     assert "tokens" not in info.as_dict() and "vocab" not in info.as_dict()
     bad = inspect(tmp_path / "missing.gguf")
     assert bad.error and not bad.usable
+
+
+# -- hostile folders and caches -------------------------------------------------------------------------
+def _no_hang(fn, seconds: float = 20.0):
+    """Run ``fn`` in a thread; fail (instead of hanging the suite) if it does not return in time."""
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the test below
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{fn} hung"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@pytest.fixture
+def fifo_blob(tmp_path):
+    """A FIFO named like an Ollama blob, beside a real GGUF blob; unblocked afterwards if a reader hangs."""
+    blobs = tmp_path / "ollama" / "blobs"
+    blobs.mkdir(parents=True)
+    shutil.copy(vocab_path("gpt-2"), blobs / ("sha256-" + "1" * 64))
+    fifo = blobs / ("sha256-" + "f" * 64)
+    os.mkfifo(fifo)
+    yield fifo
+    try:  # release a reader stuck in open() (the code before the fix), so the thread can end
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def test_a_fifo_named_like_a_blob_does_not_hang_anything(fifo_blob):
+    from localspec.errors import GGUFError
+    from localspec.gguf_meta import is_gguf_file, read_metadata
+    from localspec.pairing import check_pair
+
+    found = _no_hang(lambda: scan([fifo_blob.parent]))
+    assert [os.path.basename(m.path) for m in found] == ["sha256-" + "1" * 64]
+    assert _no_hang(lambda: is_gguf_file(fifo_blob)) is False
+    info = _no_hang(lambda: inspect(fifo_blob))
+    assert f"{fifo_blob}: is a FIFO (named pipe), not a GGUF file" in info.error
+    with pytest.raises(GGUFError, match="is a FIFO"):
+        _no_hang(lambda: read_metadata(fifo_blob))
+    with pytest.raises(GGUFError, match="is a FIFO"):
+        _no_hang(lambda: check_pair(fifo_blob, None, label="x"))
+    with pytest.raises(GGUFError, match="is a FIFO"):
+        _no_hang(lambda: find_drafts(fifo_blob))
+
+
+def test_a_cached_error_does_not_outlive_its_cause(tmp_path, monkeypatch):
+    # as root a chmod cannot deny a read, so the "Permission denied" comes from the reader itself
+    from localspec.errors import GGUFError
+
+    root = tmp_path / "m"
+    root.mkdir()
+    shutil.copy(vocab_path("qwen2"), root / "a.gguf")
+    real_read = scanmod.read_metadata
+
+    def denied(path, **kw):
+        raise GGUFError(os.fspath(path), "cannot be opened (Permission denied)")
+
+    monkeypatch.setattr(scanmod, "read_metadata", denied)
+    (first,) = scan([root])
+    assert "Permission denied" in first.error
+    monkeypatch.setattr(scanmod, "read_metadata", real_read)  # chmod fixed it: same size, same mtime
+    (second,) = scan([root])
+    assert second.error is None and second.n_vocab == first_vocab(root / "a.gguf")
+
+
+def first_vocab(path) -> int:
+    return inspect(path).n_vocab
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{",
+        "[" * 100_000 + "]" * 100_000,
+        '{"version": VERSION, "files": []}',
+        '{"version": VERSION, "files": {"REAL": "not an entry"}}',
+        '{"version": VERSION, "files": {"REAL": {"size": SIZE, "mtime_ns": MTIME, "mode": MODE, '
+        '"info": "x"}}}',
+        '{"version": VERSION, "files": {"REAL": {"size": SIZE, "mtime_ns": MTIME, "mode": MODE, '
+        '"info": {"n": 1}}}}',
+        '{"version": VERSION, "files": {"REAL": {"size": SIZE, "mtime_ns": MTIME, "mode": MODE, '
+        '"info": {"path": "p", "n_vocab": "many", "usable": "yes"}}}}',
+    ],
+)
+def test_a_malformed_scan_cache_is_discarded(tmp_path, content):
+    root = tmp_path / "m"
+    root.mkdir()
+    shutil.copy(vocab_path("qwen2"), root / "a.gguf")
+    real = os.path.realpath(root / "a.gguf")
+    st = os.stat(real)
+    text = (
+        content.replace("REAL", real.replace("\\", "\\\\"))
+        .replace("SIZE", str(st.st_size))
+        .replace("MTIME", str(st.st_mtime_ns))
+        .replace("MODE", str(st.st_mode))
+        .replace("VERSION", str(scanmod.CACHE_VERSION))
+    )
+    scanmod.cache_path().parent.mkdir(parents=True, exist_ok=True)
+    scanmod.cache_path().write_text(text)
+    (info,) = scan([root])
+    assert info.error is None and info.n_vocab == inspect(root / "a.gguf").n_vocab
+    assert scan([root])[0].fingerprint == info.fingerprint  # and the cache was rewritten sound

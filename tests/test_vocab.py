@@ -30,8 +30,16 @@ def test_fingerprint_is_pinned():
 def test_fingerprint_ignores_file_details_but_not_texts(tmp_path):
     tokens, types = load_tokens("gpt-2")
     # the same table written by another writer, with another architecture, name and pre-tokenizer
-    p = write_gguf(tmp_path / "other.gguf", arch="starcoder", name="x", tokens=tokens, token_types=types,
-                   pre="starcoder", bos=0, eos=0)
+    p = write_gguf(
+        tmp_path / "other.gguf",
+        arch="starcoder",
+        name="x",
+        tokens=tokens,
+        token_types=types,
+        pre="starcoder",
+        bos=0,
+        eos=0,
+    )
     assert fingerprint(read_metadata(p)).fingerprint == vocab("gpt-2").fingerprint
     changed = list(tokens)
     changed[1000] += "!"
@@ -70,15 +78,18 @@ def test_near_identical_spm_pair_is_compatible():
     assert back.verdict == "compatible" and back.masked_ids == []
 
 
-@pytest.mark.parametrize("target, draft, needle", [
-    # gpt-2 has 50,257 tokens, gpt-neox 50,432 (175 more: beyond 128) and reorders ordinary tokens.
-    ("gpt-2", "gpt-neox", "175 more tokens"),
-    # refact's 49,216 BPE tokens are another list altogether: id 19 is '4' in gpt-2, '!' in refact.
-    ("gpt-2", "refact", "token 19 differs: target '4' vs draft '!'"),
-    # SentencePiece vs byte-level BPE: the same id is a different kind of string.
-    ("llama-spm", "qwen2", "different tokenizer types"),
-    ("qwen2", "gpt-2", "token 256 differs"),
-])
+@pytest.mark.parametrize(
+    "target, draft, needle",
+    [
+        # gpt-2 has 50,257 tokens, gpt-neox 50,432 (175 more: beyond 128) and reorders ordinary tokens.
+        ("gpt-2", "gpt-neox", "175 more tokens"),
+        # refact's 49,216 BPE tokens are another list altogether: id 19 is '4' in gpt-2, '!' in refact.
+        ("gpt-2", "refact", "token 19 differs: target '4' vs draft '!'"),
+        # SentencePiece vs byte-level BPE: the same id is a different kind of string.
+        ("llama-spm", "qwen2", "different tokenizer types"),
+        ("qwen2", "gpt-2", "token 256 differs"),
+    ],
+)
 def test_plainly_different_vocabularies(target, draft, needle):
     r = compare(vocab(target), vocab(draft))
     assert r.verdict == "incompatible"
@@ -87,8 +98,15 @@ def test_plainly_different_vocabularies(target, draft, needle):
 
 
 # -- compatible-with-mask: a DeepSeek-R1-Distill-Qwen-like vocabulary built from the real Qwen2 list -------
-R1_SPECIAL = ["<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜begin▁of▁sentence｜>",
-              "<|EOT|>", "<think>", "</think>"]
+R1_SPECIAL = [
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜begin▁of▁sentence｜>",
+    "<|EOT|>",
+    "<think>",
+    "</think>",
+]
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +119,16 @@ def r1(tmp_path_factory) -> VocabInfo:
         types[151643 + i] = 3
     tokens += [f"<|pad_{i}|>" for i in range(128)]  # 152,064 rows, like the 7B+ models
     types += [4] * 128
-    path = write_gguf(tmp_path_factory.mktemp("r1") / "r1.gguf", arch="qwen2", tokens=tokens,
-                      token_types=types, bos=151646, eos=151643, add_bos=True, add_eos=False)
+    path = write_gguf(
+        tmp_path_factory.mktemp("r1") / "r1.gguf",
+        arch="qwen2",
+        tokens=tokens,
+        token_types=types,
+        bos=151646,
+        eos=151643,
+        add_bos=True,
+        add_eos=False,
+    )
     return fingerprint(read_metadata(path))
 
 
@@ -152,8 +178,14 @@ def test_no_vocabulary(tmp_path):
 
 # -- usability -------------------------------------------------------------------------------------------
 def _model(tmp_path, name, **kw):
-    return read_metadata(write_gguf(tmp_path / f"{name}.gguf", tokens=synthetic_tokens(10),
-                                   tensors={"w": np.zeros(4, dtype=np.float32)}, **kw))
+    return read_metadata(
+        write_gguf(
+            tmp_path / f"{name}.gguf",
+            tokens=synthetic_tokens(10),
+            tensors={"w": np.zeros(4, dtype=np.float32)},
+            **kw,
+        )
+    )
 
 
 def test_usability(tmp_path):
@@ -162,8 +194,11 @@ def test_usability(tmp_path):
     mmproj = _model(tmp_path, "mm", arch="clip", extra=lambda w: w.add_string("general.type", "mmproj"))
     ok, why = usability(mmproj)
     assert not ok and "mmproj" in why
-    ok, why = usability(_model(tmp_path, "shard", extra=lambda w: (w.add_uint16("split.no", 1),
-                                                                    w.add_uint16("split.count", 3))))
+    ok, why = usability(
+        _model(
+            tmp_path, "shard", extra=lambda w: (w.add_uint16("split.no", 1), w.add_uint16("split.count", 3))
+        )
+    )
     assert not ok and "shard 2 of 3" in why and "first shard" in why
     for arch in ("mamba", "rwkv7", "jamba", "qwen3next", "qwen35", "lfm2", "granitehybrid"):
         ok, why = usability(_model(tmp_path, arch, arch=arch))

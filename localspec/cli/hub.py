@@ -6,7 +6,7 @@ import json
 
 import click
 
-from localspec import constants, hub
+from localspec import constants, hub, hub_search
 from localspec.presets import list_presets
 from localspec.units import format_bytes
 
@@ -108,7 +108,7 @@ def download(name: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the candidates as JSON.")
 def find_draft(repo: str, filename: str | None, as_json: bool) -> None:
     """Find draft models on the Hub for a target repository (reads only GGUF headers)."""
-    found = hub.find_drafts(repo, filename=filename)
+    found = hub_search.search_hub_drafts(repo, filename=filename)
     if as_json:
         click.echo(json.dumps([c.as_dict() for c in found], indent=2))
         return

@@ -1,0 +1,34 @@
+"""constants.py is the one place that reads the environment, and its docstring lists every variable."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from localspec import constants
+
+ROOT = Path(constants.__file__).resolve().parent
+READ = re.compile(
+    r"""(?:os\.environ\.get|os\.getenv|_env_path)\(\s*["']([A-Z0-9_]+)["']|os\.environ\[["']([A-Z0-9_]+)["']\]"""
+)
+
+
+def _reads(path: Path) -> set[str]:
+    return {a or b for a, b in READ.findall(path.read_text(encoding="utf-8"))}
+
+
+def test_every_variable_read_by_localspec_is_in_the_table():
+    table = constants.__doc__ or ""
+    read = set().union(*(_reads(p) for p in ROOT.rglob("*.py")))
+    assert {"LOCALSPEC_HOME", "HF_TOKEN", "LOCALSPEC_VERBOSE"} <= read
+    missing = sorted(v for v in read if f"``{v}``" not in table)
+    assert missing == [], f"read but not listed in constants.py's docstring: {missing}"
+
+
+def test_the_accessors_follow_the_environment(monkeypatch):
+    monkeypatch.delenv("LOCALSPEC_VERBOSE", raising=False)
+    assert constants.verbose() is False
+    monkeypatch.setenv("LOCALSPEC_VERBOSE", "1")
+    assert constants.verbose() is True
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=on")
+    assert constants.cmake_args() == "-DGGML_CUDA=on"
