@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from localspec.bench import WORKLOAD_TITLES
+from localspec.workloads import WORKLOAD_TITLES
 
 MB = 1024 * 1024
 LOSS_NAMES = {

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from localspec import bench, benchmath, report, tune
-from localspec.bench import BASELINE, Config, Prompt, Workload
+from localspec import bench, benchmath, report, tune, workloads
+from localspec.settings import BASELINE, DraftSettings
+from localspec.workloads import Prompt, Workload
 from localspec.constants import EMBEDDED_TARGET
 from localspec.errors import BenchError
 
@@ -27,22 +28,22 @@ needs_embedded = pytest.mark.skipif(not EMBEDDED_TARGET.is_file(), reason="embed
 
 def test_builtin_workloads_have_eight_or_more_distinct_prompts():
     seen = set()
-    for name in bench.WORKLOADS:
-        w = bench.builtin_workload(name)
+    for name in workloads.WORKLOADS:
+        w = workloads.builtin_workload(name)
         assert len(w.prompts) >= 8, name
         ids = [p.id for p in w.prompts]
         assert len(set(ids)) == len(ids)
         assert all(p.text.strip() for p in w.prompts)
         seen.update(p.text for p in w.prompts)
-    assert len(seen) == sum(len(bench.builtin_workload(n).prompts) for n in bench.WORKLOADS)
-    assert not bench.builtin_workload("code").prompts[0].chat  # completion, not chat
-    assert "```" in bench.builtin_workload("edit").prompts[0].text  # the code to repeat is in the prompt
+    assert len(seen) == sum(len(workloads.builtin_workload(n).prompts) for n in workloads.WORKLOADS)
+    assert not workloads.builtin_workload("code").prompts[0].chat  # completion, not chat
+    assert "```" in workloads.builtin_workload("edit").prompts[0].text  # the code to repeat is in the prompt
 
 
 def test_plain_prompt_file_one_prompt_per_line(tmp_path):
     f = tmp_path / "mine.txt"
     f.write_text("first prompt\n\n  second prompt  \n", encoding="utf-8")
-    w = bench.load_prompts(f)
+    w = workloads.load_prompts(f)
     assert [p.text for p in w.prompts] == ["first prompt", "second prompt"]
     assert [p.id for p in w.prompts] == ["mine-01", "mine-02"]
     assert w.name == "mine"
@@ -51,7 +52,7 @@ def test_plain_prompt_file_one_prompt_per_line(tmp_path):
 def test_jsonl_prompt_file(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a\\nb", "id": "x"}\n{"prompt": "c", "chat": false}\n', encoding="utf-8")
-    w = bench.load_prompts(f)
+    w = workloads.load_prompts(f)
     assert w.prompts == [Prompt("x", "a\nb", True), Prompt("p-02", "c", False)]
 
 
@@ -69,7 +70,7 @@ def test_malformed_prompt_file_names_file_and_line(tmp_path, content, line, what
     f = tmp_path / "bad.jsonl"
     f.write_text(content, encoding="utf-8")
     with pytest.raises(BenchError) as exc:
-        bench.load_prompts(f)
+        workloads.load_prompts(f)
     assert f"{f}:{line}:" in str(exc.value)
     assert what in str(exc.value)
     assert exc.value.hint
@@ -77,12 +78,12 @@ def test_malformed_prompt_file_names_file_and_line(tmp_path, content, line, what
 
 def test_missing_and_empty_prompt_files(tmp_path):
     with pytest.raises(BenchError, match="not found"):
-        bench.load_prompts(tmp_path / "nope.txt")
+        workloads.load_prompts(tmp_path / "nope.txt")
     (tmp_path / "empty.txt").write_text("\n\n", encoding="utf-8")
     with pytest.raises(BenchError, match="no prompts"):
-        bench.load_prompts(tmp_path / "empty.txt")
+        workloads.load_prompts(tmp_path / "empty.txt")
     with pytest.raises(BenchError, match="unknown workload"):
-        bench.builtin_workload("poetry")
+        workloads.builtin_workload("poetry")
 
 
 # ---------------------------------------------------------------------------------------------- arithmetic
@@ -135,6 +136,24 @@ def test_interleaved_order():
     assert benchmath.interleaved_order(0, 2, warmup=True) == []
 
 
+def test_sequential_workload_runs_each_config_through_the_whole_session_in_order():
+    calls = []
+
+    def runner(prompt, cfg, n):
+        calls.append((prompt.id, cfg.label))
+        return _stats(10.0)
+
+    session = Workload(
+        "edit-session", [Prompt("s1", "a"), Prompt("s2", "b"), Prompt("s3", "c")], sequential=True
+    )
+    cfgs = [DraftSettings("ngram", 3)]
+    bench.run_interleaved(runner, [session], cfgs, max_tokens=16, repeats=2, warmup=False)
+    assert calls == [(p, c) for _ in range(2) for c in ("none", "ngram k=3") for p in ("s1", "s2", "s3")]
+    # the limit keeps the flag (a cut session is still a session)
+    assert session.limited(2).sequential and [p.id for p in session.limited(2).prompts] == ["s1", "s2"]
+    assert benchmath.interleaved_order(2, 2, sequential=True) == [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)]
+
+
 def _stats(tps: float, **kw) -> dict:
     gen = kw.pop("generated_tokens", 100)
     base = {"generated_tokens": gen, "tokens_per_second": tps, "total_seconds": gen / tps, "text": "same"}
@@ -150,7 +169,7 @@ def test_run_interleaved_calls_baseline_then_each_setting_per_prompt():
         return _stats(10.0)
 
     w = Workload("w", [Prompt("p1", "a"), Prompt("p2", "b")])
-    cfgs = [Config("model", 3, 0.75), Config("ngram", 3)]
+    cfgs = [DraftSettings("model", 3, p_min=0.75), DraftSettings("ngram", 3)]
     recs = bench.run_interleaved(runner, [w], cfgs, max_tokens=16, repeats=2, warmup=True)
     labels = [c[1] for c in calls]
     assert labels[:3] == ["none", "model k=3 p_min=0.75", "ngram k=3"]  # warm-up, short
@@ -169,7 +188,7 @@ def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
         spec.append((p, _stats(tps, rounds=40, drafted=160, accepted=60, draft_evals=160,
                                draft_seconds=160 * 0.4 * t, verify_seconds=40 * 2.2 * t, verify_tokens=200,
                                drafted_by_position=[40, 40, 40, 40], total_seconds=100 / tps)))  # fmt: skip
-    cell = benchmath.summarise_cell("w", Config("model", 4, 0.75), base, spec)
+    cell = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.75), base, spec)
     assert cell.speedup == pytest.approx(1.2)
     assert cell.baseline_tps == 9.5 and cell.speculative_tps == 12.0
     assert cell.acceptance_rate == pytest.approx(60 / 160)
@@ -191,7 +210,7 @@ def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
 
     # The same runs as an adaptive setting: it picks its length per round (none included), so its ceiling is
     # the best over 1..k and never below the target alone.
-    adaptive = benchmath.summarise_cell("w", Config("model", 4, 0.75, adaptive=True), base, spec)
+    adaptive = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.75, adaptive=True), base, spec)
     benchmath.add_ceilings([adaptive], slope)
     assert adaptive.ceiling == pytest.approx(max(1.0, cell.best_ceiling))
     assert math.prod(adaptive.losses.values()) == pytest.approx(adaptive.efficiency)
@@ -203,17 +222,17 @@ def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
 def test_tune_grid_and_honest_none():
     grid = tune.tune_configs(["model", "ngram", "none"], [1, 2, 3], [0.5, 0.9])
     assert len(grid) == 3 * 2 + 3
-    assert all(c.p_min is None for c in grid if c.strategy == "ngram")
+    assert [c.label for c in grid if c.strategy == "ngram"] == ["ngram k=1", "ngram k=2", "ngram k=3"]
     with pytest.raises(BenchError):
         tune.tune_configs(["magic"], [1], [0.5])
-    order = tune.with_baselines(grid, every=4)
+    order = bench.plan_configs(grid, baseline_every=4)
     assert order[0] == BASELINE and order[-1] == BASELINE and order.count(BASELINE) == 4
     assert tune.parse_int_range("1-3,6") == [1, 2, 3, 6]
     with pytest.raises(BenchError):
         tune.parse_int_range("0-2")
 
     def slow(prompt, cfg, n):  # every speculative setting is slower than the target alone
-        return _stats(10.0 if cfg.is_baseline else 8.0 + (cfg.n_max or 0) * 0.1)
+        return _stats(10.0 if not cfg.is_speculative else 8.0 + (cfg.n_max or 0) * 0.1)
 
     w = Workload("w", [Prompt("p", "x")])
     res = tune.tune(slow, [w], grid, max_tokens=4)
@@ -231,7 +250,9 @@ def test_tune_grid_and_honest_none():
     # --adaptive adds each strategy with the adaptive length, up to the longest draft swept
     grid = tune.tune_configs(["model", "ngram"], [1, 2, 3], [0.5, 0.9], adaptive=True)
     assert [c.label for c in grid if c.adaptive] == [
-        "model k=3 p_min=0.5 adaptive", "model k=3 p_min=0.9 adaptive", "ngram k=3 adaptive"
+        "model k=3 p_min=0.5 adaptive",
+        "model k=3 p_min=0.9 adaptive",
+        "ngram k=3 adaptive",
     ]
 
     def fast_adaptive(prompt, cfg, n):
@@ -302,7 +323,7 @@ def test_report_files_written_and_parseable(tmp_path):
                          drafted_by_position=[50, 50]))]  # fmt: skip
     cells, _ = benchmath.summarise(
         [Workload("edit", [Prompt("a", "x")])],
-        [Config("ngram", 2)],
+        [DraftSettings("ngram", 2)],
         [{"workload": "edit", "prompt_id": "a", "config": "none", "repeat": 0, "stats": base[0][1]},
          {"workload": "edit", "prompt_id": "a", "config": "ngram k=2", "repeat": 0, "stats": spec[0][1]}],
     )  # fmt: skip
@@ -328,18 +349,18 @@ def test_peer_server_flags_match_our_settings(tmp_path):
     from localspec import peer
 
     t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
-    args = peer.server_args(Config("model", 5, 0.6), target=t, draft=d, threads=2, n_ctx=2048)
+    args = peer.server_args(DraftSettings("model", 5, p_min=0.6), target=t, draft=d, threads=2, n_ctx=2048)
     s = " ".join(args)
     assert f"--model {t}" in s and f"--model-draft {d}" in s and "--spec-type draft-simple" in s
     assert "--spec-draft-n-max 5" in s and "--spec-draft-p-min 0.6" in s and "--threads 2" in s
     assert "-c 2048" in s and "--cache-ram 0" in s
-    s = " ".join(peer.server_args(Config("ngram", 2), target=t, draft=None, threads=2, n_ctx=512))
+    s = " ".join(peer.server_args(DraftSettings("ngram", 2), target=t, draft=None, threads=2, n_ctx=512))
     assert (
         "--spec-type ngram-simple" in s and "--spec-ngram-simple-size-m 2" in s and "--model-draft" not in s
     )
     assert "--spec-type" not in " ".join(peer.server_args(BASELINE, target=t, draft=d, threads=2, n_ctx=512))
     with pytest.raises(BenchError):
-        peer.server_args(Config("model+ngram", 3, 0.5), target=t, draft=d, threads=2, n_ctx=512)
+        peer.server_args(DraftSettings("model+ngram", 3, p_min=0.5), target=t, draft=d, threads=2, n_ctx=512)
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -347,9 +368,9 @@ def test_peer_server_flags_match_our_settings(tmp_path):
 
 @needs_embedded
 def test_bench_on_embedded_pair_in_process(embedded_pipe, tmp_path):
-    ws = [Workload("code", bench.builtin_workload("code").prompts[:1]),
-          Workload("edit", bench.builtin_workload("edit").prompts[:1])]  # fmt: skip
-    cfgs = [Config("model", 3, 0.5), Config("ngram", 3)]
+    ws = [Workload("code", workloads.builtin_workload("code").prompts[:1]),
+          Workload("edit", workloads.builtin_workload("edit").prompts[:1])]  # fmt: skip
+    cfgs = [DraftSettings("model", 3, p_min=0.5), DraftSettings("ngram", 3)]
     recs = bench.run_interleaved(bench.engine_runner(embedded_pipe), ws, cfgs, max_tokens=12)
     counted = [r for r in recs if r["repeat"] >= 0]
     assert [r["config"] for r in counted] == ["none", "model k=3 p_min=0.5", "ngram k=3"] * 2
