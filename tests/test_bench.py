@@ -302,9 +302,9 @@ def _report_from(cells, **extra) -> dict:
         "machine": report.machine_info(2),
         "settings": {"max_tokens": 8, "temperature": 0.0, "repeats": 1},
         "pair": {"target": "t.gguf", "draft": "d.gguf"},
-        "memory": {"draft_overhead_bytes": 5 * 2**20, "draft_overhead_pct": 25.0,
-                   "draft_weights_bytes": 4 * 2**20, "draft_kv_bytes": 2**20,
-                   "draft_rss_delta_bytes": 3 * 2**20},
+        "memory": {"draft_overhead_bytes": 5 * 10**6, "draft_overhead_pct": 25.0,
+                   "draft_weights_bytes": 4 * 10**6, "draft_kv_bytes": 10**6,
+                   "draft_rss_delta_bytes": 3 * 10**6},
         "cells": [c.as_dict() for c in cells],
         **extra,
     }  # fmt: skip
@@ -335,7 +335,7 @@ def test_report_files_written_and_parseable(tmp_path):
     md = files["markdown"].read_text()
     assert "## code edit" in md and "| config |" in md and "1.20x" in md and "1.10x" in md
     assert "ours/llama.cpp" in md and "1.09" in md  # 1.2 / 1.1
-    assert "Draft memory: +5 MB" in md
+    assert "Draft memory: +5.0 MB" in md and "weights 4.0 MB + KV 1.0 MB" in md  # units.format_bytes
     w, h = _png_size(files["png"])
     assert w == 900 and 100 < h < 2000
     text = report.format_text(rep)

@@ -56,15 +56,15 @@ def test_result_panel_puts_speedup_next_to_memory_with_readable_numbers():
         "strategy": "model",
     }
     memory = {
-        "target_weights_bytes": 90 * 2**20,
-        "target_kv_bytes": 10 * 2**20,
-        "draft_weights_bytes": 20 * 2**20,
-        "draft_kv_bytes": 5 * 2**20,
-        "draft_overhead_bytes": 25 * 2**20,
+        "target_weights_bytes": 90 * 10**6,
+        "target_kv_bytes": 10 * 10**6,
+        "draft_weights_bytes": 20 * 10**6,
+        "draft_kv_bytes": 5 * 10**6,
+        "draft_overhead_bytes": 25 * 10**6,
         "draft_overhead_pct": 25.0,
-        "draft_rss_delta_bytes": 30 * 2**20,
-        "rss_baseline_bytes": 100 * 2**20,
-        "rss_after_target_bytes": 200 * 2**20,
+        "draft_rss_delta_bytes": 30 * 10**6,
+        "rss_baseline_bytes": 100 * 10**6,
+        "rss_after_target_bytes": 200 * 10**6,
     }
     html = result_panel_html(stats, baseline={"tokens_per_second": 20.0}, speedup=1.5, memory=memory)
 
@@ -121,7 +121,7 @@ def test_holder_reuses_the_pipeline_closes_it_on_switch_and_stop_leaves_it_consi
         got.append(tr.text)
         if len(got) == 3:
             holder.request_stop()
-    assert len(got) == 3 and holder.stopped
+    assert len(got) == 3 and holder.was_stopped()
     assert "".join(got) == full[: len("".join(got))]
     assert pipe.generate("def add(a, b):", max_tokens=24) == full  # the early stop left it consistent
 
