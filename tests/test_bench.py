@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from localspec import bench, benchmath, report, tune, workloads
-from localspec.settings import BASELINE, DraftSettings
-from localspec.workloads import Prompt, Workload
 from localspec.constants import EMBEDDED_TARGET
 from localspec.errors import BenchError
+from localspec.settings import BASELINE, DraftSettings
+from localspec.workloads import Prompt, Workload
 
 needs_embedded = pytest.mark.skipif(not EMBEDDED_TARGET.is_file(), reason="embedded pair not built yet")
 

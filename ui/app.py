@@ -219,9 +219,9 @@ class App:
                 raise LocalspecError(
                     "the prompt is empty", hint="type something to continue in the prompt box"
                 )
+            opts = self.gen_opts(v)  # every value checked before anything is loaded
             yield {err: "", out: tokens_html([], prefix=prefix, status="loading the pair...")}
             pipe = self._pipe(v, progress)
-            opts = self.gen_opts(v)
             if is_chat:
                 messages = history + [{"role": "user", "content": prompt}]
 
@@ -263,9 +263,9 @@ class App:
         try:
             if not prompt.strip():
                 raise LocalspecError("the prompt is empty", hint="type a prompt, then press Compare")
+            opts = self.gen_opts(v)
             pipe = self._pipe(v, progress)
             progress(None, desc="target alone, then with the draft")
-            opts = self.gen_opts(v)
             with self.holder.busy():
                 cmp = pipe.compare(prompt, **opts)
             spec = cmp.speculative.stats

@@ -40,10 +40,11 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def choose_port(
-    host: str, requested: int | None, *, first: int = DEFAULT_PORT, tries: int = PORT_TRIES
+    host: str, requested: int | None, *, first: int | None = None, tries: int = PORT_TRIES
 ) -> int:
     """The port to serve on: ``requested`` if given (an error if busy), else the first free one from
-    ``first`` on."""
+    ``first`` (default :data:`DEFAULT_PORT`) on."""
+    first = DEFAULT_PORT if first is None else first
     if requested is not None:
         if not port_is_free(host, requested):
             raise click.UsageError(
