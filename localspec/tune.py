@@ -12,9 +12,17 @@ from localspec.bench import default_strategies, engine_runner, open_pipeline, pa
 from localspec.benchmath import summarise
 from localspec.errors import BenchError
 from localspec.report import machine_info
-from localspec.settings import BASELINE, SPECULATIVE_STRATEGIES, STRATEGIES, DraftSettings
+from localspec.settings import BASELINE, N_MAX_RANGE, SPECULATIVE_STRATEGIES, STRATEGIES, DraftSettings
 from localspec.workloads import Runner, Workload, load_workloads
 
+#: The tuner's honest answer when nothing beats the target alone.
+_TARGET_ALONE = {
+    "config": BASELINE.label,
+    "strategy": BASELINE.strategy,
+    "n_max": None,
+    "p_min": None,
+    "speedup": 1.0,
+}
 #: How many configs run between two baselines in a sweep (see ``bench.plan_configs``).
 BASELINE_EVERY = 4
 
@@ -83,7 +91,7 @@ def tune(
             }
             note = f"{best.config} at {best.speedup:.2f}x"
         else:
-            winner = {"strategy": "none", "n_max": None, "p_min": None, "speedup": 1.0, "config": "none"}
+            winner = {**_TARGET_ALONE}
             note = "nothing beat the target alone" + (
                 f" (best: {best.config} at {best.speedup:.2f}x)" if best else ""
             )
@@ -118,14 +126,14 @@ def overall_winner(tuning: dict[str, Any]) -> dict[str, Any]:
                 scores.setdefault(c["config"], []).append(c["speedup"])
     n = len(tuning["workloads"])
     cells = {c["config"]: c for w in tuning["workloads"].values() for c in w["cells"]}
-    best_label, best = "none", 1.0 + tuning.get("margin", 0.0)
+    best_label, best = BASELINE.label, 1.0 + tuning.get("margin", 0.0)
     for label, vals in scores.items():
         if len(vals) == n:
             g = math.exp(sum(math.log(v) for v in vals) / n)
             if g >= best:
                 best_label, best = label, g
-    if best_label == "none":
-        return {"config": "none", "strategy": "none", "n_max": None, "p_min": None, "speedup": 1.0}
+    if best_label == BASELINE.label:
+        return {**_TARGET_ALONE}
     c = cells[best_label]
     return {
         "config": best_label,
@@ -138,20 +146,26 @@ def overall_winner(tuning: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_int_range(text: str) -> list[int]:
-    """``"1-8"`` or ``"2,4,6"`` -> a list of ints."""
+    """``"1-8"`` or ``"2,4,6"`` -> a list of draft lengths, each within ``settings.N_MAX_RANGE``."""
+    lo_ok, hi_ok = N_MAX_RANGE
     out: list[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                out.extend(range(int(lo), int(hi) + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError as exc:
-        raise BenchError(f"not a list of draft lengths: {text!r}", hint='use e.g. "1-8" or "2,4,6"') from exc
-    if not out or min(out) < 1:
-        raise BenchError(f"draft lengths must be >= 1: {text!r}", hint='use e.g. "1-8"')
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            lo, hi = (int(x) for x in part.split("-", 1)) if "-" in part else (int(part), int(part))
+        except ValueError as exc:
+            raise BenchError(
+                f"not a list of draft lengths: {text!r}", hint='use e.g. "1-8" or "2,4,6"'
+            ) from exc
+        if not lo_ok <= lo <= hi <= hi_ok:  # checked before the range is built: "1-10**12" is refused
+            raise BenchError(
+                f"draft lengths {part!r} out of range",
+                hint=f'use lengths from {lo_ok} to {hi_ok}, e.g. "1-8"',
+            )
+        out.extend(range(lo, hi + 1))
+    if not out:
+        raise BenchError(f"no draft lengths in {text!r}", hint='use e.g. "1-8"')
     return out
 
 

@@ -230,6 +230,9 @@ def test_tune_grid_and_honest_none():
     assert tune.parse_int_range("1-3,6") == [1, 2, 3, 6]
     with pytest.raises(BenchError):
         tune.parse_int_range("0-2")
+    for huge in ("1-1000000000000", "65", "4-2"):  # refused before a range is built
+        with pytest.raises(BenchError, match="out of range"):
+            tune.parse_int_range(huge)
 
     def slow(prompt, cfg, n):  # every speculative setting is slower than the target alone
         return _stats(10.0 if not cfg.is_speculative else 8.0 + (cfg.n_max or 0) * 0.1)

@@ -42,7 +42,7 @@ def run_bench(app: Any, v: dict[str, Any], progress: Any) -> tuple[str, str, str
     max_tokens = bounded_int(v[c["bench_max_tokens"]], BENCH_MAX_TOKENS_RANGE, "Max tokens per run")
     strategies = list(v[c["bench_strategies"]] or []) or None
     workloads = load_workloads(names, None, limit)
-    total = expected_runs(workloads, len(strategies or ["model", "ngram"]), repeats)
+    total = expected_runs(workloads, len(strategies) if strategies else 2, repeats)  # default: model, ngram
     done = [0]
 
     def tick(message: str) -> None:
