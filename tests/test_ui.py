@@ -380,3 +380,36 @@ def test_preset_facts_use_the_one_byte_formatter_and_the_hubs_cache_check(monkey
     assert f"RAM {format_bytes(p.ram_bytes)}" in label
     monkeypatch.setattr(hub, "is_cached", lambda preset: False)
     assert "not yet: press Download" in pairs.preset_info_html(p.name)
+
+
+@pytest.mark.browser
+def test_browser_stop_in_another_tab_leaves_this_run_alone(ui):
+    page, _ = ui
+    page.click("#ls-source label:has-text('Preset')")
+    page.click("#ls-settings .label-wrap")  # open the accordion (the max tokens slider is inside)
+    other = page.context.browser.new_page()  # a second browser tab: its own Gradio session
+    other.goto(page.url)
+    other.wait_for_selector("#ls-stop", timeout=30_000)
+
+    def run_and_stop(stopper, max_tokens: int) -> str:
+        box = page.locator("#ls-max-tokens input[type=number]")
+        box.fill(str(max_tokens))
+        box.press("Enter")
+        before, shown = page.inner_html("#ls-result-box"), page.inner_html("#ls-output")
+        _run(page, "def fibonacci(n):")
+        page.wait_for_function(  # this run's first tokens are on the page: it is running now
+            "(s) => { const o = document.querySelector('#ls-output');"
+            " return o.innerHTML !== s && o.querySelector('.ls-t') && !o.innerText.includes('loading'); }",
+            arg=shown,
+            timeout=60_000,
+        )
+        stopper.click("#ls-stop")
+        page.wait_for_function(  # the run is over when its stats reach the panel
+            "(b) => document.querySelector('#ls-result-box').innerHTML !== b", arg=before, timeout=180_000
+        )
+        return page.inner_text("#ls-output")
+
+    assert "[stopped]" not in run_and_stop(other, 200)  # the other tab's Stop: this run goes on to its end
+    # this tab's own Stop ends it (1800 tokens: still running when Stop arrives; prompt + 1800 fit in 2048)
+    assert "[stopped]" in run_and_stop(page, 1800)
+    other.close()

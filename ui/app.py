@@ -366,10 +366,14 @@ class App:
                             cmp_btn = gr.Button("Compare", elem_id="ls-compare")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="ls-stop")
                             clear_btn = gr.Button("Clear chat", elem_id="ls-clear", visible=False)
-                        with gr.Accordion("Settings", open=False):
+                        with gr.Accordion("Settings", open=False, elem_id="ls-settings"):
                             with gr.Row():
                                 c["max_tokens"] = gr.Slider(
-                                    *MAX_TOKENS_RANGE, 128, step=1, label="Max tokens"
+                                    *MAX_TOKENS_RANGE,
+                                    128,
+                                    step=1,
+                                    label="Max tokens",
+                                    elem_id="ls-max-tokens",
                                 )
                                 c["temperature"] = gr.Slider(
                                     *TEMPERATURE_RANGE, 0, step=0.05, label="Temperature"
