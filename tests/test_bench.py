@@ -130,9 +130,19 @@ def test_interleaved_order():
     order = benchmath.interleaved_order(2, 3, repeats=2, warmup=True)
     assert order[:3] == [(0, 0, -1), (0, 1, -1), (0, 2, -1)]
     assert order[3:] == [
-        (0, 0, 0), (0, 1, 0), (0, 2, 0), (0, 0, 1), (0, 1, 1), (0, 2, 1),
-        (1, 0, 0), (1, 1, 0), (1, 2, 0), (1, 0, 1), (1, 1, 1), (1, 2, 1),
-    ]  # fmt: skip
+        (0, 0, 0),
+        (0, 1, 0),
+        (0, 2, 0),
+        (0, 0, 1),
+        (0, 1, 1),
+        (0, 2, 1),
+        (1, 0, 0),
+        (1, 1, 0),
+        (1, 2, 0),
+        (1, 0, 1),
+        (1, 1, 1),
+        (1, 2, 1),
+    ]
     assert benchmath.interleaved_order(0, 2, warmup=True) == []
 
 
@@ -181,13 +191,29 @@ def test_run_interleaved_calls_baseline_then_each_setting_per_prompt():
 
 def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
     t = 0.1  # seconds per target token
-    base = [(p, _stats(tps, rounds=100, verify_seconds=100 * t, total_seconds=100 * t * 1.05))
-            for p, tps in (("a", 9.5), ("b", 9.0), ("c", 10.0))]  # fmt: skip
+    base = [
+        (p, _stats(tps, rounds=100, verify_seconds=100 * t, total_seconds=100 * t * 1.05))
+        for p, tps in (("a", 9.5), ("b", 9.0), ("c", 10.0))
+    ]
     spec = []
     for p, tps in (("a", 19.0), ("b", 9.0), ("c", 12.0)):  # ratios 2.0, 1.0, 1.2 -> median 1.2
-        spec.append((p, _stats(tps, rounds=40, drafted=160, accepted=60, draft_evals=160,
-                               draft_seconds=160 * 0.4 * t, verify_seconds=40 * 2.2 * t, verify_tokens=200,
-                               drafted_by_position=[40, 40, 40, 40], total_seconds=100 / tps)))  # fmt: skip
+        spec.append(
+            (
+                p,
+                _stats(
+                    tps,
+                    rounds=40,
+                    drafted=160,
+                    accepted=60,
+                    draft_evals=160,
+                    draft_seconds=160 * 0.4 * t,
+                    verify_seconds=40 * 2.2 * t,
+                    verify_tokens=200,
+                    drafted_by_position=[40, 40, 40, 40],
+                    total_seconds=100 / tps,
+                ),
+            )
+        )
     cell = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.75), base, spec)
     assert cell.speedup == pytest.approx(1.2)
     assert cell.baseline_tps == 9.5 and cell.speculative_tps == 12.0
@@ -274,18 +300,45 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     rep = {
         "pair": {"target": str(t), "draft": str(d), "n_ctx": 2048},
         "tuning": {
-            "overall": {"config": "ngram k=5", "strategy": "ngram", "n_max": 5, "p_min": None,
-                        "speedup": 1.3},
+            "overall": {
+                "config": "ngram k=5",
+                "strategy": "ngram",
+                "n_max": 5,
+                "p_min": None,
+                "speedup": 1.3,
+            },
             "workloads": {
-                "chat": {"winner": {"config": "none", "strategy": "none", "n_max": None, "p_min": None,
-                                    "speedup": 1.0}},
-                "edit": {"winner": {"config": "model k=3 p_min=0.5", "strategy": "model", "n_max": 3,
-                                    "p_min": 0.5, "speedup": 1.1}},
-                "code": {"winner": {"config": "model k=6 p_min=0.7 adaptive", "strategy": "model", "n_max": 6,
-                                    "p_min": 0.7, "adaptive": True, "speedup": 1.2}},
+                "chat": {
+                    "winner": {
+                        "config": "none",
+                        "strategy": "none",
+                        "n_max": None,
+                        "p_min": None,
+                        "speedup": 1.0,
+                    }
+                },
+                "edit": {
+                    "winner": {
+                        "config": "model k=3 p_min=0.5",
+                        "strategy": "model",
+                        "n_max": 3,
+                        "p_min": 0.5,
+                        "speedup": 1.1,
+                    }
+                },
+                "code": {
+                    "winner": {
+                        "config": "model k=6 p_min=0.7 adaptive",
+                        "strategy": "model",
+                        "n_max": 6,
+                        "p_min": 0.7,
+                        "adaptive": True,
+                        "speedup": 1.2,
+                    }
+                },
             },
         },
-    }  # fmt: skip
+    }
     paths = tune.save_winners(rep, "my-tuned")
     assert len(paths) == 4 and all(Path(p).is_file() for p in paths)
     p = get_preset("my-tuned")
@@ -305,12 +358,16 @@ def _report_from(cells, **extra) -> dict:
         "machine": report.machine_info(2),
         "settings": {"max_tokens": 8, "temperature": 0.0, "repeats": 1},
         "pair": {"target": "t.gguf", "draft": "d.gguf"},
-        "memory": {"draft_overhead_bytes": 5 * 10**6, "draft_overhead_pct": 25.0,
-                   "draft_weights_bytes": 4 * 10**6, "draft_kv_bytes": 10**6,
-                   "draft_rss_delta_bytes": 3 * 10**6},
+        "memory": {
+            "draft_overhead_bytes": 5 * 10**6,
+            "draft_overhead_pct": 25.0,
+            "draft_weights_bytes": 4 * 10**6,
+            "draft_kv_bytes": 10**6,
+            "draft_rss_delta_bytes": 3 * 10**6,
+        },
         "cells": [c.as_dict() for c in cells],
         **extra,
-    }  # fmt: skip
+    }
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -322,14 +379,28 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_report_files_written_and_parseable(tmp_path):
     base = [("a", _stats(10.0, rounds=100, verify_seconds=9.0))]
-    spec = [("a", _stats(12.0, rounds=50, drafted=100, accepted=50, verify_seconds=6.0, verify_tokens=150,
-                         drafted_by_position=[50, 50]))]  # fmt: skip
+    spec = [
+        (
+            "a",
+            _stats(
+                12.0,
+                rounds=50,
+                drafted=100,
+                accepted=50,
+                verify_seconds=6.0,
+                verify_tokens=150,
+                drafted_by_position=[50, 50],
+            ),
+        )
+    ]
     cells, _ = benchmath.summarise(
         [Workload("edit", [Prompt("a", "x")])],
         [DraftSettings("ngram", 2)],
-        [{"workload": "edit", "prompt_id": "a", "config": "none", "repeat": 0, "stats": base[0][1]},
-         {"workload": "edit", "prompt_id": "a", "config": "ngram k=2", "repeat": 0, "stats": spec[0][1]}],
-    )  # fmt: skip
+        [
+            {"workload": "edit", "prompt_id": "a", "config": "none", "repeat": 0, "stats": base[0][1]},
+            {"workload": "edit", "prompt_id": "a", "config": "ngram k=2", "repeat": 0, "stats": spec[0][1]},
+        ],
+    )
     peer = {"cells": [{**cells[0].as_dict(), "speedup": 1.1, "acceptance_rate": 0.4}], "note": "test peer"}
     rep = _report_from(cells, peer=peer)
     files = report.write_all(rep, tmp_path / "out")
@@ -371,8 +442,10 @@ def test_peer_server_flags_match_our_settings(tmp_path):
 
 @needs_embedded
 def test_bench_on_embedded_pair_in_process(embedded_pipe, tmp_path):
-    ws = [Workload("code", workloads.builtin_workload("code").prompts[:1]),
-          Workload("edit", workloads.builtin_workload("edit").prompts[:1])]  # fmt: skip
+    ws = [
+        Workload("code", workloads.builtin_workload("code").prompts[:1]),
+        Workload("edit", workloads.builtin_workload("edit").prompts[:1]),
+    ]
     cfgs = [DraftSettings("model", 3, p_min=0.5), DraftSettings("ngram", 3)]
     recs = bench.run_interleaved(bench.engine_runner(embedded_pipe), ws, cfgs, max_tokens=12)
     counted = [r for r in recs if r["repeat"] >= 0]
@@ -408,9 +481,22 @@ def test_bench_command_end_to_end(tmp_path):
     prompts.write_text("def add(a, b):\nreturn a + b\n", encoding="utf-8")
     out = tmp_path / "out"
     result = CliRunner().invoke(
-        bench_cmd, ["--prompts", str(prompts), "--max-tokens", "8", "--threads", "2", "--n-ctx", "512",
-                    "--adaptive", "--out", str(out), "-q"],
-    )  # fmt: skip
+        bench_cmd,
+        [
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            "8",
+            "--threads",
+            "2",
+            "--n-ctx",
+            "512",
+            "--adaptive",
+            "--out",
+            str(out),
+            "-q",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "speedup" in result.output and "wrote" in result.output
     data = json.loads((out / "bench.json").read_text())

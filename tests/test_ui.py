@@ -288,11 +288,23 @@ def app():
 def _values(app, **changes) -> dict:
     c = app.c
     v = {
-        "source": "Preset", "preset": constants.EMBEDDED_PRESET, "target": None, "draft": None,
-        "n_ctx": 0, "ngl_t": 0, "ngl_d": 0, "mode": "Prompt", "prompt": "def f():", "chat": [],
-        "max_tokens": 16, "temperature": 0.0, "n_max": 4, "p_min": 0.75, "adaptive": False,
+        "source": "Preset",
+        "preset": constants.EMBEDDED_PRESET,
+        "target": None,
+        "draft": None,
+        "n_ctx": 0,
+        "ngl_t": 0,
+        "ngl_d": 0,
+        "mode": "Prompt",
+        "prompt": "def f():",
+        "chat": [],
+        "max_tokens": 16,
+        "temperature": 0.0,
+        "n_max": 4,
+        "p_min": 0.75,
+        "adaptive": False,
         "strategy": "pair default",
-    }  # fmt: skip
+    }
     v.update(changes)
     return {c[k]: val for k, val in v.items()}
 
