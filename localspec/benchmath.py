@@ -9,12 +9,12 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from localspec.bench import Config, Workload
+from localspec.settings import BASELINE, DraftSettings
+from localspec.workloads import Workload
 
-BASELINE_LABEL = "none"
+BASELINE_LABEL = BASELINE.label
 
 
 def median(values: Iterable[float]) -> float:
@@ -25,14 +25,20 @@ def median(values: Iterable[float]) -> float:
 
 
 def interleaved_order(
-    n_prompts: int, n_configs: int, repeats: int = 1, warmup: bool = False
+    n_prompts: int, n_configs: int, repeats: int = 1, warmup: bool = False, *, sequential: bool = False
 ) -> list[tuple[int, int, int]]:
     """(prompt index, config index, repeat) in run order; warm-up runs have repeat ``-1``.
 
     Per prompt and repeat every config runs once, in the given order (baseline first), so a slow drift of
-    the machine hits baseline and speculative runs alike.
+    the machine hits baseline and speculative runs alike. ``sequential`` (a workload whose prompts are one
+    session): per repeat, each config runs every prompt in order before the next config starts.
     """
     order = [(0, c, -1) for c in range(n_configs)] if warmup and n_prompts else []
+    if sequential:
+        for r in range(repeats):
+            for c in range(n_configs):
+                order.extend((p, c, r) for p in range(n_prompts))
+        return order
     for p in range(n_prompts):
         for r in range(repeats):
             order.extend((p, c, r) for c in range(n_configs))
@@ -149,7 +155,7 @@ def _per_prompt_tps(runs: Sequence[tuple[str, dict]]) -> dict[str, float]:
 
 
 def summarise_cell(
-    workload: str, config: Config, base_runs: list[tuple[str, dict]], spec_runs: list[tuple[str, dict]]
+    workload: str, config: DraftSettings, base_runs: list[tuple[str, dict]], spec_runs: list[tuple[str, dict]]
 ) -> CellResult:
     """Medians and pooled rates for one config; ceiling fields are filled by :func:`add_ceilings`."""
     base_tps, spec_tps = _per_prompt_tps(base_runs), _per_prompt_tps(spec_runs)
@@ -173,7 +179,7 @@ def summarise_cell(
         config=config.label,
         strategy=config.strategy,
         n_max=config.n_max,
-        p_min=config.p_min,
+        p_min=config.p_min if config.uses_model else None,  # n-gram lookup has no p_min
         prompts=len(spec_tps),
         baseline_tps=median(base_tps.values()),
         speculative_tps=median(spec_tps.values()),
@@ -193,11 +199,11 @@ def summarise_cell(
         prompt_seconds_baseline=median(s.get("prompt_seconds") or 0 for s in bs),
         prompt_seconds_speculative=median(s.get("prompt_seconds") or 0 for s in ss),
         target_token_seconds=t_dec,
-        adaptive=bool(getattr(config, "adaptive", False)),
+        adaptive=config.adaptive,
     )
     if rounds and t_dec:
         evals = _sum(ss, "draft_evals")
-        uses_model = config.strategy in ("model", "model+ngram") and evals > 0
+        uses_model = config.uses_model and evals > 0
         cell.c = (draft_s / evals) / t_dec if uses_model else 0.0
         cell.batch = _sum(ss, "verify_tokens") / rounds
         cell.v_at_batch = (verify_s / rounds) / t_dec
@@ -218,7 +224,7 @@ def add_ceilings(cells: list[CellResult], slope: float | None = None) -> float:
     sampling, Python, n-gram lookup), ``baseline_overhead`` (the same kind of time in the baseline, which
     counts in our favour) and ``residual`` (median-of-prompts vs pooled totals, run-to-run noise).
     """
-    spec = [c for c in cells if c.strategy != "none" and not math.isnan(c.v_at_batch)]
+    spec = [c for c in cells if c.strategy != BASELINE.strategy and not math.isnan(c.v_at_batch)]
     if slope is None:
         slope = verify_slope((c.batch, c.v_at_batch, c.generated_tokens) for c in spec)
     for c in spec:
@@ -251,7 +257,7 @@ def add_ceilings(cells: list[CellResult], slope: float | None = None) -> float:
 
 def summarise(
     workloads: list[Workload],
-    configs: list[Config],
+    configs: list[DraftSettings],
     records: list[dict],
     slope: float | None = None,
     engine: str = "localspec",
@@ -266,7 +272,7 @@ def summarise(
         ]
         base = [(r["prompt_id"], r["stats"]) for r in rows if r["config"] == BASELINE_LABEL]
         for cfg in configs:
-            if cfg.is_baseline:
+            if not cfg.is_speculative:
                 continue
             spec = [(r["prompt_id"], r["stats"]) for r in rows if r["config"] == cfg.label]
             if spec:

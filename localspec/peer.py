@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from localspec import constants
-from localspec.bench import Config, Prompt, Runner
 from localspec.errors import BenchError
+from localspec.settings import DraftSettings
+from localspec.workloads import Prompt, Runner
 
 SERVER = "llama-server"
+#: The strategies llama.cpp's own speculative decoding has an equivalent for.
+PEER_STRATEGIES: tuple[str, ...] = ("model", "ngram")
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",  # what scikit-build-core uses for llama-cpp-python
     "-DBUILD_SHARED_LIBS=ON",
@@ -106,11 +109,8 @@ def build_server(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> 
     sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
     if not sdists:
         say(f"downloading the llama-cpp-python {version} source (sdist) ...")
-        _run(
-            [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-             f"llama-cpp-python=={version}", "-d", str(root)],
-            logfile,
-        )  # fmt: skip
+        pip = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps"]
+        _run([*pip, f"llama-cpp-python=={version}", "-d", str(root)], logfile)
         sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
     src = root / "src"
     if not (src / "CMakeLists.txt").is_file():
@@ -133,26 +133,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_args(config: Config, *, target: Path, draft: Path | None, threads: int, n_ctx: int) -> list[str]:
+def server_args(
+    config: DraftSettings, *, target: Path, draft: Path | None, threads: int, n_ctx: int
+) -> list[str]:
     """llama-server flags for one setting (same pair, threads, context, draft length and p_min)."""
-    args = ["--model", str(target), "--threads", str(threads), "--threads-batch", str(threads),
-            "-c", str(n_ctx), "-np", "1", "--cache-ram", "0", "--no-webui",
-            "--host", "127.0.0.1"]  # fmt: skip
-    k = config.n_max or 4
+    args = ["--model", str(target), "--threads", str(threads), "--threads-batch", str(threads)]
+    args += ["-c", str(n_ctx), "-np", "1", "--cache-ram", "0", "--no-webui", "--host", "127.0.0.1"]
+    k = config.n_max
     if config.strategy == "model":
         if draft is None:
             raise BenchError("the draft-model strategy needs a draft model", hint="pass --draft PATH")
-        args += ["--spec-type", "draft-simple", "--model-draft", str(draft),
-                 "--spec-draft-threads", str(threads), "--spec-draft-threads-batch", str(threads),
-                 "--spec-draft-n-max", str(k),
-                 "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{config.p_min or 0.0:g}"]  # fmt: skip
+        args += ["--spec-type", "draft-simple", "--model-draft", str(draft)]
+        args += ["--spec-draft-threads", str(threads), "--spec-draft-threads-batch", str(threads)]
+        args += ["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"]
+        args += ["--spec-draft-p-min", f"{config.p_min:g}"]
     elif config.strategy == "ngram":
         # lookup n-gram of up to 3 tokens (ours tries 4..2); draft the k tokens that followed it
-        args += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(min(3, k)),
-                 "--spec-ngram-simple-size-m", str(k)]  # fmt: skip
-    elif config.strategy != "none":
-        raise BenchError(f"the llama.cpp peer has no equivalent of strategy {config.strategy!r}",
-                         hint="compare model or ngram")  # fmt: skip
+        args += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(min(3, k))]
+        args += ["--spec-ngram-simple-size-m", str(k)]
+    elif config.is_speculative:
+        raise BenchError(
+            f"the llama.cpp peer has no equivalent of strategy {config.strategy!r}",
+            hint=f"compare {' or '.join(PEER_STRATEGIES)}",
+        )
     return args
 
 
@@ -208,9 +211,14 @@ class PeerServer:
 
 
 def start_servers(
-    configs: list[Config], *, target: Path, draft: Path | None, threads: int, n_ctx: int,
+    configs: list[DraftSettings],
+    *,
+    target: Path,
+    draft: Path | None,
+    threads: int,
+    n_ctx: int,
     log: Callable[[str], None] | None = None,
-) -> dict[str, PeerServer]:  # fmt: skip
+) -> dict[str, PeerServer]:
     """One server per config label (the baseline included). The weights are mmapped, so shared."""
     binary = server_binary() or build_server(log=log)
     servers: dict[str, PeerServer] = {}
@@ -242,7 +250,7 @@ def peer_runner(
     """
     cache: dict[str, Any] = {}
 
-    def run(prompt: Prompt, config: Config, max_tokens: int) -> dict:
+    def run(prompt: Prompt, config: DraftSettings, max_tokens: int) -> dict:
         server = servers[config.label]
         if prompt.id not in cache:
             if render is not None:
@@ -252,8 +260,14 @@ def peer_runner(
                 cache[prompt.id] = server.post("/apply-template", {"messages": messages})["prompt"]
             else:
                 cache[prompt.id] = prompt.text
-        body = {"prompt": cache[prompt.id], "n_predict": max_tokens, "temperature": temperature, "seed": seed,
-                "cache_prompt": False, "stream": False}  # fmt: skip
+        body = {
+            "prompt": cache[prompt.id],
+            "n_predict": max_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "cache_prompt": False,
+            "stream": False,
+        }
         if temperature <= 0:
             body["top_k"] = 1
         out = server.post("/completion", body)

@@ -9,9 +9,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from localspec.bench import WORKLOAD_TITLES
+from localspec.units import format_bytes
+from localspec.workloads import WORKLOAD_TITLES
 
-MB = 1024 * 1024
 LOSS_NAMES = {
     "draft_length": "draft length / acceptance pattern",
     "loop_overhead": "loop overhead (sampling, Python, lookup)",
@@ -172,10 +172,9 @@ def _memory_line(report: dict[str, Any]) -> str:
     if not m.get("draft_overhead_bytes"):
         return "Draft memory: none (n-gram lookup needs no model)."
     return (
-        f"Draft memory: +{m['draft_overhead_bytes'] / MB:.0f} MB = {m['draft_overhead_pct']:.1f}% of the "
-        "target "
-        f"(weights {m['draft_weights_bytes'] / MB:.0f} MB + KV {m['draft_kv_bytes'] / MB:.0f} MB; "
-        f"process RSS +{m['draft_rss_delta_bytes'] / MB:.0f} MB). N-gram lookup needs none."
+        f"Draft memory: +{format_bytes(m['draft_overhead_bytes'])} = {m['draft_overhead_pct']:.1f}% of the "
+        f"target (weights {format_bytes(m['draft_weights_bytes'])} + KV {format_bytes(m['draft_kv_bytes'])}; "
+        f"process RSS +{format_bytes(m['draft_rss_delta_bytes'])}). N-gram lookup needs none."
     )
 
 

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from localspec.bench import BASELINE, STRATEGIES, Config, Runner, Workload
+from localspec import constants
+from localspec.bench import default_strategies, engine_runner, open_pipeline, pair_info, run_interleaved
 from localspec.benchmath import summarise
 from localspec.errors import BenchError
+from localspec.report import machine_info
+from localspec.settings import BASELINE, N_MAX_RANGE, SPECULATIVE_STRATEGIES, STRATEGIES, DraftSettings
+from localspec.workloads import Runner, Workload, load_workloads
+
+#: The tuner's honest answer when nothing beats the target alone.
+_TARGET_ALONE = {
+    "config": BASELINE.label,
+    "strategy": BASELINE.strategy,
+    "n_max": None,
+    "p_min": None,
+    "speedup": 1.0,
+}
+#: How many configs run between two baselines in a sweep (see ``bench.plan_configs``).
+BASELINE_EVERY = 4
 
 
 def tune_configs(
@@ -16,61 +32,30 @@ def tune_configs(
     n_max_values: Sequence[int],
     p_min_values: Sequence[float],
     adaptive: bool = False,
-) -> list[Config]:
+) -> list[DraftSettings]:
     """The sweep grid; n-gram lookup has no probabilities, so it ignores p_min.
 
     ``adaptive`` adds each strategy with the adaptive draft length, up to the longest draft swept.
     """
-    out: list[Config] = []
+    out: list[DraftSettings] = []
     for s in strategies:
-        if s == "none":
-            continue
         if s not in STRATEGIES:
             raise BenchError(f"unknown strategy {s!r}", hint=f"choose from: {', '.join(STRATEGIES)}")
+        if s not in SPECULATIVE_STRATEGIES:
+            continue
+        base = DraftSettings(strategy=s)
+        ps = p_min_values if base.uses_model else [base.p_min]
         for k in n_max_values:
-            if s == "ngram":
-                out.append(Config(s, k, None))
-            else:
-                out.extend(Config(s, k, p) for p in p_min_values)
+            out.extend(base.with_overrides(n_max=k, p_min=p) for p in ps)
         if adaptive:
-            k = max(n_max_values)
-            ps = [None] if s == "ngram" else p_min_values
-            out.extend(Config(s, k, p, adaptive=True) for p in ps)
+            out.extend(base.with_overrides(n_max=max(n_max_values), p_min=p, adaptive=True) for p in ps)
     return out
-
-
-def with_baselines(configs: list[Config], every: int = 4) -> list[Config]:
-    """Insert the baseline before every ``every`` configs and at the end, so drift reaches both sides."""
-    out: list[Config] = []
-    for i, c in enumerate(configs):
-        if i % every == 0:
-            out.append(BASELINE)
-        out.append(c)
-    out.append(BASELINE)
-    return out
-
-
-def _interleave_raw(
-    runner: Runner, w: Workload, order: list[Config], max_tokens: int, progress
-) -> list[dict]:
-    records = []
-    for prompt in w.prompts:
-        for cfg in order:
-            stats = runner(prompt, cfg, max_tokens)
-            records.append(
-                {"workload": w.name, "prompt_id": prompt.id, "config": cfg.label, "repeat": 0, "stats": stats}
-            )
-            if progress:
-                progress(
-                    f"tune {w.name} {prompt.id} {cfg.label}: {stats.get('tokens_per_second') or 0:.2f} tok/s"
-                )
-    return records
 
 
 def tune(
     runner: Runner,
     workloads: list[Workload],
-    configs: list[Config],
+    configs: list[DraftSettings],
     *,
     max_tokens: int,
     margin: float = 0.02,
@@ -81,10 +66,17 @@ def tune(
     The winner must beat the target alone by ``margin`` (default 2%); otherwise the honest answer is
     ``none``: run the target alone for that workload.
     """
-    order = with_baselines(configs)
     result: dict[str, Any] = {"configs": [c.label for c in configs], "margin": margin, "workloads": {}}
     for w in workloads:
-        records = _interleave_raw(runner, w, order, max_tokens, progress)
+        records = run_interleaved(
+            runner,
+            [w],
+            configs,
+            max_tokens=max_tokens,
+            warmup=False,
+            baseline_every=BASELINE_EVERY,
+            progress=progress,
+        )
         cells, _ = summarise([w], configs, records)
         ranked = sorted(cells, key=lambda c: -(c.speedup if not math.isnan(c.speedup) else 0))
         best = ranked[0] if ranked else None
@@ -99,7 +91,7 @@ def tune(
             }
             note = f"{best.config} at {best.speedup:.2f}x"
         else:
-            winner = {"strategy": "none", "n_max": None, "p_min": None, "speedup": 1.0, "config": "none"}
+            winner = {**_TARGET_ALONE}
             note = "nothing beat the target alone" + (
                 f" (best: {best.config} at {best.speedup:.2f}x)" if best else ""
             )
@@ -134,14 +126,14 @@ def overall_winner(tuning: dict[str, Any]) -> dict[str, Any]:
                 scores.setdefault(c["config"], []).append(c["speedup"])
     n = len(tuning["workloads"])
     cells = {c["config"]: c for w in tuning["workloads"].values() for c in w["cells"]}
-    best_label, best = "none", 1.0 + tuning.get("margin", 0.0)
+    best_label, best = BASELINE.label, 1.0 + tuning.get("margin", 0.0)
     for label, vals in scores.items():
         if len(vals) == n:
             g = math.exp(sum(math.log(v) for v in vals) / n)
             if g >= best:
                 best_label, best = label, g
-    if best_label == "none":
-        return {"config": "none", "strategy": "none", "n_max": None, "p_min": None, "speedup": 1.0}
+    if best_label == BASELINE.label:
+        return {**_TARGET_ALONE}
     c = cells[best_label]
     return {
         "config": best_label,
@@ -154,20 +146,26 @@ def overall_winner(tuning: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_int_range(text: str) -> list[int]:
-    """``"1-8"`` or ``"2,4,6"`` -> a list of ints."""
+    """``"1-8"`` or ``"2,4,6"`` -> a list of draft lengths, each within ``settings.N_MAX_RANGE``."""
+    lo_ok, hi_ok = N_MAX_RANGE
     out: list[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                out.extend(range(int(lo), int(hi) + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError as exc:
-        raise BenchError(f"not a list of draft lengths: {text!r}", hint='use e.g. "1-8" or "2,4,6"') from exc
-    if not out or min(out) < 1:
-        raise BenchError(f"draft lengths must be >= 1: {text!r}", hint='use e.g. "1-8"')
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            lo, hi = (int(x) for x in part.split("-", 1)) if "-" in part else (int(part), int(part))
+        except ValueError as exc:
+            raise BenchError(
+                f"not a list of draft lengths: {text!r}", hint='use e.g. "1-8" or "2,4,6"'
+            ) from exc
+        if not lo_ok <= lo <= hi <= hi_ok:  # checked before the range is built: "1-10**12" is refused
+            raise BenchError(
+                f"draft lengths {part!r} out of range",
+                hint=f'use lengths from {lo_ok} to {hi_ok}, e.g. "1-8"',
+            )
+        out.extend(range(lo, hi + 1))
+    if not out:
+        raise BenchError(f"no draft lengths in {text!r}", hint='use e.g. "1-8"')
     return out
 
 
@@ -191,17 +189,12 @@ def tune_benchmark(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Load the pair, sweep the grid on every workload and return a report dict with ``tuning``."""
-    from localspec import constants
-    from localspec.bench import default_strategies, engine_runner, load_workloads, open_pipeline, pair_info
-    from localspec.benchmath import summarise as summarise_cells
-    from localspec.report import machine_info
-
     wl = load_workloads(workloads, prompts_file, limit)
     threads = threads or constants.default_threads()
     pipe = open_pipeline(target, draft, preset, threads=threads, n_ctx=n_ctx)
     try:
         if not strategies:
-            strategies = default_strategies(pipe) + (["model+ngram"] if pipe.info.draft_path else [])
+            strategies = list(SPECULATIVE_STRATEGIES) if pipe.info.draft_path else default_strategies(pipe)
         strategies = list(strategies)
         configs = tune_configs(strategies, n_max_values, p_min_values, adaptive)
         runner = engine_runner(pipe, temperature=temperature)
@@ -209,22 +202,31 @@ def tune_benchmark(
         tuning = tune(runner, wl, configs, max_tokens=max_tokens, margin=margin, progress=progress)
         cells = []
         for w in wl:
-            cs, _ = summarise_cells([w], configs, tuning["workloads"][w.name].pop("records"))
+            cs, _ = summarise([w], configs, tuning["workloads"][w.name].pop("records"))
             cells += [
                 c.as_dict() for c in sorted(cs, key=lambda c: -(c.speedup if c.speedup == c.speedup else 0))
             ]
         tuning["overall"] = overall_winner(tuning)
+        settings = {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "repeats": 1,
+            "threads": threads,
+            "strategies": strategies,
+            "n_max": list(n_max_values),
+            "p_min": list(p_min_values),
+            "adaptive": adaptive,
+            "workloads": [w.name for w in wl],
+            "prompts": {w.name: len(w.prompts) for w in wl},
+        }
         return {
             "machine": machine_info(threads),
-            "settings": {"max_tokens": max_tokens, "temperature": temperature, "repeats": 1,
-                         "threads": threads, "strategies": strategies, "n_max": list(n_max_values),
-                         "p_min": list(p_min_values), "adaptive": adaptive,
-                         "workloads": [w.name for w in wl], "prompts": {w.name: len(w.prompts) for w in wl}},
+            "settings": settings,
             "pair": pair_info(pipe),
             "memory": pipe.memory.as_dict(),
             "cells": cells,
             "tuning": tuning,
-        }  # fmt: skip
+        }
     finally:
         pipe.close()
 
@@ -245,9 +247,7 @@ def save_winners(report: dict[str, Any], name: str, *, preset: str | None = None
     Built on ``preset`` when the bench ran one (its download references are kept), else on local paths.
     Returns the paths written.
     """
-    from dataclasses import replace
-
-    from localspec.presets import DraftSettings, get_preset, save_user_preset
+    from localspec.presets import get_preset, save_user_preset
 
     tuning, pair = report["tuning"], report["pair"]
     winners = [(name, tuning["overall"])] + [
@@ -259,11 +259,16 @@ def save_winners(report: dict[str, Any], name: str, *, preset: str | None = None
         desc = f"tuned by localspec bench: {win['config']} ({win.get('speedup', 1.0):.2f}x)"
         if preset:
             base = get_preset(preset)
-            settings = DraftSettings(**{**base.draft.__dict__, **draft})
+            settings = replace(base.draft, **draft)
             p = save_user_preset(replace(base, name=pname, description=desc, draft=settings, source="user"))
         else:
-            table: dict[str, Any] = {"name": pname, "description": desc, "target": {"path": pair["target"]},
-                                     "n_ctx": pair["n_ctx"], "draft": draft}  # fmt: skip
+            table: dict[str, Any] = {
+                "name": pname,
+                "description": desc,
+                "target": {"path": pair["target"]},
+                "n_ctx": pair["n_ctx"],
+                "draft": draft,
+            }
             if pair.get("draft"):
                 table["draft_model"] = {"path": pair["draft"]}
             p = save_user_preset(table)

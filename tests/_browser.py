@@ -64,7 +64,7 @@ def ui_server(env_extra: dict[str, str], log_path: Path, timeout: float = 60.0) 
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", **env_extra}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "localspec", "ui", "--port", str(port)],
+            [sys.executable, "-m", "localspec", "ui", "--port", str(port), "--no-browser"],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

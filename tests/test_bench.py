@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from localspec import bench, benchmath, report, tune
-from localspec.bench import BASELINE, Config, Prompt, Workload
+from localspec import bench, benchmath, report, tune, workloads
 from localspec.constants import EMBEDDED_TARGET
 from localspec.errors import BenchError
+from localspec.settings import BASELINE, DraftSettings
+from localspec.workloads import Prompt, Workload
 
 needs_embedded = pytest.mark.skipif(not EMBEDDED_TARGET.is_file(), reason="embedded pair not built yet")
 
@@ -27,22 +28,22 @@ needs_embedded = pytest.mark.skipif(not EMBEDDED_TARGET.is_file(), reason="embed
 
 def test_builtin_workloads_have_eight_or_more_distinct_prompts():
     seen = set()
-    for name in bench.WORKLOADS:
-        w = bench.builtin_workload(name)
+    for name in workloads.WORKLOADS:
+        w = workloads.builtin_workload(name)
         assert len(w.prompts) >= 8, name
         ids = [p.id for p in w.prompts]
         assert len(set(ids)) == len(ids)
         assert all(p.text.strip() for p in w.prompts)
         seen.update(p.text for p in w.prompts)
-    assert len(seen) == sum(len(bench.builtin_workload(n).prompts) for n in bench.WORKLOADS)
-    assert not bench.builtin_workload("code").prompts[0].chat  # completion, not chat
-    assert "```" in bench.builtin_workload("edit").prompts[0].text  # the code to repeat is in the prompt
+    assert len(seen) == sum(len(workloads.builtin_workload(n).prompts) for n in workloads.WORKLOADS)
+    assert not workloads.builtin_workload("code").prompts[0].chat  # completion, not chat
+    assert "```" in workloads.builtin_workload("edit").prompts[0].text  # the code to repeat is in the prompt
 
 
 def test_plain_prompt_file_one_prompt_per_line(tmp_path):
     f = tmp_path / "mine.txt"
     f.write_text("first prompt\n\n  second prompt  \n", encoding="utf-8")
-    w = bench.load_prompts(f)
+    w = workloads.load_prompts(f)
     assert [p.text for p in w.prompts] == ["first prompt", "second prompt"]
     assert [p.id for p in w.prompts] == ["mine-01", "mine-02"]
     assert w.name == "mine"
@@ -51,7 +52,7 @@ def test_plain_prompt_file_one_prompt_per_line(tmp_path):
 def test_jsonl_prompt_file(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a\\nb", "id": "x"}\n{"prompt": "c", "chat": false}\n', encoding="utf-8")
-    w = bench.load_prompts(f)
+    w = workloads.load_prompts(f)
     assert w.prompts == [Prompt("x", "a\nb", True), Prompt("p-02", "c", False)]
 
 
@@ -69,7 +70,7 @@ def test_malformed_prompt_file_names_file_and_line(tmp_path, content, line, what
     f = tmp_path / "bad.jsonl"
     f.write_text(content, encoding="utf-8")
     with pytest.raises(BenchError) as exc:
-        bench.load_prompts(f)
+        workloads.load_prompts(f)
     assert f"{f}:{line}:" in str(exc.value)
     assert what in str(exc.value)
     assert exc.value.hint
@@ -77,12 +78,12 @@ def test_malformed_prompt_file_names_file_and_line(tmp_path, content, line, what
 
 def test_missing_and_empty_prompt_files(tmp_path):
     with pytest.raises(BenchError, match="not found"):
-        bench.load_prompts(tmp_path / "nope.txt")
+        workloads.load_prompts(tmp_path / "nope.txt")
     (tmp_path / "empty.txt").write_text("\n\n", encoding="utf-8")
     with pytest.raises(BenchError, match="no prompts"):
-        bench.load_prompts(tmp_path / "empty.txt")
+        workloads.load_prompts(tmp_path / "empty.txt")
     with pytest.raises(BenchError, match="unknown workload"):
-        bench.builtin_workload("poetry")
+        workloads.builtin_workload("poetry")
 
 
 # ---------------------------------------------------------------------------------------------- arithmetic
@@ -129,10 +130,38 @@ def test_interleaved_order():
     order = benchmath.interleaved_order(2, 3, repeats=2, warmup=True)
     assert order[:3] == [(0, 0, -1), (0, 1, -1), (0, 2, -1)]
     assert order[3:] == [
-        (0, 0, 0), (0, 1, 0), (0, 2, 0), (0, 0, 1), (0, 1, 1), (0, 2, 1),
-        (1, 0, 0), (1, 1, 0), (1, 2, 0), (1, 0, 1), (1, 1, 1), (1, 2, 1),
-    ]  # fmt: skip
+        (0, 0, 0),
+        (0, 1, 0),
+        (0, 2, 0),
+        (0, 0, 1),
+        (0, 1, 1),
+        (0, 2, 1),
+        (1, 0, 0),
+        (1, 1, 0),
+        (1, 2, 0),
+        (1, 0, 1),
+        (1, 1, 1),
+        (1, 2, 1),
+    ]
     assert benchmath.interleaved_order(0, 2, warmup=True) == []
+
+
+def test_sequential_workload_runs_each_config_through_the_whole_session_in_order():
+    calls = []
+
+    def runner(prompt, cfg, n):
+        calls.append((prompt.id, cfg.label))
+        return _stats(10.0)
+
+    session = Workload(
+        "edit-session", [Prompt("s1", "a"), Prompt("s2", "b"), Prompt("s3", "c")], sequential=True
+    )
+    cfgs = [DraftSettings("ngram", 3)]
+    bench.run_interleaved(runner, [session], cfgs, max_tokens=16, repeats=2, warmup=False)
+    assert calls == [(p, c) for _ in range(2) for c in ("none", "ngram k=3") for p in ("s1", "s2", "s3")]
+    # the limit keeps the flag (a cut session is still a session)
+    assert session.limited(2).sequential and [p.id for p in session.limited(2).prompts] == ["s1", "s2"]
+    assert benchmath.interleaved_order(2, 2, sequential=True) == [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0)]
 
 
 def _stats(tps: float, **kw) -> dict:
@@ -150,7 +179,7 @@ def test_run_interleaved_calls_baseline_then_each_setting_per_prompt():
         return _stats(10.0)
 
     w = Workload("w", [Prompt("p1", "a"), Prompt("p2", "b")])
-    cfgs = [Config("model", 3, 0.75), Config("ngram", 3)]
+    cfgs = [DraftSettings("model", 3, p_min=0.75), DraftSettings("ngram", 3)]
     recs = bench.run_interleaved(runner, [w], cfgs, max_tokens=16, repeats=2, warmup=True)
     labels = [c[1] for c in calls]
     assert labels[:3] == ["none", "model k=3 p_min=0.75", "ngram k=3"]  # warm-up, short
@@ -162,14 +191,30 @@ def test_run_interleaved_calls_baseline_then_each_setting_per_prompt():
 
 def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
     t = 0.1  # seconds per target token
-    base = [(p, _stats(tps, rounds=100, verify_seconds=100 * t, total_seconds=100 * t * 1.05))
-            for p, tps in (("a", 9.5), ("b", 9.0), ("c", 10.0))]  # fmt: skip
+    base = [
+        (p, _stats(tps, rounds=100, verify_seconds=100 * t, total_seconds=100 * t * 1.05))
+        for p, tps in (("a", 9.5), ("b", 9.0), ("c", 10.0))
+    ]
     spec = []
     for p, tps in (("a", 19.0), ("b", 9.0), ("c", 12.0)):  # ratios 2.0, 1.0, 1.2 -> median 1.2
-        spec.append((p, _stats(tps, rounds=40, drafted=160, accepted=60, draft_evals=160,
-                               draft_seconds=160 * 0.4 * t, verify_seconds=40 * 2.2 * t, verify_tokens=200,
-                               drafted_by_position=[40, 40, 40, 40], total_seconds=100 / tps)))  # fmt: skip
-    cell = benchmath.summarise_cell("w", Config("model", 4, 0.75), base, spec)
+        spec.append(
+            (
+                p,
+                _stats(
+                    tps,
+                    rounds=40,
+                    drafted=160,
+                    accepted=60,
+                    draft_evals=160,
+                    draft_seconds=160 * 0.4 * t,
+                    verify_seconds=40 * 2.2 * t,
+                    verify_tokens=200,
+                    drafted_by_position=[40, 40, 40, 40],
+                    total_seconds=100 / tps,
+                ),
+            )
+        )
+    cell = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.75), base, spec)
     assert cell.speedup == pytest.approx(1.2)
     assert cell.baseline_tps == 9.5 and cell.speculative_tps == 12.0
     assert cell.acceptance_rate == pytest.approx(60 / 160)
@@ -191,7 +236,7 @@ def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
 
     # The same runs as an adaptive setting: it picks its length per round (none included), so its ceiling is
     # the best over 1..k and never below the target alone.
-    adaptive = benchmath.summarise_cell("w", Config("model", 4, 0.75, adaptive=True), base, spec)
+    adaptive = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.75, adaptive=True), base, spec)
     benchmath.add_ceilings([adaptive], slope)
     assert adaptive.ceiling == pytest.approx(max(1.0, cell.best_ceiling))
     assert math.prod(adaptive.losses.values()) == pytest.approx(adaptive.efficiency)
@@ -203,17 +248,20 @@ def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
 def test_tune_grid_and_honest_none():
     grid = tune.tune_configs(["model", "ngram", "none"], [1, 2, 3], [0.5, 0.9])
     assert len(grid) == 3 * 2 + 3
-    assert all(c.p_min is None for c in grid if c.strategy == "ngram")
+    assert [c.label for c in grid if c.strategy == "ngram"] == ["ngram k=1", "ngram k=2", "ngram k=3"]
     with pytest.raises(BenchError):
         tune.tune_configs(["magic"], [1], [0.5])
-    order = tune.with_baselines(grid, every=4)
+    order = bench.plan_configs(grid, baseline_every=4)
     assert order[0] == BASELINE and order[-1] == BASELINE and order.count(BASELINE) == 4
     assert tune.parse_int_range("1-3,6") == [1, 2, 3, 6]
     with pytest.raises(BenchError):
         tune.parse_int_range("0-2")
+    for huge in ("1-1000000000000", "65", "4-2"):  # refused before a range is built
+        with pytest.raises(BenchError, match="out of range"):
+            tune.parse_int_range(huge)
 
     def slow(prompt, cfg, n):  # every speculative setting is slower than the target alone
-        return _stats(10.0 if cfg.is_baseline else 8.0 + (cfg.n_max or 0) * 0.1)
+        return _stats(10.0 if not cfg.is_speculative else 8.0 + (cfg.n_max or 0) * 0.1)
 
     w = Workload("w", [Prompt("p", "x")])
     res = tune.tune(slow, [w], grid, max_tokens=4)
@@ -231,7 +279,9 @@ def test_tune_grid_and_honest_none():
     # --adaptive adds each strategy with the adaptive length, up to the longest draft swept
     grid = tune.tune_configs(["model", "ngram"], [1, 2, 3], [0.5, 0.9], adaptive=True)
     assert [c.label for c in grid if c.adaptive] == [
-        "model k=3 p_min=0.5 adaptive", "model k=3 p_min=0.9 adaptive", "ngram k=3 adaptive"
+        "model k=3 p_min=0.5 adaptive",
+        "model k=3 p_min=0.9 adaptive",
+        "ngram k=3 adaptive",
     ]
 
     def fast_adaptive(prompt, cfg, n):
@@ -250,18 +300,45 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     rep = {
         "pair": {"target": str(t), "draft": str(d), "n_ctx": 2048},
         "tuning": {
-            "overall": {"config": "ngram k=5", "strategy": "ngram", "n_max": 5, "p_min": None,
-                        "speedup": 1.3},
+            "overall": {
+                "config": "ngram k=5",
+                "strategy": "ngram",
+                "n_max": 5,
+                "p_min": None,
+                "speedup": 1.3,
+            },
             "workloads": {
-                "chat": {"winner": {"config": "none", "strategy": "none", "n_max": None, "p_min": None,
-                                    "speedup": 1.0}},
-                "edit": {"winner": {"config": "model k=3 p_min=0.5", "strategy": "model", "n_max": 3,
-                                    "p_min": 0.5, "speedup": 1.1}},
-                "code": {"winner": {"config": "model k=6 p_min=0.7 adaptive", "strategy": "model", "n_max": 6,
-                                    "p_min": 0.7, "adaptive": True, "speedup": 1.2}},
+                "chat": {
+                    "winner": {
+                        "config": "none",
+                        "strategy": "none",
+                        "n_max": None,
+                        "p_min": None,
+                        "speedup": 1.0,
+                    }
+                },
+                "edit": {
+                    "winner": {
+                        "config": "model k=3 p_min=0.5",
+                        "strategy": "model",
+                        "n_max": 3,
+                        "p_min": 0.5,
+                        "speedup": 1.1,
+                    }
+                },
+                "code": {
+                    "winner": {
+                        "config": "model k=6 p_min=0.7 adaptive",
+                        "strategy": "model",
+                        "n_max": 6,
+                        "p_min": 0.7,
+                        "adaptive": True,
+                        "speedup": 1.2,
+                    }
+                },
             },
         },
-    }  # fmt: skip
+    }
     paths = tune.save_winners(rep, "my-tuned")
     assert len(paths) == 4 and all(Path(p).is_file() for p in paths)
     p = get_preset("my-tuned")
@@ -281,12 +358,16 @@ def _report_from(cells, **extra) -> dict:
         "machine": report.machine_info(2),
         "settings": {"max_tokens": 8, "temperature": 0.0, "repeats": 1},
         "pair": {"target": "t.gguf", "draft": "d.gguf"},
-        "memory": {"draft_overhead_bytes": 5 * 2**20, "draft_overhead_pct": 25.0,
-                   "draft_weights_bytes": 4 * 2**20, "draft_kv_bytes": 2**20,
-                   "draft_rss_delta_bytes": 3 * 2**20},
+        "memory": {
+            "draft_overhead_bytes": 5 * 10**6,
+            "draft_overhead_pct": 25.0,
+            "draft_weights_bytes": 4 * 10**6,
+            "draft_kv_bytes": 10**6,
+            "draft_rss_delta_bytes": 3 * 10**6,
+        },
         "cells": [c.as_dict() for c in cells],
         **extra,
-    }  # fmt: skip
+    }
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -298,14 +379,28 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_report_files_written_and_parseable(tmp_path):
     base = [("a", _stats(10.0, rounds=100, verify_seconds=9.0))]
-    spec = [("a", _stats(12.0, rounds=50, drafted=100, accepted=50, verify_seconds=6.0, verify_tokens=150,
-                         drafted_by_position=[50, 50]))]  # fmt: skip
+    spec = [
+        (
+            "a",
+            _stats(
+                12.0,
+                rounds=50,
+                drafted=100,
+                accepted=50,
+                verify_seconds=6.0,
+                verify_tokens=150,
+                drafted_by_position=[50, 50],
+            ),
+        )
+    ]
     cells, _ = benchmath.summarise(
         [Workload("edit", [Prompt("a", "x")])],
-        [Config("ngram", 2)],
-        [{"workload": "edit", "prompt_id": "a", "config": "none", "repeat": 0, "stats": base[0][1]},
-         {"workload": "edit", "prompt_id": "a", "config": "ngram k=2", "repeat": 0, "stats": spec[0][1]}],
-    )  # fmt: skip
+        [DraftSettings("ngram", 2)],
+        [
+            {"workload": "edit", "prompt_id": "a", "config": "none", "repeat": 0, "stats": base[0][1]},
+            {"workload": "edit", "prompt_id": "a", "config": "ngram k=2", "repeat": 0, "stats": spec[0][1]},
+        ],
+    )
     peer = {"cells": [{**cells[0].as_dict(), "speedup": 1.1, "acceptance_rate": 0.4}], "note": "test peer"}
     rep = _report_from(cells, peer=peer)
     files = report.write_all(rep, tmp_path / "out")
@@ -314,7 +409,7 @@ def test_report_files_written_and_parseable(tmp_path):
     md = files["markdown"].read_text()
     assert "## code edit" in md and "| config |" in md and "1.20x" in md and "1.10x" in md
     assert "ours/llama.cpp" in md and "1.09" in md  # 1.2 / 1.1
-    assert "Draft memory: +5 MB" in md
+    assert "Draft memory: +5.0 MB" in md and "weights 4.0 MB + KV 1.0 MB" in md  # units.format_bytes
     w, h = _png_size(files["png"])
     assert w == 900 and 100 < h < 2000
     text = report.format_text(rep)
@@ -328,18 +423,18 @@ def test_peer_server_flags_match_our_settings(tmp_path):
     from localspec import peer
 
     t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
-    args = peer.server_args(Config("model", 5, 0.6), target=t, draft=d, threads=2, n_ctx=2048)
+    args = peer.server_args(DraftSettings("model", 5, p_min=0.6), target=t, draft=d, threads=2, n_ctx=2048)
     s = " ".join(args)
     assert f"--model {t}" in s and f"--model-draft {d}" in s and "--spec-type draft-simple" in s
     assert "--spec-draft-n-max 5" in s and "--spec-draft-p-min 0.6" in s and "--threads 2" in s
     assert "-c 2048" in s and "--cache-ram 0" in s
-    s = " ".join(peer.server_args(Config("ngram", 2), target=t, draft=None, threads=2, n_ctx=512))
+    s = " ".join(peer.server_args(DraftSettings("ngram", 2), target=t, draft=None, threads=2, n_ctx=512))
     assert (
         "--spec-type ngram-simple" in s and "--spec-ngram-simple-size-m 2" in s and "--model-draft" not in s
     )
     assert "--spec-type" not in " ".join(peer.server_args(BASELINE, target=t, draft=d, threads=2, n_ctx=512))
     with pytest.raises(BenchError):
-        peer.server_args(Config("model+ngram", 3, 0.5), target=t, draft=d, threads=2, n_ctx=512)
+        peer.server_args(DraftSettings("model+ngram", 3, p_min=0.5), target=t, draft=d, threads=2, n_ctx=512)
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -347,9 +442,11 @@ def test_peer_server_flags_match_our_settings(tmp_path):
 
 @needs_embedded
 def test_bench_on_embedded_pair_in_process(embedded_pipe, tmp_path):
-    ws = [Workload("code", bench.builtin_workload("code").prompts[:1]),
-          Workload("edit", bench.builtin_workload("edit").prompts[:1])]  # fmt: skip
-    cfgs = [Config("model", 3, 0.5), Config("ngram", 3)]
+    ws = [
+        Workload("code", workloads.builtin_workload("code").prompts[:1]),
+        Workload("edit", workloads.builtin_workload("edit").prompts[:1]),
+    ]
+    cfgs = [DraftSettings("model", 3, p_min=0.5), DraftSettings("ngram", 3)]
     recs = bench.run_interleaved(bench.engine_runner(embedded_pipe), ws, cfgs, max_tokens=12)
     counted = [r for r in recs if r["repeat"] >= 0]
     assert [r["config"] for r in counted] == ["none", "model k=3 p_min=0.5", "ngram k=3"] * 2
@@ -384,9 +481,22 @@ def test_bench_command_end_to_end(tmp_path):
     prompts.write_text("def add(a, b):\nreturn a + b\n", encoding="utf-8")
     out = tmp_path / "out"
     result = CliRunner().invoke(
-        bench_cmd, ["--prompts", str(prompts), "--max-tokens", "8", "--threads", "2", "--n-ctx", "512",
-                    "--adaptive", "--out", str(out), "-q"],
-    )  # fmt: skip
+        bench_cmd,
+        [
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            "8",
+            "--threads",
+            "2",
+            "--n-ctx",
+            "512",
+            "--adaptive",
+            "--out",
+            str(out),
+            "-q",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "speedup" in result.output and "wrote" in result.output
     data = json.loads((out / "bench.json").read_text())

@@ -7,6 +7,7 @@ speedup and memory values from the page, and get readable messages for bad input
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from pathlib import Path
@@ -56,15 +57,15 @@ def test_result_panel_puts_speedup_next_to_memory_with_readable_numbers():
         "strategy": "model",
     }
     memory = {
-        "target_weights_bytes": 90 * 2**20,
-        "target_kv_bytes": 10 * 2**20,
-        "draft_weights_bytes": 20 * 2**20,
-        "draft_kv_bytes": 5 * 2**20,
-        "draft_overhead_bytes": 25 * 2**20,
+        "target_weights_bytes": 90 * 10**6,
+        "target_kv_bytes": 10 * 10**6,
+        "draft_weights_bytes": 20 * 10**6,
+        "draft_kv_bytes": 5 * 10**6,
+        "draft_overhead_bytes": 25 * 10**6,
         "draft_overhead_pct": 25.0,
-        "draft_rss_delta_bytes": 30 * 2**20,
-        "rss_baseline_bytes": 100 * 2**20,
-        "rss_after_target_bytes": 200 * 2**20,
+        "draft_rss_delta_bytes": 30 * 10**6,
+        "rss_baseline_bytes": 100 * 10**6,
+        "rss_after_target_bytes": 200 * 10**6,
     }
     html = result_panel_html(stats, baseline={"tokens_per_second": 20.0}, speedup=1.5, memory=memory)
 
@@ -121,7 +122,7 @@ def test_holder_reuses_the_pipeline_closes_it_on_switch_and_stop_leaves_it_consi
         got.append(tr.text)
         if len(got) == 3:
             holder.request_stop()
-    assert len(got) == 3 and holder.stopped
+    assert len(got) == 3 and holder.was_stopped()
     assert "".join(got) == full[: len("".join(got))]
     assert pipe.generate("def add(a, b):", max_tokens=24) == full  # the early stop left it consistent
 
@@ -233,3 +234,194 @@ def test_browser_bad_input_shows_a_message_and_the_app_keeps_serving(ui):
         "document.querySelectorAll('#ls-output .ls-t').length > 0",
         timeout=30_000,
     )
+
+
+# ------------------------------------------------------------------------------------- the App's handlers
+
+
+class _Token:
+    def __init__(self, text: str, last: bool) -> None:
+        self.text, self.from_draft = text, False
+        self.stats = None
+        self.finish_reason = "length" if last else None
+
+
+class _FakePipe:
+    """Streams ten tokens; ``during`` (if set) runs after the third one, as if a click arrived meanwhile."""
+
+    def __init__(self) -> None:
+        self.during = None
+
+    def stream(self, prompt, **opts):
+        for i in range(10):
+            yield _Token(f"t{i} ", i == 9)
+            if i == 2 and self.during is not None:
+                self.during()
+
+    def close(self) -> None:
+        pass
+
+
+def _session(name: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(session_hash=name)
+
+
+@pytest.fixture
+def app():
+    from localspec.ui.app import App
+
+    loads: list[dict] = []
+    pipe = _FakePipe()
+
+    def loader(**kw):
+        loads.append(kw)
+        return pipe
+
+    a = App(loader)
+    a.build()
+    a.loads, a.fake = loads, pipe
+    return a
+
+
+def _values(app, **changes) -> dict:
+    c = app.c
+    v = {
+        "source": "Preset",
+        "preset": constants.EMBEDDED_PRESET,
+        "target": None,
+        "draft": None,
+        "n_ctx": 0,
+        "ngl_t": 0,
+        "ngl_d": 0,
+        "mode": "Prompt",
+        "prompt": "def f():",
+        "chat": [],
+        "max_tokens": 16,
+        "temperature": 0.0,
+        "n_max": 4,
+        "p_min": 0.75,
+        "adaptive": False,
+        "strategy": "pair default",
+    }
+    v.update(changes)
+    return {c[k]: val for k, val in v.items()}
+
+
+def _last_output(app, v, session: str) -> tuple[str, str]:
+    updates = list(app.on_run(v, _session(session), progress=lambda *a, **k: None))
+    final = updates[-1]
+    return final.get(app.c["output"], ""), html.unescape(final.get(app.c["error"], ""))
+
+
+def test_stop_ends_only_the_run_of_the_session_that_pressed_it(app):
+    app.fake.during = lambda: app.on_stop(_session("B"))  # another browser presses Stop mid-run
+    out, err = _last_output(app, _values(app), "A")
+    assert err == "" and out.count('class="ls-t"') == 10 and "stopped" not in out
+
+    app.fake.during = lambda: app.on_stop(_session("A"))  # the same browser presses Stop
+    out, err = _last_output(app, _values(app), "A")
+    # Stop arrived while the 4th token was being made: it is shown, then the run ends
+    assert err == "" and out.count('class="ls-t"') == 4 and "stopped" in out
+
+    out, _ = _last_output(app, _values(app), "B")  # an earlier Stop does not cut the next run short
+    assert out.count('class="ls-t"') == 10
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("n_ctx", 10**12, "Context: 1000000000000 is out of range"),
+        ("n_ctx", 8, "Context: 8 is out of range"),
+        ("n_ctx", 1.5, "not a whole number"),
+        ("max_tokens", 10**9, "Max tokens"),
+        ("n_max", 10**6, "Draft length n_max"),
+        ("p_min", 7, "p_min"),
+        ("temperature", float("nan"), "Temperature"),
+        ("temperature", "hot", "not a number"),
+        ("strategy", "magic", "strategy 'magic'"),
+    ],
+)
+def test_every_number_is_bounded_before_anything_is_loaded(app, field, value, says):
+    out, err = _last_output(app, _values(app, **{field: value}), "A")
+    assert says in err and "Traceback" not in err
+    assert app.loads == []  # refused before a 14 GB context (or anything) was allocated
+
+
+def test_context_above_the_models_trained_length_is_refused(app):
+    from localspec.ui.app import trained_context
+
+    trained = trained_context(str(constants.EMBEDDED_TARGET))
+    assert trained and trained > 16
+    v = _values(app, source="My models", target=str(constants.EMBEDDED_TARGET), n_ctx=trained + 1)
+    _, err = _last_output(app, v, "A")
+    assert f"more than the model was trained for ({trained})" in err and app.loads == []
+    v = _values(app, source="My models", target=str(constants.EMBEDDED_TARGET), n_ctx=trained)
+    _, err = _last_output(app, v, "A")
+    assert err == "" and app.loads[-1]["n_ctx"] == trained
+
+
+@pytest.mark.parametrize("strategy", ["ngram", "model+ngram", "none", "model"])
+def test_picking_a_preset_sets_its_strategy_too(app, tmp_path, monkeypatch, strategy):
+    monkeypatch.setenv("LOCALSPEC_CONFIG", str(tmp_path))
+    from localspec import presets
+
+    presets.save_user_preset(
+        {
+            "name": "mine",
+            "target": {"path": str(constants.EMBEDDED_TARGET)},
+            "draft": {"strategy": strategy, "n_max": 6, "p_min": 0.5, "adaptive": True},
+        }
+    )
+    _, n_max, p_min, adaptive, chosen = app.on_preset("mine")
+    assert (n_max["value"], p_min["value"], adaptive["value"]) == (6, 0.5, True)
+    assert chosen["value"] == strategy
+
+
+def test_preset_facts_use_the_one_byte_formatter_and_the_hubs_cache_check(monkeypatch):
+    from localspec.ui import pairs
+
+    from localspec import hub, presets
+    from localspec.units import format_bytes
+
+    p = presets.get_preset(constants.EMBEDDED_PRESET)
+    html = pairs.preset_info_html(p.name)
+    assert format_bytes(p.ram_bytes) in html and "yes, ready" in html
+    label = dict((v, k) for k, v in pairs.preset_choices([p]))[p.name]
+    assert f"RAM {format_bytes(p.ram_bytes)}" in label
+    monkeypatch.setattr(hub, "is_cached", lambda preset: False)
+    assert "not yet: press Download" in pairs.preset_info_html(p.name)
+
+
+@pytest.mark.browser
+def test_browser_stop_in_another_tab_leaves_this_run_alone(ui):
+    page, _ = ui
+    page.click("#ls-source label:has-text('Preset')")
+    page.click("#ls-settings .label-wrap")  # open the accordion (the max tokens slider is inside)
+    other = page.context.browser.new_page()  # a second browser tab: its own Gradio session
+    other.goto(page.url)
+    other.wait_for_selector("#ls-stop", timeout=30_000)
+
+    def run_and_stop(stopper, max_tokens: int) -> str:
+        box = page.locator("#ls-max-tokens input[type=number]")
+        box.fill(str(max_tokens))
+        box.press("Enter")
+        before, shown = page.inner_html("#ls-result-box"), page.inner_html("#ls-output")
+        _run(page, "def fibonacci(n):")
+        page.wait_for_function(  # this run's first tokens are on the page: it is running now
+            "(s) => { const o = document.querySelector('#ls-output');"
+            " return o.innerHTML !== s && o.querySelector('.ls-t') && !o.innerText.includes('loading'); }",
+            arg=shown,
+            timeout=60_000,
+        )
+        stopper.click("#ls-stop")
+        page.wait_for_function(  # the run is over when its stats reach the panel
+            "(b) => document.querySelector('#ls-result-box').innerHTML !== b", arg=before, timeout=180_000
+        )
+        return page.inner_text("#ls-output")
+
+    assert "[stopped]" not in run_and_stop(other, 200)  # the other tab's Stop: this run goes on to its end
+    # this tab's own Stop ends it (1800 tokens: still running when Stop arrives; prompt + 1800 fit in 2048)
+    assert "[stopped]" in run_and_stop(page, 1800)
+    other.close()

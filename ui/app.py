@@ -8,21 +8,35 @@ the pipeline's ``stream``/``chat_stream``/``compare``.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-import gradio as gr  # noqa: E402
+import gradio as gr
 
-from localspec import constants  # noqa: E402
-from localspec.errors import LocalspecError, ModelNotFoundError  # noqa: E402
+from localspec import constants, presets
+from localspec.errors import LocalspecError, ModelNotFoundError
+from localspec.gguf_meta import read_metadata
+from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, STRATEGIES
 
-from . import pairs  # noqa: E402
-from .render import (  # noqa: E402
+from . import pairs
+from .bench_tab import build_bench_tab
+from .common import (
+    GPU_LAYERS_RANGE,
+    MAX_TOKENS_RANGE,
+    N_CTX_RANGE,
+    TEMPERATURE_RANGE,
+    bounded_float,
+    bounded_int,
+    check_n_ctx,
+    friendly,
+    progress_adapter,
+)
+from .render import (
     CSS,
     chat_prefix_html,
     empty_panel_html,
@@ -32,11 +46,11 @@ from .render import (  # noqa: E402
     result_panel_html,
     tokens_html,
 )
-from .session import PairSpec, PipelineHolder  # noqa: E402
+from .session import PairSpec, PipelineHolder
 
-log = logging.getLogger("localspec.ui")
-
-STRATEGIES = ["pair default", "model", "ngram", "model+ngram", "none"]
+PAIR_DEFAULT = "pair default"
+#: The Strategy radio: the pair's (or preset's) own strategy, or one of localspec's.
+STRATEGY_CHOICES = [PAIR_DEFAULT, *STRATEGIES]
 INTRO = (
     "## localspec: speculative decoding on your own machine\n"
     "A small draft model proposes tokens, the target checks them in one pass; the text stays exactly "
@@ -61,26 +75,27 @@ def _load(**kwargs: Any) -> Any:
     return localspec.load(**kwargs)
 
 
-def friendly(exc: BaseException) -> str:
-    """The error box for any exception: localspec errors as they are, others without a traceback."""
-    if isinstance(exc, LocalspecError):
-        return error_html(exc)
-    log.exception("unexpected error in the UI", exc_info=exc)
-    return error_html(f"{type(exc).__name__}: {exc}", title="Unexpected error (details in the server log)")
+def session_key(request: gr.Request | None) -> str:
+    """The browser session a call came from (one per page load), so Stop stops only that session."""
+    return str(getattr(request, "session_hash", None) or "")
 
 
-def _progress_adapter(progress: Any) -> Callable[[str, int, int], None]:
-    def report(stage: str, done: int, total: int) -> None:
-        try:
-            progress((done, total) if total else None, desc=f"{stage}", unit="bytes")
-        except Exception:  # progress display is best effort
-            pass
-
-    return report
+def trained_context(path: str) -> int | None:
+    """The context length a local GGUF was trained for, from its header; None when not readable here
+    (not a regular file, not a GGUF: loading reports that properly)."""
+    try:
+        if not Path(path).is_file():
+            return None
+        meta = read_metadata(path, tensors=False, merges=False)
+        value = meta.get(f"{meta.architecture}.context_length")
+        return int(value) if isinstance(value, int) and value > 0 else None
+    except (LocalspecError, OSError):
+        return None
 
 
 class App:
-    """The page's state: one PipelineHolder and the last scan, shared by every browser tab."""
+    """The page's state: one PipelineHolder and the last scan, shared by every browser tab (a Stop is per
+    browser session)."""
 
     def __init__(self, loader: Callable[..., Any] = _load) -> None:
         self.holder = PipelineHolder(loader)
@@ -91,53 +106,64 @@ class App:
 
     def spec(self, v: dict[str, Any]) -> PairSpec:
         c = self.c
-        common = {
-            "n_ctx": int(v[c["n_ctx"]] or 0) or None,
-            "n_gpu_layers": int(v[c["ngl_t"]] or 0) if self.gpu else 0,
-            "draft_n_gpu_layers": int(v[c["ngl_d"]] or 0) if self.gpu else 0,
-        }
+        ngl_t = ngl_d = 0
+        if self.gpu:
+            ngl_t = bounded_int(v[c["ngl_t"]] or 0, GPU_LAYERS_RANGE, "Target n_gpu_layers")
+            ngl_d = bounded_int(v[c["ngl_d"]] or 0, GPU_LAYERS_RANGE, "Draft n_gpu_layers")
+        n_ctx_value = v[c["n_ctx"]] or 0
         if v[c["source"]] == "Preset":
             name = v[c["preset"]] or constants.EMBEDDED_PRESET
-            return PairSpec(preset=name, **common)
+            return PairSpec(
+                preset=name, n_ctx=check_n_ctx(n_ctx_value), n_gpu_layers=ngl_t, draft_n_gpu_layers=ngl_d
+            )
         target = (v[c["target"]] or "").strip()
         if not target:
             raise ModelNotFoundError(
                 "no target model chosen",
                 hint="press Scan and pick a target, or type the path of a .gguf file",
             )
+        n_ctx = check_n_ctx(n_ctx_value)
+        if n_ctx:  # a size the user typed: not above what the model was trained for
+            n_ctx = check_n_ctx(n_ctx, trained_context(target))
         draft = (v[c["draft"]] or "").strip() or None
-        return PairSpec(target=target, draft=draft, **common)
+        return PairSpec(target=target, draft=draft, n_ctx=n_ctx, n_gpu_layers=ngl_t, draft_n_gpu_layers=ngl_d)
 
     def gen_opts(self, v: dict[str, Any]) -> dict[str, Any]:
         c = self.c
         strategy = v[c["strategy"]]
+        if strategy not in STRATEGY_CHOICES:
+            raise LocalspecError(
+                f"strategy {strategy!r} is not one of {', '.join(STRATEGY_CHOICES)}", hint="pick one"
+            )
         return {
-            "max_tokens": int(v[c["max_tokens"]]),
-            "temperature": float(v[c["temperature"]]),
-            "n_max": int(v[c["n_max"]]),
-            "p_min": float(v[c["p_min"]]),
+            "max_tokens": bounded_int(v[c["max_tokens"]], MAX_TOKENS_RANGE, "Max tokens"),
+            "temperature": bounded_float(v[c["temperature"]], TEMPERATURE_RANGE, "Temperature"),
+            "n_max": bounded_int(v[c["n_max"]], N_MAX_RANGE, "Draft length n_max"),
+            "p_min": bounded_float(v[c["p_min"]], P_MIN_RANGE, "p_min"),
             "adaptive": bool(v[c["adaptive"]]),
-            "strategy": None if strategy == "pair default" else strategy,
+            "strategy": None if strategy == PAIR_DEFAULT else strategy,
         }
 
     def on_preset(self, name: str):
+        """The preset's facts, and its draft settings (strategy included) into the Settings controls."""
         md = pairs.preset_info_html(name)
         try:
-            d = self._presets_module().get_preset(name).draft
-            return md, gr.update(value=d.n_max), gr.update(value=d.p_min), gr.update(value=d.adaptive)
-        except Exception:
-            return md, gr.update(), gr.update(), gr.update()
-
-    @staticmethod
-    def _presets_module():
-        from localspec import presets
-
-        return presets
+            d = presets.get_preset(name).draft
+        except LocalspecError:  # the facts box already says what is wrong with it
+            return md, gr.update(), gr.update(), gr.update(), gr.update()
+        strategy = d.strategy if d.strategy in STRATEGY_CHOICES else PAIR_DEFAULT
+        return (
+            md,
+            gr.update(value=d.n_max),
+            gr.update(value=d.p_min),
+            gr.update(value=d.adaptive),
+            gr.update(value=strategy),
+        )
 
     def on_download(self, name: str, progress: gr.Progress = gr.Progress()):  # noqa: B008
         try:
-            pair = pairs.download(name, _progress_adapter(progress))
-        except Exception as exc:  # noqa: BLE001 - shown in the page
+            pair = pairs.download(name, progress_adapter(progress))
+        except Exception as exc:
             return friendly(exc), pairs.preset_info_html(name), gr.update()
         verdict = f", verdict {pair.verdict}" if getattr(pair, "verdict", None) else ""
         msg = ok_html(
@@ -149,7 +175,7 @@ class App:
     def on_scan(self, folders: str):
         try:
             self.view = pairs.scan_models(folders or "")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return friendly(exc), gr.update(), gr.update(), ""
         choices = self.view.target_choices()
         if not choices:
@@ -164,17 +190,23 @@ class App:
         try:
             info = self.view.models.get(target) or pairs.inspect_model(target)
             choices, md = pairs.draft_options(info, self.view)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return friendly(exc), gr.update(choices=[], value=None), ""
         return "", gr.update(choices=choices, value=choices[0][1]), md
 
     # -- running -------------------------------------------------------------------------------
 
     def _pipe(self, v: dict[str, Any], progress: Any) -> Any:
-        return self.holder.get(self.spec(v), _progress_adapter(progress))
+        return self.holder.get(self.spec(v), progress_adapter(progress))
 
-    def on_run(self, v: dict[str, Any], progress: gr.Progress = gr.Progress()) -> Iterator[dict]:  # noqa: B008
+    def on_run(
+        self,
+        v: dict[str, Any],
+        request: gr.Request,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008
+    ) -> Iterator[dict]:
         c = self.c
+        session = session_key(request)
         out, panel, err, chat = c["output"], c["result"], c["error"], c["chat"]
         prompt = v[c["prompt"]] or ""
         history = list(v[chat] or [])
@@ -187,9 +219,9 @@ class App:
                 raise LocalspecError(
                     "the prompt is empty", hint="type something to continue in the prompt box"
                 )
+            opts = self.gen_opts(v)  # every value checked before anything is loaded
             yield {err: "", out: tokens_html([], prefix=prefix, status="loading the pair...")}
             pipe = self._pipe(v, progress)
-            opts = self.gen_opts(v)
             if is_chat:
                 messages = history + [{"role": "user", "content": prompt}]
 
@@ -202,15 +234,15 @@ class App:
 
             last = 0.0
             finish = None
-            for tr in self.holder.stream(make):
+            for tr in self.holder.stream(make, session=session):
                 pieces.append((tr.text, tr.from_draft))
                 stats, finish = tr.stats, tr.finish_reason
                 now = time.monotonic()
                 if now - last >= REFRESH_SECONDS:
                     last = now
                     yield {out: tokens_html(pieces, prefix=prefix)}
-            status = "stopped" if self.holder.stopped and finish is None else ""
-            update = {out: tokens_html(pieces, prefix=prefix, status=status)}
+            status = "stopped" if self.holder.was_stopped(session) and finish is None else ""
+            update: dict[Any, Any] = {out: tokens_html(pieces, prefix=prefix, status=status)}
             if stats is not None:
                 update[panel] = result_panel_html(stats, note="target-alone speed and speedup: press Compare")
             if is_chat:
@@ -220,7 +252,7 @@ class App:
                     {"role": "assistant", "content": reply},
                 ]
             yield update
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
+        except Exception as exc:
             if isinstance(exc, LocalspecError):
                 gr.Warning(exc.message)
             yield {err: friendly(exc), out: tokens_html(pieces, prefix=prefix, status="failed")}
@@ -231,9 +263,9 @@ class App:
         try:
             if not prompt.strip():
                 raise LocalspecError("the prompt is empty", hint="type a prompt, then press Compare")
+            opts = self.gen_opts(v)
             pipe = self._pipe(v, progress)
             progress(None, desc="target alone, then with the draft")
-            opts = self.gen_opts(v)
             with self.holder.busy():
                 cmp = pipe.compare(prompt, **opts)
             spec = cmp.speculative.stats
@@ -249,23 +281,24 @@ class App:
             pieces = list(zip(run.pieces, run.from_draft, strict=True)) or [(str(run), False)]
             text = tokens_html(pieces, status="compare: the run with the draft")
             return {c["error"]: "", c["result"]: panel, c["output"]: text}
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if isinstance(exc, LocalspecError):
                 gr.Warning(exc.message)
             return {c["error"]: friendly(exc)}
 
-    def on_stop(self) -> None:
-        self.holder.request_stop()
+    def on_stop(self, request: gr.Request) -> None:
+        """Stop the run of the session that pressed Stop, not anyone else's."""
+        self.holder.request_stop(session_key(request))
 
     # -- layout --------------------------------------------------------------------------------
 
     def build(self) -> gr.Blocks:
-        presets = pairs.list_presets()
-        preset_choices = pairs.preset_choices(presets)
+        found = pairs.list_presets()
+        preset_choices = pairs.preset_choices(found)
         default_preset = (
             constants.EMBEDDED_PRESET
-            if any(p.name == constants.EMBEDDED_PRESET for p in presets)
-            else (presets[0].name if presets else None)
+            if any(p.name == constants.EMBEDDED_PRESET for p in found)
+            else (found[0].name if found else None)
         )
         c: dict[str, Any] = {}
         self.c = c
@@ -309,15 +342,16 @@ class App:
                         with gr.Accordion("Load options", open=False):
                             c["n_ctx"] = gr.Number(
                                 0,
-                                label="Context (tokens; 0 = the preset's, else 4096)",
+                                label=f"Context (tokens, {N_CTX_RANGE[0]}-{N_CTX_RANGE[1]}; 0 = the "
+                                f"preset's, else {constants.DEFAULT_N_CTX})",
                                 precision=0,
-                                minimum=0,
+                                elem_id="ls-n-ctx",
                             )
                             c["ngl_t"] = gr.Slider(
-                                0, 200, 0, step=1, label="Target n_gpu_layers", visible=self.gpu
+                                *GPU_LAYERS_RANGE, 0, step=1, label="Target n_gpu_layers", visible=self.gpu
                             )
                             c["ngl_d"] = gr.Slider(
-                                0, 200, 0, step=1, label="Draft n_gpu_layers", visible=self.gpu
+                                *GPU_LAYERS_RANGE, 0, step=1, label="Draft n_gpu_layers", visible=self.gpu
                             )
                     with gr.Column(scale=2, min_width=480):
                         gr.Markdown("### 2. Run")
@@ -332,18 +366,33 @@ class App:
                             cmp_btn = gr.Button("Compare", elem_id="ls-compare")
                             stop_btn = gr.Button("Stop", variant="stop", elem_id="ls-stop")
                             clear_btn = gr.Button("Clear chat", elem_id="ls-clear", visible=False)
-                        with gr.Accordion("Settings", open=False):
+                        with gr.Accordion("Settings", open=False, elem_id="ls-settings"):
                             with gr.Row():
-                                c["max_tokens"] = gr.Slider(1, 2048, 128, step=1, label="Max tokens")
-                                c["temperature"] = gr.Slider(0, 2, 0, step=0.05, label="Temperature")
+                                c["max_tokens"] = gr.Slider(
+                                    *MAX_TOKENS_RANGE,
+                                    128,
+                                    step=1,
+                                    label="Max tokens",
+                                    elem_id="ls-max-tokens",
+                                )
+                                c["temperature"] = gr.Slider(
+                                    *TEMPERATURE_RANGE, 0, step=0.05, label="Temperature"
+                                )
                             with gr.Row():
-                                c["n_max"] = gr.Slider(1, 16, 4, step=1, label="Draft length n_max")
+                                c["n_max"] = gr.Slider(
+                                    *N_MAX_RANGE, 4, step=1, label="Draft length n_max", elem_id="ls-n-max"
+                                )
                                 c["p_min"] = gr.Slider(
-                                    0, 1, 0.75, step=0.01, label="p_min (draft confidence)"
+                                    *P_MIN_RANGE, 0.75, step=0.01, label="p_min (draft confidence)"
                                 )
                             with gr.Row():
                                 c["adaptive"] = gr.Checkbox(False, label="Adaptive draft length")
-                                c["strategy"] = gr.Radio(STRATEGIES, value="pair default", label="Strategy")
+                                c["strategy"] = gr.Radio(
+                                    STRATEGY_CHOICES,
+                                    value=PAIR_DEFAULT,
+                                    label="Strategy",
+                                    elem_id="ls-strategy",
+                                )
                         c["error"] = gr.HTML("", elem_id="ls-error-box")
                         c["output"] = gr.HTML(tokens_html([]), elem_id="ls-output-box")
                         gr.HTML(legend_html())
@@ -351,8 +400,6 @@ class App:
                 c["result"] = gr.HTML(empty_panel_html(), elem_id="ls-result-box")
                 c["chat"] = gr.State([])
             with gr.Tab("Bench"):
-                from .bench_tab import build_bench_tab
-
                 bench = build_bench_tab(self)
 
             inputs = {v for k, v in c.items() if k not in ("output", "result", "error")}
@@ -365,7 +412,9 @@ class App:
             )
             c["mode"].change(lambda m: gr.update(visible=m == "Chat"), c["mode"], clear_btn, queue=False)
             c["preset"].change(
-                self.on_preset, c["preset"], [preset_md, c["n_max"], c["p_min"], c["adaptive"]]
+                self.on_preset,
+                c["preset"],
+                [preset_md, c["n_max"], c["p_min"], c["adaptive"], c["strategy"]],
             )
             dl_btn.click(
                 self.on_download,
@@ -411,13 +460,25 @@ def build_app(loader: Callable[..., Any] = _load) -> gr.Blocks:
     return App(loader).build()
 
 
-def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, *, block: bool = True) -> Any:
-    """Serve the page; ``block=False`` returns at once (the server runs in a thread)."""
+def launch(
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    share: bool = False,
+    *,
+    auth: tuple[str, str] | None = None,
+    open_browser: bool = False,
+    block: bool = True,
+) -> Any:
+    """Serve the page; ``block=False`` returns at once (the server runs in a thread). Who may reach it is
+    decided before (``localspec.exposure``, in ``localspec ui``); ``auth`` is the login Gradio asks for,
+    ``open_browser`` opens the default browser on the page once it is up."""
     demo = build_app()
     return demo.launch(
         server_name=host,
         server_port=port,
         share=share,
+        auth=auth,
+        inbrowser=open_browser,
         prevent_thread_lock=not block,
         theme=theme(),
         css=CSS,

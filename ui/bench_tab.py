@@ -1,6 +1,7 @@
 """The Bench tab: run localspec's workload benchmark on the chosen pair, show its table and chart.
 
-The benchmark itself is ``localspec.bench.benchmark``; its report files come from ``localspec.report``.
+The benchmark itself is ``localspec.bench.benchmark``; its report files come from ``localspec.report``, the
+workload names from ``localspec.workloads`` and the strategy names from ``localspec.settings``.
 The tab only maps the page's choices onto those calls and counts progress lines for the bar.
 """
 
@@ -12,13 +13,18 @@ from typing import Any
 
 import gradio as gr
 
+from localspec import bench, report
+from localspec.settings import SPECULATIVE_STRATEGIES
+from localspec.workloads import WORKLOADS, load_workloads
+
+from .common import (
+    BENCH_LIMIT_RANGE,
+    BENCH_MAX_TOKENS_RANGE,
+    BENCH_REPEATS_RANGE,
+    bounded_int,
+    friendly,
+)
 from .render import ok_html
-
-
-def _bench():
-    from localspec import bench
-
-    return bench
 
 
 def expected_runs(workloads: list[Any], n_configs: int, repeats: int) -> int:
@@ -28,16 +34,15 @@ def expected_runs(workloads: list[Any], n_configs: int, repeats: int) -> int:
 
 def run_bench(app: Any, v: dict[str, Any], progress: Any) -> tuple[str, str, str | None, str | None]:
     """Run the benchmark for the pair chosen in the Generate tab; returns (message, table md, png, json)."""
-    from localspec import report as rep
-
     c = app.c
     spec = app.spec(v)
     names = list(v[c["bench_workloads"]] or []) or None
-    limit = int(v[c["bench_limit"]] or 0) or None
-    repeats = int(v[c["bench_repeats"]] or 1)
+    limit = bounded_int(v[c["bench_limit"]] or 0, BENCH_LIMIT_RANGE, "Prompts per workload") or None
+    repeats = bounded_int(v[c["bench_repeats"]], BENCH_REPEATS_RANGE, "Repeats")
+    max_tokens = bounded_int(v[c["bench_max_tokens"]], BENCH_MAX_TOKENS_RANGE, "Max tokens per run")
     strategies = list(v[c["bench_strategies"]] or []) or None
-    workloads = _bench().load_workloads(names, None, limit)
-    total = expected_runs(workloads, len(strategies or ["model", "ngram"]), repeats)
+    workloads = load_workloads(names, None, limit)
+    total = expected_runs(workloads, len(strategies) if strategies else 2, repeats)  # default: model, ngram
     done = [0]
 
     def tick(message: str) -> None:
@@ -54,11 +59,11 @@ def run_bench(app: Any, v: dict[str, Any], progress: Any) -> tuple[str, str, str
     progress(0.0, desc="loading the pair")
     with app.holder.busy():
         app.holder.close()  # the bench loads its own pipeline: one pair in memory at a time
-        report = _bench().benchmark(
+        result = bench.benchmark(
             **kwargs,
             workloads=names,
             limit=limit,
-            max_tokens=int(v[c["bench_max_tokens"]]),
+            max_tokens=max_tokens,
             temperature=0.0,
             repeats=repeats,
             n_ctx=spec.n_ctx,
@@ -66,24 +71,18 @@ def run_bench(app: Any, v: dict[str, Any], progress: Any) -> tuple[str, str, str
             progress=tick,
         )
     out = Path(tempfile.mkdtemp(prefix="localspec-bench-"))
-    files = rep.write_all(report, out)
+    files = report.write_all(result, out)
     table = files["markdown"].read_text(encoding="utf-8")
     msg = ok_html(f"benchmark done: {done[0]} runs; files in {out}")
     return msg, table, str(files["png"]), str(files["json"])
 
 
-def build_bench_tab(app: Any) -> tuple[Any, Any, list[Any]] | None:
+def build_bench_tab(app: Any) -> tuple[Any, Any, list[Any]]:
     """Controls, a Run bench button, the report table (Markdown), its chart (PNG) and the JSON file.
 
     Returns (button, handler, outputs) for the caller to wire once all inputs exist (the pair is picked
     in the Generate tab)."""
     c = app.c
-    try:
-        workloads = list(_bench().WORKLOADS)
-        strategies = list(_bench().STRATEGIES[:3])
-    except ImportError:
-        gr.Markdown("The benchmark module is not part of this installation.")
-        return None
     gr.Markdown(
         "Runs the target alone and each strategy **interleaved on the same prompts** in this process, "
         "for the pair picked in the Generate tab, and reports acceptance, tokens/s, speedup (median over "
@@ -92,15 +91,17 @@ def build_bench_tab(app: Any) -> tuple[Any, Any, list[Any]] | None:
     )
     with gr.Row():
         c["bench_workloads"] = gr.CheckboxGroup(
-            workloads, value=["code"], label="Workloads", elem_id="ls-bench-workloads"
+            list(WORKLOADS), value=["code"], label="Workloads", elem_id="ls-bench-workloads"
         )
         c["bench_strategies"] = gr.CheckboxGroup(
-            strategies, value=[], label="Strategies (none ticked: the pair's defaults)"
+            list(SPECULATIVE_STRATEGIES), value=[], label="Strategies (none ticked: the pair's defaults)"
         )
     with gr.Row():
-        c["bench_limit"] = gr.Number(2, label="Prompts per workload (0 = all)", precision=0, minimum=0)
-        c["bench_max_tokens"] = gr.Number(64, label="Max tokens per run", precision=0, minimum=1)
-        c["bench_repeats"] = gr.Number(1, label="Repeats", precision=0, minimum=1)
+        c["bench_limit"] = gr.Number(2, label="Prompts per workload (0 = all)", precision=0)
+        c["bench_max_tokens"] = gr.Number(
+            64, label=f"Max tokens per run (up to {BENCH_MAX_TOKENS_RANGE[1]})", precision=0
+        )
+        c["bench_repeats"] = gr.Number(1, label=f"Repeats (up to {BENCH_REPEATS_RANGE[1]})", precision=0)
     bench_btn = gr.Button("Run bench", variant="primary", elem_id="ls-bench-run")
     msg = gr.HTML("", elem_id="ls-bench-msg")
     table = gr.Markdown("", elem_id="ls-bench-table")
@@ -111,9 +112,7 @@ def build_bench_tab(app: Any) -> tuple[Any, Any, list[Any]] | None:
     def on_bench(v: dict[str, Any], progress: gr.Progress = gr.Progress()):  # noqa: B008
         try:
             return run_bench(app, v, progress)
-        except Exception as exc:  # noqa: BLE001 - shown in the page
-            from .app import friendly
-
+        except Exception as exc:  # every failure becomes a message in the page
             return friendly(exc), "", None, None
 
     return bench_btn, on_bench, [msg, table, chart, report_file]

@@ -10,62 +10,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localspec import constants
+from localspec import constants, hub, presets, scan
 from localspec.errors import LocalspecError, UnusableModelError
+from localspec.units import format_bytes
 
-from .render import error_html, esc, fmt_bytes, markdown_table
+from .render import error_html, esc, markdown_table
 
 EMBEDDED = constants.EMBEDDED_PRESET
-
-
-def _hub():
-    from localspec import hub
-
-    return hub
-
-
-def _presets():
-    from localspec import presets
-
-    return presets
 
 
 # ----------------------------------------------------------------------------------------- presets
 
 
-def ref_cached(ref: Any) -> bool:
-    """True when the model file is on this machine (embedded/path file exists, or in the HF cache)."""
-    if ref is None:
-        return True
-    if getattr(ref, "is_local", False):
-        path = getattr(ref, "path", None)
-        return bool(path) and path.is_file()
-    try:
-        return bool(_hub().resolve_cached(ref))
-    except LocalspecError:
-        return False
-
-
 def preset_cached(preset: Any) -> bool:
-    return ref_cached(preset.target) and ref_cached(getattr(preset, "draft_model", None))
+    """True when every file of the preset is on this machine (``hub.is_cached``: cache lookups only)."""
+    return bool(hub.is_cached(preset))
 
 
 def list_presets() -> list[Any]:
-    """All presets, the embedded pair first; an empty list when the presets module is not there."""
-    try:
-        presets = list(_presets().list_presets())
-    except ImportError:
-        return []
-    return sorted(presets, key=lambda p: (p.name != EMBEDDED, p.name))
+    """All presets, the embedded pair first."""
+    found = list(presets.list_presets())
+    return sorted(found, key=lambda p: (p.name != EMBEDDED, p.name))
 
 
-def preset_choices(presets: list[Any]) -> list[tuple[str, str]]:
+def preset_choices(found: list[Any]) -> list[tuple[str, str]]:
     """Dropdown (label, value) pairs: name, download size, RAM need, cached or not."""
     out = []
-    for p in presets:
-        size = "no download" if not p.download_bytes else f"{fmt_bytes(p.download_bytes)} download"
+    for p in found:
+        size = "no download" if not p.download_bytes else f"{format_bytes(p.download_bytes)} download"
         cached = "cached" if preset_cached(p) else "not cached"
-        out.append((f"{p.name}  ({size}, RAM {fmt_bytes(p.ram_bytes)}, {cached})", p.name))
+        out.append((f"{p.name}  ({size}, RAM {format_bytes(p.ram_bytes)}, {cached})", p.name))
     return out
 
 
@@ -74,7 +48,7 @@ def preset_info_html(name: str | None) -> str:
     if not name:
         return '<div class="ls-note">Pick a preset.</div>'
     try:
-        p = _presets().get_preset(name)
+        p = presets.get_preset(name)
     except LocalspecError as exc:
         return error_html(exc)
     cached = preset_cached(p)
@@ -83,8 +57,8 @@ def preset_info_html(name: str | None) -> str:
     rows = [
         ("Target", p.target.describe()),
         ("Draft", draft),
-        ("Download", "none needed" if not p.download_bytes else fmt_bytes(p.download_bytes)),
-        ("RAM needed", fmt_bytes(p.ram_bytes)),
+        ("Download", "none needed" if not p.download_bytes else format_bytes(p.download_bytes)),
+        ("RAM needed", format_bytes(p.ram_bytes)),
         ("On this machine", "yes, ready" if cached else "not yet: press Download"),
         (
             "Draft settings",
@@ -105,7 +79,7 @@ def preset_info_html(name: str | None) -> str:
 
 def download(name: str, progress: Any = None) -> Any:
     """Fetch a preset through the hub (progress(stage, done, total)); returns the resolved pair."""
-    return _hub().ensure_preset(name, progress=progress)
+    return hub.ensure_preset(name, progress=progress)
 
 
 # ----------------------------------------------------------------------------------------- own models
@@ -128,30 +102,24 @@ def model_path(m: Any) -> str:
 def model_label(m: Any) -> str:
     """``name (architecture, quant, size)`` for a scanned ModelInfo."""
     name = m.name or Path(m.path).name
-    bits = [b for b in (m.architecture, m.quant, fmt_bytes(m.size_bytes) if m.size_bytes else "") if b]
+    bits = [b for b in (m.architecture, m.quant, format_bytes(m.size_bytes) if m.size_bytes else "") if b]
     return f"{name} ({', '.join(bits)})" if bits else str(name)
 
 
 def scan_models(folders: str) -> ScanView:
     """Run the scanner on the given folders (one per line or separated by ``;``/``:``), or its defaults."""
-    from localspec import scan
-
     paths = [f.strip() for f in folders.replace(";", "\n").splitlines() if f.strip()] if folders else []
     found = scan.scan(paths or None)
     return ScanView({model_path(m): m for m in found})
 
 
 def inspect_model(path: str) -> Any:
-    from localspec import scan
-
     return scan.inspect(path)
 
 
 def draft_options(target: Any, view: ScanView) -> tuple[list[tuple[str, str]], str]:
     """Compatible drafts for ``target`` (best first, then n-gram and none) and a Markdown table of every
     candidate with its verdict and why it fits or was refused."""
-    from localspec import scan
-
     if getattr(target, "error", None) or not getattr(target, "usable", True):
         raise UnusableModelError(
             target.error or f"{model_path(target)}: {target.unusable_reason or 'cannot be used as a model'}",

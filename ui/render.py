@@ -12,7 +12,9 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-MB = 1024 * 1024
+from localspec.units import format_bytes
+
+MB = 1e6  # decimal, as localspec.units.format_bytes writes sizes: the data-value and the text agree
 
 CSS = """
 .ls-out { white-space: pre-wrap; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
@@ -56,16 +58,6 @@ CSS = """
 def esc(text: Any) -> str:
     """HTML-escape any value (quotes included, so it is safe inside attributes too)."""
     return html.escape(str(text), quote=True)
-
-
-def fmt_bytes(n: float | int | None) -> str:
-    """Bytes as a short human size (``512 MB``, ``1.4 GB``); ``-`` for unknown."""
-    if n is None:
-        return "-"
-    n = float(n)
-    if abs(n) >= 1024**3:
-        return f"{n / 1024**3:.2f} GB"
-    return f"{n / MB:.1f} MB"
 
 
 def fmt_num(x: float | int | None, digits: int = 2, suffix: str = "") -> str:
@@ -164,12 +156,12 @@ def memory_rows(memory: Any) -> list[tuple[str, str, float | None, str]]:
         return None if x is None else x / MB
 
     return [
-        ("Target weights + KV", "ls-target-mb", mb(tw + tk), fmt_bytes(tw + tk)),
-        ("Draft weights", "ls-draft-weights-mb", mb(dw), fmt_bytes(dw)),
-        ("Draft KV cache", "ls-draft-kv-mb", mb(dk), fmt_bytes(dk)),
-        ("Draft weights + KV", "ls-overhead-mb", mb(over), fmt_bytes(over)),
+        ("Target weights + KV", "ls-target-mb", mb(tw + tk), format_bytes(tw + tk)),
+        ("Draft weights", "ls-draft-weights-mb", mb(dw), format_bytes(dw)),
+        ("Draft KV cache", "ls-draft-kv-mb", mb(dk), format_bytes(dk)),
+        ("Draft weights + KV", "ls-overhead-mb", mb(over), format_bytes(over)),
         ("  as % of target", "ls-overhead-pct", pct, fmt_num(pct, 1, " %")),
-        ("Measured RSS increase", "ls-rss-mb", mb(rss), fmt_bytes(rss)),
+        ("Measured RSS increase", "ls-rss-mb", mb(rss), format_bytes(rss)),
         ("  as % of target RSS", "ls-rss-pct", rss_pct, fmt_num(rss_pct, 1, " %")),
     ]
 
@@ -251,7 +243,7 @@ def result_panel_html(
     over_pct = mem[4][2]
     mem_card = (
         '<div class="ls-card"><h4>Memory cost of the draft</h4>'
-        f'<div class="ls-big">{esc(fmt_bytes(_get(memory, "draft_overhead_bytes")))} '
+        f'<div class="ls-big">{esc(format_bytes(_get(memory, "draft_overhead_bytes")))} '
         f'<span style="font-size:1rem">({esc(fmt_num(over_pct, 1, " % of target"))})</span></div>'
         f"{_table(mem)}</div>"
     )

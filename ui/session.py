@@ -1,8 +1,9 @@
 """The one loaded pipeline the page works with, kept between runs.
 
 Switching to another pair closes the old pipeline first (frees both models); a Stop
-request makes the running stream end at the next token, and the stream is always closed
-(``generator.close()``) so the engine rewinds its caches.
+request makes the running stream *of the session that asked* end at the next token (each browser
+session has its own stop flag: one visitor's Stop never ends another's run), and the stream is always
+closed (``generator.close()``) so the engine rewinds its caches.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ class PipelineHolder:
     spec: PairSpec | None = None
     pipe: Any = None
     _lock: threading.RLock = field(default_factory=threading.RLock)
-    _stop: threading.Event = field(default_factory=threading.Event)
+    _stops: dict[str, threading.Event] = field(default_factory=dict)  # per session, while it streams
+    _stopped: set[str] = field(default_factory=set)  # sessions whose last stream ended on Stop
+    _stops_lock: threading.Lock = field(default_factory=threading.Lock)  # never held while loading
     _stream: Iterator[Any] | None = None
 
     def get(self, spec: PairSpec, progress: Callable[[str, int, int], None] | None = None) -> Any:
@@ -87,28 +90,46 @@ class PipelineHolder:
 
     # -- streaming with Stop ---------------------------------------------------------------
 
-    def request_stop(self) -> None:
-        self._stop.set()
+    def request_stop(self, session: str = "") -> None:
+        """Stop the stream of ``session`` (a browser session), if it has one running; nobody else's."""
+        with self._stops_lock:
+            event = self._stops.get(session)
+        if event is not None:
+            event.set()
 
-    def stream(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-        """Iterate ``make()``, ending early on Stop; the inner generator is closed in every case."""
-        with self._lock:
-            self._close_stream()
-            self._stop.clear()
-            inner = make()
-            self._stream = inner
+    def stream(self, make: Callable[[], Iterator[Any]], *, session: str = "") -> Iterator[Any]:
+        """Iterate ``make()`` for ``session``, ending early on its Stop; the inner generator is closed in
+        every case."""
+        event = threading.Event()
+        with self._stops_lock:
+            self._stops[session] = event
+            self._stopped.discard(session)
         try:
-            for item in inner:
-                yield item
-                if self._stop.is_set():
-                    break
-        finally:
             with self._lock:
                 self._close_stream()
+                inner = make()
+                self._stream = inner
+            try:
+                for item in inner:
+                    yield item
+                    if event.is_set():
+                        break
+            finally:
+                with self._lock:
+                    self._close_stream()
+        finally:
+            with self._stops_lock:
+                if self._stops.get(session) is event:
+                    del self._stops[session]
+                if event.is_set():
+                    if len(self._stopped) > 1000:  # stale sessions (closed pages): forget them
+                        self._stopped.clear()
+                    self._stopped.add(session)
 
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
+    def was_stopped(self, session: str = "") -> bool:
+        """True when the last stream of ``session`` ended because that session pressed Stop."""
+        with self._stops_lock:
+            return session in self._stopped
 
     def _close_stream(self) -> None:
         inner, self._stream = self._stream, None

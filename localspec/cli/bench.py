@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from localspec.bench import STRATEGIES, WORKLOADS
+from localspec.settings import SPECULATIVE_STRATEGIES
+from localspec.workloads import WORKLOADS
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -26,8 +27,13 @@ def _split(values: tuple[str, ...]) -> list[str]:
 @click.option("--repeats", default=1, show_default=True, type=int, help="Runs per prompt and setting.")
 @click.option("--threads", type=int, help="CPU threads (default: physical cores).")
 @click.option("--n-ctx", type=int, help="Context size (default 4096 or the preset's).")
-@click.option("--strategy", "strategies", multiple=True, type=click.Choice(STRATEGIES[:3]),
-              help="Strategies to measure (default: model and ngram with a draft, else ngram).")  # fmt: skip
+@click.option(
+    "--strategy",
+    "strategies",
+    multiple=True,
+    type=click.Choice(SPECULATIVE_STRATEGIES),
+    help="Strategies to measure (default: model and ngram with a draft, else ngram).",
+)
 @click.option("--n-max", type=int, help="Draft length k (default: the pair's / preset's).")
 @click.option("--p-min", type=float, help="Draft confidence cut-off (default: the pair's / preset's).")
 @click.option(
@@ -43,13 +49,42 @@ def _split(values: tuple[str, ...]) -> list[str]:
     "--save-preset", help="With --tune: save the winners as user preset NAME (and NAME-<workload>)."
 )
 @click.option("--no-warmup", is_flag=True, help="Skip the uncounted warm-up runs.")
-@click.option("--out", "out_dir", default="bench-out", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for bench.json, bench.md and bench.png.")  # fmt: skip
+@click.option(
+    "--out",
+    "out_dir",
+    default="bench-out",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder for bench.json, bench.md and bench.png.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of tables.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def bench(target, draft, preset, workloads, prompts, limit, max_tokens, temperature, repeats, threads, n_ctx,
-          strategies, n_max, p_min, adaptive, peer, tune, tune_n_max, tune_p_min, save_preset, no_warmup,
-          out_dir, as_json, quiet) -> None:  # fmt: skip
+def bench(
+    target,
+    draft,
+    preset,
+    workloads,
+    prompts,
+    limit,
+    max_tokens,
+    temperature,
+    repeats,
+    threads,
+    n_ctx,
+    strategies,
+    n_max,
+    p_min,
+    adaptive,
+    peer,
+    tune,
+    tune_n_max,
+    tune_p_min,
+    save_preset,
+    no_warmup,
+    out_dir,
+    as_json,
+    quiet,
+) -> None:
     """Measure whether speculative decoding pays off on this machine, per kind of text.
 
     Runs the target alone and each strategy interleaved on the same prompts, in one process, and reports
@@ -70,9 +105,18 @@ def bench(target, draft, preset, workloads, prompts, limit, max_tokens, temperat
         if n not in WORKLOADS:
             raise click.UsageError(f"unknown workload {n!r}; choose from {', '.join(WORKLOADS)}")
     progress = None if (quiet or as_json) else (lambda m: click.echo(f"  {m}", err=True))
-    common = dict(target=target, draft=draft, preset=preset, workloads=names, prompts_file=prompts,
-                  max_tokens=max_tokens, temperature=temperature, threads=threads, n_ctx=n_ctx,
-                  progress=progress)  # fmt: skip
+    common = dict(
+        target=target,
+        draft=draft,
+        preset=preset,
+        workloads=names,
+        prompts_file=prompts,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        threads=threads,
+        n_ctx=n_ctx,
+        progress=progress,
+    )
     if tune:
         from localspec.tune import parse_int_range, tune_benchmark
 
@@ -80,17 +124,30 @@ def bench(target, draft, preset, workloads, prompts, limit, max_tokens, temperat
             p_values = [float(v) for v in tune_p_min.split(",") if v.strip()]
         except ValueError as exc:
             raise click.UsageError(f"--tune-p-min: not a list of numbers: {tune_p_min!r}") from exc
-        result = tune_benchmark(**common, limit=limit or 2, strategies=list(strategies) or None,
-                                n_max_values=parse_int_range(tune_n_max), p_min_values=p_values,
-                                adaptive=adaptive)  # fmt: skip
+        result = tune_benchmark(
+            **common,
+            limit=limit or 2,
+            strategies=list(strategies) or None,
+            n_max_values=parse_int_range(tune_n_max),
+            p_min_values=p_values,
+            adaptive=adaptive,
+        )
         if save_preset:
             from localspec.tune import save_winners
 
             result["tuning"]["saved"] = save_winners(result, save_preset, preset=preset)
     else:
-        result = benchmark(**common, limit=limit, repeats=repeats, strategies=list(strategies) or None,
-                           n_max=n_max, p_min=p_min, peer=peer, adaptive=adaptive,
-                           warmup=not no_warmup)  # fmt: skip
+        result = benchmark(
+            **common,
+            limit=limit,
+            repeats=repeats,
+            strategies=list(strategies) or None,
+            n_max=n_max,
+            p_min=p_min,
+            peer=peer,
+            adaptive=adaptive,
+            warmup=not no_warmup,
+        )
     files = rep.write_all(result, Path(out_dir))
     if as_json:
         click.echo(json.dumps(json.loads(files["json"].read_text()), indent=1))

@@ -1,20 +1,143 @@
-"""``localspec ui``: the web page on localhost."""
+"""``localspec ui``: the web page, on localhost unless the user says otherwise (with credentials).
+
+Who may reach it follows the one rule in ``localspec.exposure``; the decisions here (which port, open a
+browser or not, what ``--auth`` means) are pure functions so they are tested without starting a server.
+"""
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
+import sys
+from collections.abc import Mapping
+
 import click
+
+from localspec.exposure import check_exposure
+
+DEFAULT_PORT = 7860
+PORT_TRIES = 100  # 7860..7959 when no --port is given
+AUTH_ENV = "LOCALSPEC_UI_AUTH"
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when a server could listen on ``host:port`` now (as uvicorn binds: with SO_REUSEADDR)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return True  # the name does not resolve: let the server report it
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def choose_port(
+    host: str, requested: int | None, *, first: int | None = None, tries: int = PORT_TRIES
+) -> int:
+    """The port to serve on: ``requested`` if given (an error if busy), else the first free one from
+    ``first`` (default :data:`DEFAULT_PORT`) on."""
+    first = DEFAULT_PORT if first is None else first
+    if requested is not None:
+        if not port_is_free(host, requested):
+            raise click.UsageError(
+                f"port {requested} on {host} is already in use (another localspec ui, or another server). "
+                f"Omit --port to take the next free one from {first}, or choose another with --port N."
+            )
+        return requested
+    for port in range(first, min(first + tries, 65536)):
+        if port_is_free(host, port):
+            return port
+    raise click.UsageError(
+        f"no free port from {first} to {first + tries - 1} on {host}; choose one with --port N"
+    )
+
+
+def should_open_browser(
+    no_browser: bool, env: Mapping[str, str] | None = None, platform: str | None = None
+) -> tuple[bool, str]:
+    """Whether to open the default browser on the page, and why not: never with ``--no-browser``, over
+    SSH (the browser would open on the far machine, if at all), or on Linux without a display."""
+    env = os.environ if env is None else env
+    platform = sys.platform if platform is None else platform
+    if no_browser:
+        return False, "--no-browser"
+    if env.get("SSH_CONNECTION") or env.get("SSH_TTY"):
+        return False, "over SSH"
+    if platform.startswith("linux") and not (env.get("DISPLAY") or env.get("WAYLAND_DISPLAY")):
+        return False, "no display"
+    return True, ""
+
+
+def parse_auth(text: str | None) -> tuple[str, str] | None:
+    """``USER:PASSWORD`` (the password may contain ``:``) -> (user, password); None when not given."""
+    if text is None:
+        return None
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise click.BadParameter(
+            "expected USER:PASSWORD, both non-empty (e.g. --auth alice:correct-horse)",
+            param_hint=f"--auth / {AUTH_ENV}",
+        )
+    return user, password
 
 
 @click.command("ui")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=7860, show_default=True, type=click.IntRange(1, 65535), help="Port.")
-@click.option("--share", is_flag=True, help="Also open a public Gradio share link (off by default).")
-def ui(host: str, port: int, share: bool) -> None:
+@click.option(
+    "--port",
+    default=None,
+    type=click.IntRange(1, 65535),
+    help=f"Port (default: {DEFAULT_PORT}, or the next free one if it is busy).",
+)
+@click.option("--share", is_flag=True, help="Also open a public Gradio share link (needs --auth).")
+@click.option(
+    "--auth",
+    metavar="USER:PASSWORD",
+    envvar=AUTH_ENV,
+    help=f"Ask for this login; needed for a non-local --host or --share. Also read from ${AUTH_ENV} "
+    "(keeps the password out of shell history).",
+)
+@click.option(
+    "--insecure-no-auth",
+    is_flag=True,
+    help="Allow a non-local --host or --share WITHOUT a login (only on a network you trust).",
+)
+@click.option("--no-browser", is_flag=True, help="Do not open the page in the default browser.")
+def ui(
+    host: str,
+    port: int | None,
+    share: bool,
+    auth: str | None,
+    insecure_no_auth: bool,
+    no_browser: bool,
+) -> None:
     """Open the web UI: pick a pair, watch the draft's tokens, compare speed and memory, bench."""
+    credentials = parse_auth(auth)
+    exposure = check_exposure(
+        host,
+        what="the web UI",
+        has_auth=credentials is not None,
+        insecure_no_auth=insecure_no_auth,
+        public_link=share,
+    )
+    port = choose_port(host, port)
+    open_browser, why_not = should_open_browser(no_browser)
     from localspec.ui.app import launch
 
-    click.echo(f"localspec UI on http://{host}:{port}  (Ctrl+C to stop)")
-    launch(host=host, port=port, share=share)
+    url_host = f"[{host}]" if ":" in host else host
+    click.echo(exposure)
+    click.echo(f"localspec UI on http://{url_host}:{port}  (Ctrl+C to stop)")
+    if not open_browser:
+        click.echo(f"(not opening a browser: {why_not})")
+    launch(host=host, port=port, share=share, auth=credentials, open_browser=open_browser)
 
 
 COMMANDS = [ui]

@@ -1,0 +1,138 @@
+"""``localspec ui`` before it serves anything: who may reach it (the exposure rule, --auth), which port it
+takes, and whether it opens a browser. The server itself is never started here (``launch`` is replaced)."""
+
+from __future__ import annotations
+
+import socket
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from localspec.cli import main
+from localspec.cli import ui as cli_ui
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Replaces the Gradio launch; records its keyword arguments."""
+    calls: list[dict] = []
+    import localspec.ui.app as app
+
+    monkeypatch.setattr(app, "launch", lambda **kw: calls.append(kw))
+    monkeypatch.delenv(cli_ui.AUTH_ENV, raising=False)
+    return calls
+
+
+def _invoke(args, env=None):
+    return CliRunner().invoke(main, ["ui", *args], env=env)
+
+
+@pytest.mark.parametrize("args", [["--host", "0.0.0.0"], ["--host", "192.168.1.20"], ["--share"]])
+def test_exposed_ui_without_credentials_is_refused_with_a_hint(launched, args):
+    res = _invoke(args)
+    assert res.exit_code == 1 and not launched
+    assert "refusing to expose the web UI" in res.output and "--auth USER:PASSWORD" in res.output
+    assert "--insecure-no-auth" in res.output and "Traceback" not in res.output
+    assert isinstance(res.exception, SystemExit)  # a clean exit, not an exception
+
+
+def test_exposed_ui_with_auth_from_flag_or_environment_passes_it_to_gradio(launched):
+    res = _invoke(["--host", "0.0.0.0", "--auth", "alice:pa:ss", "--no-browser", "--port", _free()])
+    assert res.exit_code == 0, res.output
+    assert "credentials are required" in res.output
+    assert launched[-1]["auth"] == ("alice", "pa:ss") and launched[-1]["host"] == "0.0.0.0"
+
+    res = _invoke(["--share", "--no-browser"], env={cli_ui.AUTH_ENV: "bob:secret"})
+    assert res.exit_code == 0, res.output
+    assert launched[-1]["auth"] == ("bob", "secret") and launched[-1]["share"] is True
+
+
+def test_insecure_no_auth_is_allowed_and_says_so(launched):
+    res = _invoke(["--host", "0.0.0.0", "--insecure-no-auth", "--no-browser"])
+    assert res.exit_code == 0, res.output
+    assert "WARNING" in res.output and "NO authentication" in res.output
+    assert launched[-1]["auth"] is None
+
+
+def test_loopback_needs_nothing_and_says_who_can_reach_it(launched):
+    res = _invoke(["--no-browser"])
+    assert res.exit_code == 0, res.output
+    assert "only this machine can reach it" in res.output
+    assert f"http://127.0.0.1:{launched[-1]['port']}" in res.output and launched[-1]["open_browser"] is False
+
+
+@pytest.mark.parametrize("value", ["alice", ":pw", "alice:", ""])
+def test_malformed_auth_is_a_usage_error(launched, value):
+    res = _invoke(["--auth", value])
+    assert res.exit_code == 2 and "USER:PASSWORD" in res.output and not launched
+
+
+# ------------------------------------------------------------------------------------------ the port
+
+
+def _free() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _listening() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_busy_default_port_moves_to_the_next_free_one_and_prints_it(launched, monkeypatch):
+    with _listening() as busy:
+        port = busy.getsockname()[1]
+        assert not cli_ui.port_is_free("127.0.0.1", port)
+        assert cli_ui.choose_port("127.0.0.1", None, first=port) > port
+        monkeypatch.setattr(cli_ui, "DEFAULT_PORT", port)
+        res = _invoke(["--no-browser"])
+    assert res.exit_code == 0, res.output
+    got = launched[-1]["port"]
+    assert port < got < port + 100 and f"http://127.0.0.1:{got}" in res.output
+
+
+def test_busy_explicit_port_is_an_error_with_a_hint(launched):
+    with _listening() as busy:
+        port = busy.getsockname()[1]
+        res = _invoke(["--port", str(port), "--no-browser"])
+        with pytest.raises(click.UsageError, match="already in use"):
+            cli_ui.choose_port("127.0.0.1", port)
+    assert res.exit_code == 2 and not launched
+    assert f"port {port}" in res.output and "Omit --port" in res.output and "Traceback" not in res.output
+
+
+# ------------------------------------------------------------------------------------------ the browser
+
+
+@pytest.mark.parametrize(
+    ("no_browser", "env", "platform", "expected"),
+    [
+        (False, {"DISPLAY": ":0"}, "linux", (True, "")),
+        (False, {"WAYLAND_DISPLAY": "wayland-0"}, "linux", (True, "")),
+        (False, {}, "linux", (False, "no display")),
+        (False, {}, "darwin", (True, "")),
+        (False, {}, "win32", (True, "")),
+        (True, {"DISPLAY": ":0"}, "linux", (False, "--no-browser")),
+        (False, {"DISPLAY": ":0", "SSH_CONNECTION": "1.2.3.4 5 6.7.8.9 22"}, "linux", (False, "over SSH")),
+        (False, {"SSH_TTY": "/dev/pts/0"}, "darwin", (False, "over SSH")),
+    ],
+)
+def test_browser_opens_only_with_a_local_display(no_browser, env, platform, expected):
+    assert cli_ui.should_open_browser(no_browser, env, platform) == expected
+
+
+def test_ui_opens_the_browser_when_there_is_a_display(launched, monkeypatch):
+    monkeypatch.setattr(cli_ui.sys, "platform", "linux")
+    for name in ("SSH_CONNECTION", "SSH_TTY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DISPLAY", ":0")
+    res = _invoke(["--port", _free()])
+    assert res.exit_code == 0 and launched[-1]["open_browser"] is True
+    monkeypatch.delenv("DISPLAY")
+    res = _invoke(["--port", _free()])
+    assert launched[-1]["open_browser"] is False and "no display" in res.output
