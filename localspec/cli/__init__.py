@@ -32,7 +32,7 @@ def main() -> None:
 def _register() -> None:
     import importlib
 
-    for name in ("models", "run", "hub", "bench", "ui"):
+    for name in ("models", "run", "hub", "bench", "ui", "serve"):
         try:
             module = importlib.import_module(f"localspec.cli.{name}")
         except ModuleNotFoundError as exc:
