@@ -387,7 +387,10 @@ class Worker:
         return int(min(3600, max(1, math.ceil(per_job * (self.waiting + 1)))))
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel the running generation after its current token, refuse what waits, end the thread."""
+        """Cancel the running generation after its current token, refuse what waits, end the thread.
+
+        Safe to call more than once (Ctrl-C calls it with ``timeout=0``, the app's shutdown again to wait).
+        """
         self._stopping.set()
         while True:
             try:
@@ -398,13 +401,12 @@ class Worker:
                 self.metrics.count(job.endpoint, "cancelled")
                 job.emit("error", APIError(503, "the server is shutting down", type="server_error"))
                 job.emit("end", None)
+        with contextlib.suppress(queue.Full):  # the queue was just emptied; a sentinel ends the thread
+            self._queue.put_nowait(None)
         if self._thread is not None:
-            try:
-                self._queue.put(None, timeout=timeout)
-            except queue.Full:  # pragma: no cover - the queue was just drained
-                pass
             self._thread.join(timeout)
-            self._thread = None
+            if not self._thread.is_alive():
+                self._thread = None
 
     def _run(self) -> None:
         while True:
