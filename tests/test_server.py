@@ -412,3 +412,34 @@ def test_a_wrong_or_missing_key_gets_401_and_the_right_one_works(pipe):
         assert chunked.status_code == 413 and "4096 bytes" in chunked.json()["error"]["message"]
     finally:
         srv.stop()
+
+
+def test_stopping_the_server_ends_a_running_stream_with_an_error_at_once():
+    real = _load()
+    slow = SlowPipe(real, delay=0.01)  # 400 tokens would take 4 s
+    srv = start_background(slow, ServeOptions(port=0))
+    try:
+        body = {
+            "model": "tiny-target",
+            "prompt": PROMPTS[6],
+            "max_tokens": 400,
+            "temperature": 0,
+            "stream": True,
+        }
+        with (
+            httpx.Client(base_url=srv.base, timeout=30) as h,
+            h.stream("POST", "/v1/completions", json=body) as r,
+        ):
+            events = (line for line in r.iter_lines() if line)
+            assert next(events).startswith("data: ")
+            t0 = time.monotonic()
+            stopper = threading.Thread(target=srv.stop)
+            stopper.start()
+            rest = list(events)
+            stopper.join(30)
+            assert time.monotonic() - t0 < 3
+        assert "the server is shutting down" in rest[-1] and "[DONE]" not in rest[-1]
+        assert slow.produced < 200
+    finally:
+        srv.stop()
+        real.close()
