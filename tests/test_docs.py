@@ -201,7 +201,7 @@ def test_the_readme_is_checked_at_all():
         ('Run `localspec run --no-such-flag "hi"`.', "`localspec run` has no option --no-such-flag"),
         ("```console\n$ localspec scan ~/m --jsn\n```", "`localspec scan` has no option --jsn"),
         ("```bash\nlocalspec bench -t a.gguf \\\n    --limit 3 --bogus\n```", "has no option --bogus"),
-        ("`localspec serve --port 8000`", "no command 'serve' in `localspec  --help` (known: "),
+        ("`localspec teleport --port 8000`", "no command 'teleport' in `localspec  --help` (known: "),
         ('`localspec run --preset qwen9-99b "x"`', "no preset named 'qwen9-99b'"),
         ("`localspec download qwen9-99b`", "no preset named 'qwen9-99b'"),
         (

@@ -81,7 +81,7 @@ def main(show_traceback: bool) -> None:
 def _register() -> None:
     import importlib
 
-    for name in ("models", "run", "hub", "bench", "ui", "cache"):
+    for name in ("models", "run", "hub", "bench", "ui", "serve", "cache"):
         try:
             module = importlib.import_module(f"localspec.cli.{name}")
         except ModuleNotFoundError as exc:

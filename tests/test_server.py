@@ -1,0 +1,445 @@
+"""``localspec serve`` end to end: the real server (uvicorn in a thread) over the embedded pair, driven by
+the official ``openai`` client (and plain httpx where a client would hide what is tested)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+import localspec
+from localspec.exposure import ExposureError
+from localspec.server import ServeOptions, start_background
+
+N_CTX = 1024
+PROMPTS = [
+    "def quicksort(xs: list[int]) -> list[int]:\n",
+    "import json\nfrom pathlib import Path\n\n\ndef load_settings(path: Path) -> dict:\n",
+    "class Stack:\n    def push(self, item) -> None:\n",
+    "Once upon a time",
+    "The capital of France is",
+    "for i in range(10):\n",
+    "# A small HTTP client\nimport urllib.request\n",
+    "def fib(n):\n",
+]
+
+
+def _load():
+    return localspec.load(n_threads=2, n_ctx=N_CTX)
+
+
+class SlowPipe:
+    """The real pipeline with each token held back ``delay`` seconds, so a test can act mid-generation;
+    ``produced`` counts the tokens the engine really generated for the last request."""
+
+    def __init__(self, pipe, delay: float) -> None:
+        self._pipe, self.delay, self.produced = pipe, delay, 0
+
+    def __getattr__(self, name):
+        return getattr(self._pipe, name)
+
+    def stream_tokens(self, tokens, **kw):
+        inner = self._pipe.stream_tokens(tokens, **kw)
+        self.produced = 0
+
+        def gen():
+            try:
+                for r in inner:
+                    self.produced += 1
+                    time.sleep(self.delay)
+                    yield r
+            finally:
+                inner.close()
+
+        return gen()
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    p = _load()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def server(pipe):
+    srv = start_background(pipe, ServeOptions(port=0, aliases=("tiny-embedded",)))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+
+
+def _complete(client, prompt, **kw):
+    kw.setdefault("max_tokens", 40)
+    kw.setdefault("temperature", 0)
+    return client.completions.create(model="tiny-target", prompt=prompt, **kw)
+
+
+# ------------------------------------------------------------------------------------------ the API
+def test_models_lists_the_model_and_the_preset(client):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == ["tiny-target", "tiny-embedded"]
+
+
+def test_completion_equals_the_pipeline_and_carries_usage_and_stats(client, pipe):
+    r = _complete(client, PROMPTS[0], max_tokens=32)
+    direct = pipe.generate(PROMPTS[0], max_tokens=32, temperature=0)
+    assert r.choices[0].text == str(direct)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(pipe.tokenize(PROMPTS[0]))
+    assert r.usage.completion_tokens == 32
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 32
+    stats = r.model_extra["localspec"]
+    assert stats["strategy"] == "model" and stats["draft"] == "tiny-draft.gguf"
+    assert 0 < stats["accepted"] <= stats["drafted"]
+    assert stats["acceptance"] == pytest.approx(stats["accepted"] / stats["drafted"], abs=1e-3)
+    assert stats["mean_accepted_length"] > 0 and stats["tokens_per_second"] > 0
+    assert stats["draft_memory_overhead_bytes"] == pipe.memory.draft_overhead_bytes > 0
+
+
+def test_streaming_completion_equals_non_streaming(client):
+    whole = _complete(client, PROMPTS[1]).choices[0].text
+    chunks = list(_complete(client, PROMPTS[1], stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    assert finals[0].model_extra["localspec"]["drafted"] > 0
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
+
+
+def test_chat_uses_the_models_template_streaming_and_not(client, pipe):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Write a function."}]
+    r = client.chat.completions.create(model="tiny-embedded", messages=messages, max_tokens=30, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    direct = pipe.chat(messages, max_tokens=30, temperature=0)
+    assert r.choices[0].message.content == str(direct)
+    assert r.usage.prompt_tokens == len(pipe.format_chat(messages)[0])
+    assert r.model_extra["localspec"]["strategy"] == "model"
+
+    stream = client.chat.completions.create(
+        model="tiny-target", messages=messages, max_tokens=30, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == str(direct)
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+    assert "localspec" in chunks[-1].model_extra
+
+
+def test_stop_strings_cut_the_text_streaming_and_not(client):
+    ref = _complete(client, PROMPTS[3], max_tokens=60).choices[0].text
+    stop = ref[20:26]
+    assert stop.strip() and ref.find(stop) > 0
+    r = _complete(client, PROMPTS[3], max_tokens=60, stop=[stop, "\u2603never"])
+    assert r.choices[0].text == ref[: ref.find(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(
+        c.choices[0].text for c in _complete(client, PROMPTS[3], max_tokens=60, stop=stop, stream=True)
+    )
+    assert streamed == ref[: ref.find(stop)]
+
+
+def test_missing_or_huge_max_tokens_is_clamped_to_the_context(client):
+    r = _complete(client, PROMPTS[4], max_tokens=10**9)
+    if r.choices[0].finish_reason == "length":  # ran until the context was full
+        assert r.usage.total_tokens == N_CTX
+    assert r.usage.total_tokens <= N_CTX
+    r2 = client.completions.create(model="tiny-target", prompt=PROMPTS[4], temperature=0)  # no max_tokens
+    assert r2.choices[0].text == r.choices[0].text
+
+
+# ------------------------------------------------------------------------------------------ errors
+def test_a_prompt_that_alone_overflows_the_context_is_refused(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        _complete(client, "word " * (N_CTX + 10))
+    assert err.value.code == "context_length_exceeded"
+    assert "1024" in err.value.message
+
+
+def test_unknown_model_is_404_model_not_found(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="gpt-4o", prompt="hi", max_tokens=4)
+    assert err.value.code == "model_not_found" and "tiny-target" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("kw", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"temperature": 3.5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"seed": -1}, "seed"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"stop": [f"s{i}" for i in range(20)]}, "stop"),
+    ],
+)
+def test_bad_values_are_400_naming_the_parameter(client, kw, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny-target", prompt="hi", **{"max_tokens": 4, **kw})
+    assert err.value.param == param
+    assert param in err.value.message
+
+
+def test_chat_refuses_images_tools_and_unknown_roles(client):
+    bad = [
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+        {"messages": [{"role": "wizard", "content": "hi"}]},
+        {"messages": []},
+    ]
+    for kw in bad:
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="tiny-target", max_tokens=4, **kw)
+
+
+def test_bad_json_bad_types_and_unknown_paths_get_openai_error_json(server):
+    with httpx.Client(base_url=server.base) as h:
+        for body, needle in [
+            (b"{not json", "not valid JSON"),
+            (b"[1, 2]", "object"),
+            (b'{"model": "tiny-target", "prompt": 5}', "prompt"),
+            (b'{"prompt": "hi"}', "model"),
+            (b'{"model": "tiny-target", "prompt": "hi", "max_tokens": "9"}', "max_tokens"),
+        ]:
+            r = h.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 400, body
+            assert needle in r.json()["error"]["message"], r.json()
+        r = h.post("/v1/completions", content=b"prompt=hi", headers={"content-type": "text/plain"})
+        assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
+        r = h.get("/v1/nothing")
+        assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
+        r = h.get("/v1/chat/completions")
+        assert r.status_code == 405 and "error" in r.json()
+        # DNS rebinding: a page on another origin that resolves to 127.0.0.1 sends its own Host header
+        assert h.get("/health", headers={"host": "attacker.example"}).status_code == 400
+        assert h.get("/health").json()["status"] == "ok"
+
+
+def test_metrics_are_prometheus_text(server, client):
+    _complete(client, PROMPTS[5], max_tokens=8)
+    r = httpx.get(server.base + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    assert samples['localspec_requests_total{endpoint="completions",outcome="ok"}'] >= 1
+    assert samples["localspec_generated_tokens_total"] >= 8
+    assert 0 < samples["localspec_accepted_tokens_total"] <= samples["localspec_drafted_tokens_total"]
+    assert 0 < samples["localspec_acceptance_ratio"] <= 1
+    assert samples["localspec_queue_length"] == 0
+    assert "# TYPE localspec_tokens_per_second gauge" in r.text
+
+
+# ------------------------------------------------------------------------------------------ concurrency
+def test_eight_concurrent_clients_each_get_their_sequential_answer(client):
+    def ask(i: int, stream: bool) -> str:
+        if i % 2:  # half chat, half plain completions
+            messages = [{"role": "user", "content": PROMPTS[i]}]
+            kw = dict(model="tiny-target", messages=messages, max_tokens=48, temperature=0)
+            if stream:
+                chunks = client.chat.completions.create(**kw, stream=True)
+                return "".join(c.choices[0].delta.content or "" for c in chunks)
+            return client.chat.completions.create(**kw).choices[0].message.content
+        if stream:
+            return "".join(
+                c.choices[0].text for c in _complete(client, PROMPTS[i], max_tokens=48, stream=True)
+            )
+        return _complete(client, PROMPTS[i], max_tokens=48).choices[0].text
+
+    reference = [ask(i, stream=False) for i in range(8)]
+    assert len(set(reference)) == 8  # distinct answers, so a mix-up would show
+    got: dict[int, str] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            got[i] = ask(i, stream=i < 4)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert [got.get(i) for i in range(8)] == reference
+
+
+def test_a_client_that_disconnects_cancels_its_generation_and_leaves_a_clean_state():
+    real = _load()
+    slow = SlowPipe(real, delay=0.01)  # 400 tokens would take 4 s
+    srv = start_background(slow, ServeOptions(port=0))
+    try:
+        body = {
+            "model": "tiny-target",
+            "prompt": PROMPTS[6],
+            "max_tokens": 400,
+            "temperature": 0,
+            "stream": True,
+        }
+        with httpx.Client(base_url=srv.base, timeout=30) as h:
+            with h.stream("POST", "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                events = (line for line in r.iter_lines() if line)
+                for _ in range(3):
+                    assert next(events).startswith("data: ")
+            # the connection is closed here, mid-stream
+            deadline = time.monotonic() + 5
+            while srv.app.state.worker.busy and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not srv.app.state.worker.busy
+            assert slow.produced < 100, f"generation went on for {slow.produced} tokens after the client left"
+            metrics = h.get("/metrics").text
+            assert 'localspec_requests_total{endpoint="completions",outcome="cancelled"} 1' in metrics
+        client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0)
+        after = _complete(client, PROMPTS[7], max_tokens=48).choices[0].text
+        after_chat = (
+            client.chat.completions.create(
+                model="tiny-target",
+                messages=[{"role": "user", "content": PROMPTS[6]}],
+                max_tokens=48,
+                temperature=0,
+            )
+            .choices[0]
+            .message.content
+        )
+    finally:
+        srv.stop()
+        real.close()
+    with _load() as fresh:
+        assert after == str(fresh.generate(PROMPTS[7], max_tokens=48, temperature=0))
+    with _load() as fresh:
+        assert after_chat == str(
+            fresh.chat([{"role": "user", "content": PROMPTS[6]}], max_tokens=48, temperature=0)
+        )
+
+
+def test_a_full_queue_answers_429_with_retry_after():
+    real = _load()
+    slow = SlowPipe(real, delay=0.01)
+    srv = start_background(slow, ServeOptions(port=0, max_queue=1))
+    client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0, timeout=30)
+    try:
+        running = _complete(client, PROMPTS[0], max_tokens=300, stream=True)  # holds the worker
+        next(iter(running))
+        waiting: list = []
+        t = threading.Thread(target=lambda: waiting.append(_complete(client, PROMPTS[1], max_tokens=4)))
+        t.start()
+        deadline = time.monotonic() + 5
+        while srv.app.state.worker.waiting < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(openai.RateLimitError) as err:
+            _complete(client, PROMPTS[2], max_tokens=4)
+        assert int(err.value.response.headers["retry-after"]) >= 1
+        assert err.value.code == "queue_full"
+        running.close()  # the first client leaves; the waiting one is served
+        t.join(10)
+        assert waiting and waiting[0].choices[0].text
+    finally:
+        srv.stop()
+        real.close()
+
+
+# ------------------------------------------------------------------------------------------ security
+def test_a_non_loopback_bind_without_a_key_is_refused(pipe):
+    with pytest.raises(ExposureError) as err:
+        start_background(pipe, ServeOptions(host="0.0.0.0", port=0))
+    assert "--api-key" in err.value.hint
+
+
+def test_cli_refuses_an_exposed_bind_before_loading_and_reads_the_key_from_the_environment(monkeypatch):
+    from click.testing import CliRunner
+
+    from localspec import server
+    from localspec.cli import main
+
+    r = CliRunner().invoke(main, ["serve", "--host", "0.0.0.0", "--port", "0"], env={"LOCALSPEC_API_KEY": ""})
+    assert r.exit_code == 1
+    assert "refusing to expose the HTTP API" in r.output and "--api-key" in r.output
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda pipe, opts, **kw: seen.update(opts=opts, n_ctx=pipe.n_ctx))
+    r = CliRunner().invoke(
+        main, ["serve", "--host", "0.0.0.0", "--n-ctx", "512"], env={"LOCALSPEC_API_KEY": "from-env"}
+    )
+    assert r.exit_code == 0, r.output
+    assert seen["opts"].api_key == "from-env" and seen["n_ctx"] == 512
+    assert seen["opts"].aliases == ("tiny-embedded",)
+
+
+def test_a_wrong_or_missing_key_gets_401_and_the_right_one_works(pipe):
+    srv = start_background(pipe, ServeOptions(port=0, api_key="s3cret-key", max_body_bytes=4096))
+    try:
+        wrong = openai.OpenAI(base_url=srv.url, api_key="s3cret-kez", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as err:
+            wrong.completions.create(model="tiny-target", prompt="hi", max_tokens=4)
+        assert err.value.code == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+        assert httpx.get(srv.base + "/metrics").status_code == 401
+        assert httpx.get(srv.base + "/v1/models", headers={"authorization": "s3cret-key"}).status_code == 401
+        assert httpx.get(srv.base + "/health").status_code == 200  # says nothing but "ok"
+
+        right = openai.OpenAI(base_url=srv.url, api_key="s3cret-key", max_retries=0)
+        assert _complete(right, PROMPTS[0], max_tokens=4).choices[0].text
+        # the body limit holds before anything is parsed, with or without a declared length
+        big = {"model": "tiny-target", "prompt": "x" * 5000}
+        with pytest.raises(openai.APIStatusError) as err:
+            right.completions.create(**big, max_tokens=4)
+        assert err.value.status_code == 413
+        chunked = httpx.post(
+            srv.base + "/v1/completions",
+            content=iter([b'{"model": "tiny-target", "prompt": "', b"x" * 5000, b'"}']),
+            headers={"authorization": "Bearer s3cret-key", "content-type": "application/json"},
+        )
+        assert chunked.status_code == 413 and "4096 bytes" in chunked.json()["error"]["message"]
+    finally:
+        srv.stop()
+
+
+def test_stopping_the_server_ends_a_running_stream_with_an_error_at_once():
+    real = _load()
+    slow = SlowPipe(real, delay=0.01)  # 400 tokens would take 4 s
+    srv = start_background(slow, ServeOptions(port=0))
+    try:
+        body = {
+            "model": "tiny-target",
+            "prompt": PROMPTS[6],
+            "max_tokens": 400,
+            "temperature": 0,
+            "stream": True,
+        }
+        with (
+            httpx.Client(base_url=srv.base, timeout=30) as h,
+            h.stream("POST", "/v1/completions", json=body) as r,
+        ):
+            events = (line for line in r.iter_lines() if line)
+            assert next(events).startswith("data: ")
+            t0 = time.monotonic()
+            stopper = threading.Thread(target=srv.stop)
+            stopper.start()
+            rest = list(events)
+            stopper.join(30)
+            assert time.monotonic() - t0 < 3
+        assert "the server is shutting down" in rest[-1] and "[DONE]" not in rest[-1]
+        assert slow.produced < 200
+    finally:
+        srv.stop()
+        real.close()
