@@ -13,13 +13,17 @@ the drafts: every logits row of a verify pass comes from one decode) and never p
 
 Sharing: one :class:`Engine` (one :class:`~localspec.api.Pipeline`) may run any number of generations,
 from several threads or interleaved in one thread (a stream suspended while another runs). Each round
-runs under the engine's lock and never yields while holding it, so a suspended stream blocks nobody and a
-thread waits at most one round. The lock's owner marker says whose context the target's KV cache holds:
-a round that finds another generation ran in between re-syncs the cache to its own context first (the
-longest common prefix stays). Drafter state is per generation (the pipeline builds a fresh drafter for
-each call, so n-gram tables are never shared), and the draft model's cache re-syncs to the given context
-on every draft call. This is simpler to make airtight than holding the lock for a whole stream: an
-abandoned, unclosed stream can never hang the other callers, and same-thread interleaving cannot deadlock.
+runs under the engine's lock and never yields while holding it. The owner marker says whose context the
+target's KV cache holds: a round that finds another generation ran in between re-syncs the cache to its
+own context first (the longest common prefix stays). Drafter state is per generation (the pipeline builds
+a fresh drafter for each call, so n-gram tables are never shared), and the draft model's cache re-syncs
+to the given context on every draft call. So whatever the interleaving, every output is what that
+generation gives alone. Scheduling: a round from another thread waits while the owning generation is
+running (its last round ended less than :data:`HANDOVER_SECONDS` ago), so threads take turns per
+generation rather than re-syncing each round; a suspended or abandoned stream holds nothing beyond that
+grace, and a stream of the same thread never waits (its other streams cannot be running). This is
+simpler to make airtight than holding the lock for a whole stream: an abandoned, unclosed stream can
+never hang the other callers, and same-thread interleaving cannot deadlock.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from localspec.sampling import SamplingParams, accept_or_resample, distribution,
 from localspec.settings import DraftSettings
 from localspec.stats import GenerationStats
 
+#: How long another thread waits for a running generation's next round before taking the models over.
+HANDOVER_SECONDS = 0.25
 #: Adaptive controllers kept per engine (one per distinct drafter setting; least recently used dropped).
 MAX_CONTROLLERS = 8
 
@@ -75,7 +81,10 @@ class Engine:
         # Re-entrant: a stream abandoned without close() runs its cleanup when collected, which may happen
         # inside another round of the same thread.
         self.lock = threading.RLock()
+        self._turn = threading.Condition(self.lock)
         self._owner: object | None = None  # the generation whose context the target's KV cache holds
+        self._owner_thread: int | None = None  # its thread, while it has not finished
+        self._owner_round_end = 0.0  # when its last round ended
 
     def stream(
         self,
@@ -102,11 +111,20 @@ class Engine:
     def _claim(self, me: object, ctx: list[int]) -> None:
         """Under the lock: make the target's cache hold ``ctx[:-1]`` if another generation ran since."""
         target = self.target
+        me_thread = threading.get_ident()
+        while self._owner is not me and self._owner_thread not in (None, me_thread):
+            left = self._owner_round_end + HANDOVER_SECONDS - time.monotonic()
+            if left <= 0:
+                break  # the running generation is suspended (or abandoned): take over
+            self._turn.wait(left)
         if target.closed:
             raise LocalspecError("this pipeline was closed", hint="load it again with localspec.load()")
         if self._owner is not me:
-            self._owner = me
+            self._owner, self._owner_thread = me, me_thread
             target.decode(target.sync(ctx[:-1]))
+
+    def _round_done(self) -> None:
+        self._owner_round_end = time.monotonic()
 
     def _run(
         self,
@@ -132,13 +150,13 @@ class Engine:
         try:
             with self.lock:
                 t0 = time.perf_counter()
-                self._owner = None  # force the prefill sync: the last prompt token stays pending
-                self._claim(me, ctx)
+                self._claim(me, ctx)  # a new generation: the cache syncs to ctx[:-1], the last token pending
                 if drafter is not None:
                     drafter.begin(ctx[:-1])
                     if settings.adaptive:
                         controller = self._controller(drafter, settings, params)
                 stats.prompt_seconds = time.perf_counter() - t0
+                self._round_done()
             t_start = time.perf_counter()
             while finish is None:
                 out: list[TokenResponse] = []
@@ -217,6 +235,7 @@ class Engine:
                         out.append(TokenResponse(piece, tok, i < m, stats.snapshot(), finish, source))
                         if finish:
                             break
+                    self._round_done()
                 yield from out  # never while holding the lock: a suspended stream blocks nobody
         finally:
             stats.total_seconds = time.perf_counter() - t_start
@@ -224,8 +243,11 @@ class Engine:
             with self.lock:
                 # Whatever happened (a closed stream, Ctrl-C, an error in a callback), keep the cache
                 # equal to what was really accepted so the next call starts from a true state.
-                if self._owner is me and not target.closed:
-                    target.truncate(min(len(target.tokens), len(ctx) - 1))
+                if self._owner is me:
+                    self._owner_thread = None  # finished: nobody need wait for it
+                    self._turn.notify_all()
+                    if not target.closed:
+                        target.truncate(min(len(target.tokens), len(ctx) - 1))
                 if drafter is not None:
                     drafter.finish(ctx)
 
