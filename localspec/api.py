@@ -493,6 +493,10 @@ def load(
     if not settings.uses_model and draft_path is not None:
         note += f" (strategy {settings.strategy}: draft model not loaded)"
         draft_path = None  # a strategy without the draft model must not pay for loading it
+    if not note:
+        note = (
+            "target alone" if not settings.is_speculative else f"strategy {settings.strategy}, no draft model"
+        )
 
     info = check_pair(target_path, draft_path, label=f"preset '{preset}'" if preset else "")
     info.note = note
