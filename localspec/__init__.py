@@ -19,6 +19,7 @@ __all__ = [
     "MemoryReport",
     "Comparison",
     "PairInfo",
+    "DraftSettings",
     "errors",
 ]
 
@@ -37,6 +38,10 @@ def __getattr__(name: str):
         from localspec import stats
 
         return getattr(stats, name)
+    if name == "DraftSettings":
+        from localspec.settings import DraftSettings
+
+        return DraftSettings
     if name == "errors":
         from localspec import errors
 

@@ -116,6 +116,7 @@ class AdaptiveLength:
             t = (width - lo) / (hi - lo)
             return self.verify[lo] * (1 - t) + self.verify[hi] * t
         if hi is None:  # wider than anything measured: each extra row costs a quarter of a pass
+            assert lo is not None  # self.verify is not empty
             return self.verify[lo] * (1 + 0.25 * (width - lo))
         return self.verify[hi] / (1 + 0.25 * (hi - width))  # narrower than anything measured
 
@@ -158,7 +159,7 @@ class AdaptiveLength:
         if rates is None:
             return self.n_max
         floor = max(1, self.n_min)
-        best = max(rates, key=rates.get)
+        best = max(rates, key=rates.__getitem__)
         if best >= floor:
             self._idle = 0
             if not start:  # drafting pays beyond the first round: probe soon again if that changes
@@ -166,12 +167,12 @@ class AdaptiveLength:
             return best
         self._idle += 1
         if start:
-            return max(range(floor, self.n_max + 1), key=rates.get)
+            return max(range(floor, self.n_max + 1), key=rates.__getitem__)
         if self._idle < self._probe_every or self._probe_every > PROBE_MAX or not self._probe_affordable():
             return 0
         self._idle = 0
         self._probe_every *= 2
-        return max(range(floor, self.n_max + 1), key=rates.get)
+        return max(range(floor, self.n_max + 1), key=rates.__getitem__)
 
     def _probe_affordable(self) -> bool:
         v1 = self.verify.get(1)

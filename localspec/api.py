@@ -10,64 +10,74 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import fields
 from pathlib import Path
 
 from localspec import constants
-from localspec.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
+from localspec.drafters import CombinedDrafter, Drafter, ModelDrafter, NgramDrafter
 from localspec.engine import Engine, TokenResponse
 from localspec.errors import (
     ContextOverflowError,
     LocalspecError,
     ModelNotFoundError,
+    SettingsError,
 )
 from localspec.pairing import PairInfo, check_pair
-from localspec.runtime import Model
+from localspec.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
 from localspec.sampling import SamplingParams
+from localspec.settings import MODEL_STRATEGIES, DraftSettings
 from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
-
-STRATEGIES = ("model", "ngram", "model+ngram", "none")
 
 
 class GenerationResult(str):
     """The generated text (a ``str``), carrying ``.stats``, ``.tokens``, ``.from_draft`` and ``.pieces``.
 
-    ``pieces`` is the text as it was streamed, one string per token (``"".join(pieces)`` is the text).
+    ``pieces`` is the text as it was streamed, one string per token (``"".join(pieces)`` is the text);
+    ``sources`` says where each drafted token came from (None for the target's own). It copies and
+    pickles like any value (``copy.copy``, ``pickle``), and prints as its text.
     """
 
     stats: GenerationStats
     tokens: list[int]
     from_draft: list[bool]
     pieces: list[str]
+    sources: list[str | None]
 
     def __new__(
         cls,
-        text: str,
-        stats: GenerationStats,
-        tokens: list[int],
-        from_draft: list[bool],
+        text: str = "",
+        stats: GenerationStats | None = None,
+        tokens: list[int] | None = None,
+        from_draft: list[bool] | None = None,
         pieces: list[str] | None = None,
-    ):
+        sources: list[str | None] | None = None,
+    ) -> GenerationResult:
         obj = super().__new__(cls, text)
-        obj.stats, obj.tokens, obj.from_draft = stats, tokens, from_draft
+        obj.stats = stats if stats is not None else GenerationStats()
+        obj.tokens = tokens if tokens is not None else []
+        obj.from_draft = from_draft if from_draft is not None else []
         obj.pieces = pieces if pieces is not None else []
+        obj.sources = sources if sources is not None else []
         return obj
+
+    def __getnewargs__(self) -> tuple[str]:  # copy and pickle: the text; the attributes follow as state
+        return (str(self),)
 
     @property
     def text(self) -> str:
         return str(self)
 
 
-@dataclass
-class DraftOptions:
-    n_max: int = 4
-    n_min: int = 0
-    p_min: float = 0.75
-    adaptive: bool = False
-
-
 class Pipeline:
-    """A loaded target (and draft). Reuse it: models stay loaded, KV caches are reused across calls."""
+    """A loaded target (and draft). Reuse it: models stay loaded, KV caches are reused across calls.
+
+    ``settings`` is what every call runs unless it says otherwise (each call may override strategy,
+    n_max, n_min, p_min and adaptive). One pipeline may be shared by threads and by interleaved streams:
+    each round runs under a lock and re-syncs the caches to its own context (see :mod:`localspec.engine`).
+    ``n_gpu_layers``/``draft_n_gpu_layers`` None means all layers when llama.cpp can offload to a GPU,
+    else none; :attr:`placement` says where each model runs. ``n_ctx`` from 16 up (:class:`SettingsError`
+    below), lowered to the target's trained context when it asks for more; :attr:`n_ctx` is the result.
+    """
 
     def __init__(
         self,
@@ -75,27 +85,51 @@ class Pipeline:
         *,
         n_ctx: int = constants.DEFAULT_N_CTX,
         n_threads: int | None = None,
-        n_gpu_layers: int = 0,
+        n_gpu_layers: int | None = None,
         draft_n_threads: int | None = None,
-        draft_n_gpu_layers: int = 0,
-        options: DraftOptions | None = None,
+        draft_n_gpu_layers: int | None = None,
+        settings: DraftSettings | None = None,
     ) -> None:
         self.info = info
-        self.options = options or DraftOptions()
-        threads = n_threads or constants.default_threads()
+        if settings is None:
+            settings = DraftSettings(strategy="model" if info.draft_path is not None else "none")
+        if settings.uses_model and info.draft_path is None:
+            raise SettingsError(
+                f"strategy {settings.strategy!r} needs a draft model, and none was given",
+                hint="load with draft=PATH (or a preset with a draft), or use strategy='ngram'",
+            )
+        self.settings = settings
+        # Beyond its trained context a model writes garbage, and a huge n_ctx would allocate its KV cache
+        # before anything failed: lower it to what the header says, before loading. ``n_ctx`` tells.
+        threads = constants.default_threads() if n_threads is None else n_threads
+        check_load_settings(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers or 0, what="target")
+        if info.n_ctx_train and n_ctx > info.n_ctx_train:
+            n_ctx = info.n_ctx_train
+        offload = supports_gpu_offload()
         mem = MemoryReport(rss_baseline_bytes=rss_bytes())
-        self._target = Model(info.target_path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers)
+        self._target = Model(
+            info.target_path,
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_gpu_layers=default_gpu_layers(n_gpu_layers, offload=offload),
+        )
         mem.rss_after_target_bytes = rss_bytes()
         mem.target_weights_bytes = self._target.weights_bytes
         mem.target_kv_bytes = self._target.kv_bytes()
         self._draft: Model | None = None
         try:
+            if settings.is_speculative and settings.n_max > self._target.max_draft:
+                raise SettingsError(
+                    f"n_max {settings.n_max} is more than one verify pass can check at n_ctx {n_ctx} "
+                    f"(at most {self._target.max_draft} drafts: llama.cpp's batch is {self._target.n_batch})",
+                    hint=f"use n_max {self._target.max_draft} or less, or a larger n_ctx",
+                )
             if info.draft_path is not None:
                 self._draft = Model(
                     info.draft_path,
                     n_ctx=n_ctx,
-                    n_threads=draft_n_threads or threads,
-                    n_gpu_layers=draft_n_gpu_layers,
+                    n_threads=threads if draft_n_threads is None else draft_n_threads,
+                    n_gpu_layers=default_gpu_layers(draft_n_gpu_layers, offload=offload),
                 )
                 mem.rss_after_draft_bytes = rss_bytes()
                 mem.draft_weights_bytes = self._draft.weights_bytes
@@ -105,26 +139,26 @@ class Pipeline:
             raise
         self.memory = mem
         self._engine = Engine(self._target)
-        self._ngram = NgramDrafter()
         self._model_drafter = (
             ModelDrafter(
                 self._draft,
                 target_n_vocab=self._target.n_vocab,
                 masked_ids=info.masked_ids,
-                n_min=self.options.n_min,
-                p_min=self.options.p_min,
+                n_min=settings.n_min,
+                p_min=settings.p_min,
             )
             if self._draft
             else None
         )
-        self._chat = None
+        self._chat: tuple | None = None
 
     # Lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:
-        for m in (self._draft, self._target):
-            if m is not None:
-                m.close()
-        self._draft = None
+        with self._engine.lock:  # never under a running round (another thread's)
+            for m in (self._draft, self._target):
+                if m is not None:
+                    m.close()
+            self._draft = None
 
     def __enter__(self) -> Pipeline:
         return self
@@ -132,26 +166,60 @@ class Pipeline:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # Facts ------------------------------------------------------------------------------------
     @property
     def n_ctx(self) -> int:
+        """The context llama.cpp really gave (it rounds up what was asked)."""
         return self._target.n_ctx
 
+    @property
+    def max_draft(self) -> int:
+        """The longest draft one verify pass can check (see :attr:`localspec.runtime.Model.max_draft`)."""
+        return self._target.max_draft
+
+    @property
+    def options(self) -> DraftSettings:
+        """Old name of :attr:`settings` (read-only)."""
+        return self.settings
+
+    @property
+    def placement(self) -> dict[str, str]:
+        """Where each loaded model runs, e.g. ``{"target": "CPU", "draft": "GPU (all layers)"}``."""
+        out = {"target": self._target.placement}
+        if self._draft is not None:
+            out["draft"] = self._draft.placement
+        return out
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The target's GGUF metadata (chat template, architecture, ...)."""
+        return self._target.metadata
+
+    @property
+    def trace(self) -> list[tuple[int, bool, int, float]] | None:
+        """Set to a list to record, per emitted token: (token, from_draft, argmax of the verifying row,
+        top-2 logit margin). For tests and diagnostics; None (off) by default."""
+        return self._engine.trace
+
+    @trace.setter
+    def trace(self, value: list[tuple[int, bool, int, float]] | None) -> None:
+        self._engine.trace = value
+
     # Generation -------------------------------------------------------------------------------
-    def _drafter(self, strategy: str):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        if strategy in ("model", "model+ngram") and self._model_drafter is None:
+    def _drafter(self, s: DraftSettings) -> Drafter | None:
+        """A drafter for one generation: its state (n-gram tables) belongs to that generation only."""
+        if not s.is_speculative:
+            return None
+        ngram = NgramDrafter()
+        if not s.uses_model:
+            return ngram
+        if self._model_drafter is None:
             raise LocalspecError(
-                f"strategy {strategy!r} needs a draft model, and this pipeline has none",
+                f"strategy {s.strategy!r} needs a draft model, and this pipeline has none",
                 hint="load with draft=PATH (or a preset with a draft), or use strategy='ngram'",
             )
-        if strategy == "model":
-            return self._model_drafter
-        if strategy == "ngram":
-            return self._ngram
-        if strategy == "model+ngram":
-            return CombinedDrafter(self._model_drafter, self._ngram)
-        return None
+        model = self._model_drafter.with_limits(n_min=s.n_min, p_min=s.p_min)
+        return CombinedDrafter(model, ngram) if s.strategy == "model+ngram" else model
 
     def stream_tokens(
         self,
@@ -171,38 +239,54 @@ class Pipeline:
         adaptive: bool | None = None,
         baseline: bool = False,
     ) -> Iterator[TokenResponse]:
-        """Generate from already tokenized input. One :class:`TokenResponse` per token."""
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if len(tokens) + max_tokens > self.n_ctx:
+        """Generate from already tokenized input. One :class:`TokenResponse` per token.
+
+        Safe to call from several threads on one pipeline; errors in the arguments raise here.
+        """
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise SettingsError(
+                f"max_tokens must be a whole number >= 1, got {max_tokens!r}", hint="e.g. 256"
+            )
+        n = len(tokens)
+        if n + max_tokens > self.n_ctx:
+            if n >= self.n_ctx:
+                hint = (
+                    f"the prompt alone needs {n} tokens: shorten it, or load with an n_ctx of at least "
+                    f"{n + max_tokens}"
+                )
+            else:
+                hint = (
+                    f"shorten the prompt, lower max_tokens to {self.n_ctx - n} or less, "
+                    "or load with a larger n_ctx"
+                )
             raise ContextOverflowError(
-                f"the prompt ({len(tokens)} tokens) plus max_tokens ({max_tokens}) exceeds the context "
+                f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds the context "
                 f"window of {self.n_ctx} tokens",
-                hint=f"shorten the prompt, lower max_tokens to {max(1, self.n_ctx - len(tokens))} or less, "
-                "or load with a larger n_ctx",
+                hint=hint,
             )
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         params.validate()
-        strategy = "none" if baseline else (strategy or self.info.strategy)
-        drafter = self._drafter(strategy)
-        o = self.options
-        if self._model_drafter is not None:
-            self._model_drafter.p_min = o.p_min if p_min is None else p_min
-            self._model_drafter.n_min = o.n_min if n_min is None else n_min
+        settings = self.settings.with_overrides(
+            strategy="none" if baseline else strategy,
+            n_max=n_max,
+            n_min=n_min,
+            p_min=p_min,
+            adaptive=adaptive,
+        )
+        drafter = self._drafter(settings)
         stats = GenerationStats(
-            strategy=strategy,
-            draft_name=(self.info.draft_path.name if self.info.draft_path and "model" in strategy else None),
+            strategy=settings.strategy,
+            draft_name=(self.info.draft_path.name if self.info.draft_path and settings.uses_model else None),
             pairing_note=self.info.note,
             memory=self.memory,
+            placement=self.placement,
         )
         return self._engine.stream(
             tokens,
             drafter=drafter,
             max_tokens=max_tokens,
             params=params,
-            n_max=o.n_max if n_max is None else n_max,
-            n_min=o.n_min if n_min is None else n_min,
-            adaptive=o.adaptive if adaptive is None else adaptive,
+            settings=settings,
             stop=stop,
             stats=stats,
         )
@@ -283,16 +367,17 @@ class Pipeline:
 
 
 def _collect(stream: Iterator[TokenResponse]) -> GenerationResult:
-    parts, tokens, flags = [], [], []
+    parts, tokens, flags, sources = [], [], [], []
     stats = None
     for r in stream:
         parts.append(r.text)
         tokens.append(r.token)
         flags.append(r.from_draft)
+        sources.append(r.source)
         stats = r.stats
     if stats is None:  # pragma: no cover - the engine always yields at least one token
         stats = GenerationStats()
-    return GenerationResult("".join(parts), stats, tokens, flags, parts)
+    return GenerationResult("".join(parts), stats, tokens, flags, parts, sources)
 
 
 # Resolution -----------------------------------------------------------------------------------
@@ -326,6 +411,15 @@ def _auto_draft(target: Path) -> tuple[Path | None, str]:
     return Path(best.model.path), f"automatic pairing picked {Path(best.model.path).name}: {best.why}"
 
 
+def _preset_settings(ds: object) -> DraftSettings:
+    """A preset's ``[draft]`` table as :class:`DraftSettings` (same field names), validated."""
+    if isinstance(ds, DraftSettings):
+        return ds
+    return DraftSettings(
+        **{f.name: getattr(ds, f.name) for f in fields(DraftSettings) if hasattr(ds, f.name)}
+    )
+
+
 def load(
     target: str | os.PathLike | None = None,
     draft: str | os.PathLike | None = None,
@@ -333,70 +427,87 @@ def load(
     *,
     n_ctx: int | None = None,
     n_threads: int | None = None,
-    n_gpu_layers: int = 0,
+    n_gpu_layers: int | None = None,
     draft_n_threads: int | None = None,
-    draft_n_gpu_layers: int = 0,
+    draft_n_gpu_layers: int | None = None,
+    strategy: str | None = None,
     n_max: int | None = None,
     n_min: int | None = None,
     p_min: float | None = None,
     adaptive: bool | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Pipeline:
-    """Load a target and a draft (or a model-free drafter) into a reusable :class:`Pipeline`."""
-    opts = DraftOptions()
+    """Load a target and a draft (or a model-free drafter) into a reusable :class:`Pipeline`.
+
+    The draft settings come from the preset (its ``[draft]`` table, strategy included), then ``draft``
+    (``"ngram"`` or ``"none"`` name a strategy), then the explicit arguments, each overriding the one
+    before. A draft model is loaded only when the resulting strategy uses it. ``n_gpu_layers`` None:
+    all layers on a GPU when llama.cpp can offload, else the CPU.
+    """
+    settings = DraftSettings()
     note = ""
     if preset is None and target is None:  # the embedded pair, with its preset's draft settings
         preset = constants.EMBEDDED_PRESET
+    preset_draft: Path | None = None
     if preset is not None:
         if target is not None:
             raise ValueError("give either preset= or target=, not both")
         from localspec.hub import ensure_preset
 
-        pair = ensure_preset(preset, progress=progress)
-        ds = pair.preset.draft
-        opts = DraftOptions(n_max=ds.n_max, n_min=ds.n_min, p_min=ds.p_min, adaptive=ds.adaptive)
-        target_path = pair.target
-        n_ctx = n_ctx or pair.preset.n_ctx
-        if draft is None:
-            draft = (
-                pair.draft if pair.draft is not None else (ds.strategy if ds.strategy == "ngram" else "none")
-            )
-            note = "embedded default pair" if preset == constants.EMBEDDED_PRESET else f"preset {preset}"
+        pair = ensure_preset(preset, progress=progress, check=False)  # checked once, below
+        settings = _preset_settings(pair.preset.draft)
+        if settings.uses_model and pair.draft is None:  # a preset without a draft model cannot use one
+            settings = settings.with_overrides(strategy="ngram" if "ngram" in settings.strategy else "none")
+        target_path = Path(pair.target)
+        preset_draft = pair.draft
+        if n_ctx is None:
+            n_ctx = pair.preset.n_ctx
+        note = "embedded default pair" if preset == constants.EMBEDDED_PRESET else f"preset {preset}"
     else:
+        assert target is not None
         target_path = _check_file(target, "target")
-    target_path = Path(target_path)
     if not target_path.is_file():
         raise ModelNotFoundError(
             f"target model {target_path}: no such file",
             hint="reinstall localspec, or name a model with target=PATH",
         )
 
-    strategy = None
     draft_path: Path | None = None
-    if draft is None:
-        draft_path, note = _auto_draft(target_path)
-    elif str(draft) in ("none", "ngram"):
-        strategy = str(draft)
-        note = note or ("target alone" if strategy == "none" else "n-gram prompt lookup, no draft model")
-    else:
+    if draft is not None and str(draft) in ("none", "ngram"):
+        settings = settings.with_overrides(strategy=str(draft))
+        note = note or ("target alone" if draft == "none" else "n-gram prompt lookup, no draft model")
+    elif draft is not None:
         draft_path = _check_file(draft, "draft")
+        if not settings.uses_model:
+            settings = settings.with_overrides(strategy="model")
         note = note or f"draft {draft_path.name}"
+    elif preset is not None:
+        draft_path = preset_draft
+    elif (strategy or settings.strategy) in MODEL_STRATEGIES:
+        draft_path, note = _auto_draft(target_path)
+        if draft_path is None and strategy is None:
+            settings = settings.with_overrides(strategy="none")
+    settings = settings.with_overrides(
+        strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive
+    )
+    if not settings.uses_model and draft_path is not None:
+        note += f" (strategy {settings.strategy}: draft model not loaded)"
+        draft_path = None  # a strategy without the draft model must not pay for loading it
+    if not note:
+        note = (
+            "target alone" if not settings.is_speculative else f"strategy {settings.strategy}, no draft model"
+        )
 
-    info = check_pair(target_path, draft_path)
+    info = check_pair(target_path, draft_path, label=f"preset '{preset}'" if preset else "")
     info.note = note
-    if strategy is not None:
-        info.strategy = strategy
-    for name, value in (("n_max", n_max), ("n_min", n_min), ("p_min", p_min), ("adaptive", adaptive)):
-        if value is not None:
-            setattr(opts, name, value)
     return Pipeline(
         info,
-        n_ctx=n_ctx or constants.DEFAULT_N_CTX,
+        n_ctx=constants.DEFAULT_N_CTX if n_ctx is None else n_ctx,
         n_threads=n_threads,
         n_gpu_layers=n_gpu_layers,
         draft_n_threads=draft_n_threads,
         draft_n_gpu_layers=draft_n_gpu_layers,
-        options=opts,
+        settings=settings,
     )
 
 

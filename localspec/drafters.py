@@ -12,6 +12,7 @@ API can report acceptance by source.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -77,7 +78,13 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """Greedy (or sampled) drafting with llama.cpp's knobs: n_min and p_min."""
+    """Greedy (or sampled) drafting with llama.cpp's knobs: n_min and p_min.
+
+    The draft model's KV cache is shared by every generation of a pipeline; each call re-syncs it to the
+    context it is given (longest common prefix), so a drafter never trusts what an earlier call left.
+    ``n_min``/``p_min`` belong to one generation: :meth:`with_limits` gives a drafter with other limits
+    over the same model, leaving this one unchanged.
+    """
 
     name = "model"
     free = False  # every draft costs draft-model calls
@@ -101,18 +108,27 @@ class ModelDrafter:
         bad.update(range(target_n_vocab, model.n_vocab))
         self._mask = np.array(sorted(bad), dtype=np.int64) if bad else None
 
+    def with_limits(self, *, n_min: int, p_min: float) -> ModelDrafter:
+        """The same draft model and mask with another ``n_min``/``p_min`` (this drafter is unchanged)."""
+        if n_min == self.n_min and p_min == self.p_min:
+            return self
+        other = copy.copy(self)
+        other.n_min, other.p_min = n_min, p_min
+        return other
+
     def begin(self, context: list[int]) -> None:
         """Evaluate the prompt once (prefill), reusing whatever prefix the cache already holds."""
         todo = self.model.sync(context, keep_last=0)
-        self.model.decode(todo, outputs=0)
+        self.model.decode(todo)
 
     def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         out = Draft(source=self.name)
+        n = min(n, self.model.n_ctx - len(context) + 1)  # the drafts it decodes must fit its own context
         if n <= 0:
             return out
         todo = self.model.sync(context, keep_last=1)
         t = time.perf_counter()
-        logits = self.model.decode(todo, outputs=1)[0]
+        logits = self.model.decode_logits(todo, outputs=1)[0]
         out.first_seconds = time.perf_counter() - t
         out.evals, out.fed = 1, len(todo)
         for i in range(n):
@@ -137,7 +153,7 @@ class ModelDrafter:
             out.sources.append("model")
             out.confidence.append(p_top)
             if i + 1 < n:
-                logits = self.model.decode([tok], outputs=1)[0]
+                logits = self.model.decode_logits([tok], outputs=1)[0]
                 out.evals += 1
         return out
 

@@ -7,37 +7,68 @@ positions, accepts the longest agreeing prefix (greedy: equal to the target's ar
 the rejection rule in :mod:`localspec.sampling`), emits one more token from the target's own row
 at the first disagreement (or after the last draft), and removes the rejected drafts from the KV
 cache. With no drafter the same loop is the target alone, one token per pass: the baseline.
+
+A round drafts at most :attr:`Model.max_draft` tokens (one llama.cpp batch holds the pending token and
+the drafts: every logits row of a verify pass comes from one decode) and never past the context.
+
+Sharing: one :class:`Engine` (one :class:`~localspec.api.Pipeline`) may run any number of generations,
+from several threads or interleaved in one thread (a stream suspended while another runs). Each round
+runs under the engine's lock and never yields while holding it. The owner marker says whose context the
+target's KV cache holds: a round that finds another generation ran in between re-syncs the cache to its
+own context first (the longest common prefix stays). Drafter state is per generation (the pipeline builds
+a fresh drafter for each call, so n-gram tables are never shared), and the draft model's cache re-syncs
+to the given context on every draft call. So whatever the interleaving, every output is what that
+generation gives alone. Scheduling: a round from another thread waits while the owning generation is
+running (its last round ended less than :data:`HANDOVER_SECONDS` ago), so threads take turns per
+generation rather than re-syncing each round; a suspended or abandoned stream holds nothing beyond that
+grace, and a stream of the same thread never waits (its other streams cannot be running). This is
+simpler to make airtight than holding the lock for a whole stream: an abandoned, unclosed stream can
+never hang the other callers, and same-thread interleaving cannot deadlock.
 """
 
 from __future__ import annotations
 
 import codecs
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from localspec.adaptive import AdaptiveLength
-from localspec.drafters import Draft
+from localspec.drafters import Draft, Drafter
+from localspec.errors import LocalspecError, SettingsError
 from localspec.runtime import Model
 from localspec.sampling import SamplingParams, accept_or_resample, distribution, sample
+from localspec.settings import DraftSettings
 from localspec.stats import GenerationStats
+
+#: How long another thread waits for a running generation's next round before taking the models over.
+HANDOVER_SECONDS = 0.25
+#: Adaptive controllers kept per engine (one per distinct drafter setting; least recently used dropped).
+MAX_CONTROLLERS = 8
 
 
 @dataclass
 class TokenResponse:
-    """One emitted token: its text, id, whether the drafter proposed it, and the running stats."""
+    """One emitted token: its text, id, whether the drafter proposed it, and the stats at that token.
+
+    ``stats`` is a snapshot: the counts as they stood when this token was emitted. ``source`` is where a
+    drafted token came from (one of :data:`localspec.drafters.SOURCES`), None for the target's own.
+    """
 
     text: str
     token: int
     from_draft: bool
     stats: GenerationStats
     finish_reason: str | None = None
+    source: str | None = None
 
 
 class Engine:
-    """Runs generations of one target with an optional drafter. Not thread-safe: one at a time."""
+    """Runs generations of one target with an optional drafter; safe to share (see the module docstring)."""
 
     def __init__(self, target: Model) -> None:
         self.target = target
@@ -46,131 +77,198 @@ class Engine:
         self.trace: list[tuple[int, bool, int, float]] | None = None
         # Adaptive draft-length controllers per drafter setting: the costs they measured (draft call,
         # verify pass by width) hold for the next generation too, and acceptance serves as a prior.
-        self._controllers: dict[tuple, AdaptiveLength] = {}
+        self._controllers: OrderedDict[tuple, AdaptiveLength] = OrderedDict()
+        # Re-entrant: a stream abandoned without close() runs its cleanup when collected, which may happen
+        # inside another round of the same thread.
+        self.lock = threading.RLock()
+        self._turn = threading.Condition(self.lock)
+        self._owner: object | None = None  # the generation whose context the target's KV cache holds
+        self._owner_thread: int | None = None  # its thread, while it has not finished
+        self._owner_round_end = 0.0  # when its last round ended
 
     def stream(
         self,
         prompt_tokens: list[int],
         *,
-        drafter=None,
+        drafter: Drafter | None = None,
         max_tokens: int,
         params: SamplingParams,
-        n_max: int = 4,
-        adaptive: bool = False,
-        n_min: int = 0,
+        settings: DraftSettings,
         stop: list[str] | None = None,
         stats: GenerationStats,
     ) -> Iterator[TokenResponse]:
-        target = self.target
+        """Validate now (errors raise here, not at the first ``next``), then return the token stream."""
         if not prompt_tokens:
-            raise ValueError("the prompt is empty after tokenization")
-        ctx = list(prompt_tokens)
+            raise LocalspecError("the prompt is empty after tokenization", hint="give a non-empty prompt")
+        if drafter is not None and settings.n_max > self.target.max_draft:
+            raise SettingsError(
+                f"n_max {settings.n_max} is more than one verify pass can check with this context "
+                f"({self.target.max_draft} drafts: llama.cpp's batch is {self.target.n_batch})",
+                hint=f"use n_max {self.target.max_draft} or less, or load with a larger n_ctx",
+            )
+        return self._run(list(prompt_tokens), drafter, max_tokens, params, settings, stop, stats)
+
+    def _claim(self, me: object, ctx: list[int]) -> None:
+        """Under the lock: make the target's cache hold ``ctx[:-1]`` if another generation ran since."""
+        target = self.target
+        me_thread = threading.get_ident()
+        while self._owner is not me and self._owner_thread not in (None, me_thread):
+            left = self._owner_round_end + HANDOVER_SECONDS - time.monotonic()
+            if left <= 0:
+                break  # the running generation is suspended (or abandoned): take over
+            self._turn.wait(left)
+        if target.closed:
+            raise LocalspecError("this pipeline was closed", hint="load it again with localspec.load()")
+        if self._owner is not me:
+            self._owner, self._owner_thread = me, me_thread
+            target.decode(target.sync(ctx[:-1]))
+
+    def _round_done(self) -> None:
+        self._owner_round_end = time.monotonic()
+
+    def _run(
+        self,
+        ctx: list[int],
+        drafter: Drafter | None,
+        max_tokens: int,
+        params: SamplingParams,
+        settings: DraftSettings,
+        stop: list[str] | None,
+        stats: GenerationStats,
+    ) -> Iterator[TokenResponse]:
+        target = self.target
+        me = object()
         stats.prompt_tokens = len(ctx)
         rng = np.random.default_rng(params.seed)
         controller = None
-        if adaptive and drafter is not None:
-            controller = self._controller(drafter, n_max, n_min, params)
         text_out = _TextStream(target, stop)
         trace = self.trace
-
-        t0 = time.perf_counter()
-        target.decode(target.sync(ctx[:-1]), outputs=0)  # the last prompt token stays pending
-        if drafter is not None:
-            drafter.begin(ctx[:-1])
-        stats.prompt_seconds = time.perf_counter() - t0
-
+        n_max = settings.n_max
         t_start = time.perf_counter()
         generated = 0
-        finish = None
+        finish: str | None = None
         try:
+            with self.lock:
+                t0 = time.perf_counter()
+                self._claim(me, ctx)  # a new generation: the cache syncs to ctx[:-1], the last token pending
+                if drafter is not None:
+                    drafter.begin(ctx[:-1])
+                    if settings.adaptive:
+                        controller = self._controller(drafter, settings, params)
+                stats.prompt_seconds = time.perf_counter() - t0
+                self._round_done()
+            t_start = time.perf_counter()
             while finish is None:
-                room = min(max_tokens - generated, target.n_ctx - len(ctx) + 1)
-                if room <= 0:
-                    finish = "length"
-                    break
-                k = 0
-                draft = _EMPTY
-                if drafter is not None:
-                    k = controller.choose() if controller else n_max
-                    k = min(k, room - 1)
+                out: list[TokenResponse] = []
+                with self.lock:
+                    self._claim(me, ctx)
+                    room = min(max_tokens - generated, target.n_ctx - len(ctx) + 1)
+                    if room <= 0:
+                        finish = stats.finish_reason = "length"
+                        break
+                    cap = min(room - 1, target.max_draft)
+                    k = 0
+                    dt = 0.0
+                    draft = _EMPTY
+                    if drafter is not None:
+                        k = min(controller.choose() if controller else n_max, cap)
+                        t = time.perf_counter()
+                        if k > 0:
+                            draft = drafter.draft(ctx, k, params, rng)
+                        elif controller and cap > 0:
+                            # the draft model sits out this round; an n-gram lookup is still free
+                            draft = drafter.lookup(ctx, min(n_max, cap), params, rng)
+                        dt = time.perf_counter() - t
+                        stats.draft_seconds += dt
+                        stats.draft_evals += draft.evals
+                    drafts = draft.tokens
+                    n_d = len(drafts)
+
                     t = time.perf_counter()
-                    if k > 0:
-                        draft = drafter.draft(ctx, k, params, rng)
-                    elif controller and room > 1 and hasattr(drafter, "lookup"):
-                        # the draft model sits out this round; an n-gram lookup is still free
-                        draft = drafter.lookup(ctx, min(n_max, room - 1), params, rng)
-                    dt = time.perf_counter() - t
-                    stats.draft_seconds += dt
-                    stats.draft_evals += draft.evals
-                drafts = draft.tokens
-                n_d = len(drafts)
+                    rows = target.decode_logits([ctx[-1], *drafts], outputs=n_d + 1)
+                    tv = time.perf_counter() - t
+                    stats.verify_seconds += tv
+                    stats.verify_tokens += n_d + 1
 
-                t = time.perf_counter()
-                rows = target.decode([ctx[-1], *drafts], outputs=n_d + 1)
-                tv = time.perf_counter() - t
-                stats.verify_seconds += tv
-                stats.verify_tokens += n_d + 1
+                    t = time.perf_counter()
+                    emitted, m = _verify(rows, draft, params, rng)
+                    if trace is not None:
+                        trace.extend(_margins(rows, emitted, m))
+                    target.truncate(len(ctx) + m)
+                    stats.sample_seconds += time.perf_counter() - t
+                    if drafter is not None:
+                        stats.record_round(n_d, m, [draft.source_of(i) for i in range(n_d)])
+                        if controller:
+                            controller.update(
+                                k,
+                                n_d,
+                                m,
+                                draft_evals=draft.evals,
+                                draft_seconds=dt,
+                                first_seconds=draft.first_seconds,
+                                fed=draft.fed,
+                                verify_seconds=tv,
+                            )
+                    else:
+                        stats.rounds += 1
 
-                t = time.perf_counter()
-                emitted, m = _verify(rows, draft, params, rng)
-                if trace is not None:
-                    trace.extend(_margins(rows, emitted, m))
-                target.truncate(len(ctx) + m)
-                stats.sample_seconds += time.perf_counter() - t
-                if drafter is not None:
-                    stats.record_round(n_d, m)
-                    if controller:
-                        controller.update(
-                            k,
-                            n_d,
-                            m,
-                            draft_evals=draft.evals,
-                            draft_seconds=dt,
-                            first_seconds=draft.first_seconds,
-                            fed=draft.fed,
-                            verify_seconds=tv,
-                        )
-                else:
-                    stats.rounds += 1
-
-                for i, tok in enumerate(emitted):
-                    ctx.append(tok)
-                    generated += 1
-                    stats.generated_tokens = generated
-                    stats.total_seconds = time.perf_counter() - t_start
-                    if tok in target.eog_ids:
-                        finish = "stop"
-                        tail = text_out.flush()
-                        stats.finish_reason = finish
-                        yield TokenResponse(tail, tok, i < m, stats, finish)
-                        break
-                    piece, hit_stop = text_out.push(tok)
-                    if hit_stop:
-                        finish = "stop"
-                    elif generated >= max_tokens:
-                        finish = "length"
-                    if finish:
-                        piece += text_out.flush()
-                        stats.finish_reason = finish
-                    yield TokenResponse(piece, tok, i < m, stats, finish)
-                    if finish:
-                        break
+                    for i, tok in enumerate(emitted):
+                        ctx.append(tok)
+                        generated += 1
+                        stats.generated_tokens = generated
+                        stats.total_seconds = time.perf_counter() - t_start
+                        source = draft.source_of(i) if i < m else None
+                        if tok in target.eog_ids:
+                            finish = stats.finish_reason = "stop"
+                            out.append(
+                                TokenResponse(text_out.flush(), tok, i < m, stats.snapshot(), finish, source)
+                            )
+                            break
+                        piece, hit_stop = text_out.push(tok)
+                        if hit_stop:
+                            finish = "stop"
+                        elif generated >= max_tokens:
+                            finish = "length"
+                        if finish:
+                            piece += text_out.flush()
+                            stats.finish_reason = finish
+                        out.append(TokenResponse(piece, tok, i < m, stats.snapshot(), finish, source))
+                        if finish:
+                            break
+                    self._round_done()
+                yield from out  # never while holding the lock: a suspended stream blocks nobody
         finally:
             stats.total_seconds = time.perf_counter() - t_start
             stats.finish_reason = stats.finish_reason or finish or "cancelled"
-            # Whatever happened (a closed stream, Ctrl-C, an error in a callback), keep the cache
-            # equal to what was really accepted so the next call starts from a true state.
-            target.truncate(min(len(target.tokens), len(ctx) - 1))
+            with self.lock:
+                # Whatever happened (a closed stream, Ctrl-C, an error in a callback), keep the cache
+                # equal to what was really accepted so the next call starts from a true state.
+                if self._owner is me:
+                    self._owner_thread = None  # finished: nobody need wait for it
+                    self._turn.notify_all()
+                    if not target.closed:
+                        target.truncate(min(len(target.tokens), len(ctx) - 1))
+                if drafter is not None:
+                    drafter.finish(ctx)
 
-
-    def _controller(self, drafter, n_max: int, n_min: int, params: SamplingParams) -> AdaptiveLength:
-        model = getattr(drafter, "model", None)
-        p_min = getattr(drafter, "p_min", getattr(model, "p_min", None))
-        key = (drafter.name, n_max, n_min, p_min, params.greedy, params.temperature)
+    def _controller(
+        self, drafter: Drafter, settings: DraftSettings, params: SamplingParams
+    ) -> AdaptiveLength:
+        key = (
+            drafter.name,
+            settings.n_max,
+            settings.n_min,
+            settings.p_min,
+            params.greedy,
+            params.temperature,
+        )
         ctl = self._controllers.get(key)
         if ctl is None:
-            ctl = self._controllers[key] = AdaptiveLength(n_max, n_min, free=getattr(drafter, "free", False))
+            ctl = self._controllers[key] = AdaptiveLength(settings.n_max, settings.n_min, free=drafter.free)
+            while len(self._controllers) > MAX_CONTROLLERS:
+                self._controllers.popitem(last=False)
         else:
+            self._controllers.move_to_end(key)
             ctl.new_generation()
         return ctl
 

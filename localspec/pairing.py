@@ -16,11 +16,11 @@ from localspec.errors import IncompatiblePairError, UnusableModelError
 class PairInfo:
     target_path: Path
     draft_path: Path | None
-    strategy: str
     verdict: str | None = None
     reasons: list[str] = field(default_factory=list)
     note: str = ""
     masked_ids: list[int] = field(default_factory=list)
+    n_ctx_train: int | None = None  # the target's trained context (its header), when it says
 
 
 def usable_metadata(path: Path, role: str, hint: str):
@@ -44,7 +44,7 @@ def check_pair(target: Path, draft: Path | None, *, label: str = "") -> PairInfo
     from localspec.vocab import compare, fingerprint
 
     t_meta = usable_metadata(target, "target", "pick a complete, text-only GGUF model as the target")
-    info = PairInfo(target_path=target, draft_path=draft, strategy="none")
+    info = PairInfo(target_path=target, draft_path=draft, n_ctx_train=_trained_context(t_meta))
     if draft is None:
         return info
     d_meta = usable_metadata(
@@ -63,5 +63,10 @@ def check_pair(target: Path, draft: Path | None, *, label: str = "") -> PairInfo
         list(verdict.reasons),
         list(verdict.masked_ids),
     )
-    info.strategy = "model"
     return info
+
+
+def _trained_context(meta) -> int | None:
+    """``<arch>.context_length`` from a header, when it is a positive whole number."""
+    value = meta.get(f"{meta.architecture}.context_length")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

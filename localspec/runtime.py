@@ -7,6 +7,12 @@ Measured on the Qwen2.5-Coder 1.5B/0.5B pair on a 2-core CPU it ran at 0.24x of 
 Here each decode asks for output rows only at the positions that are verified (each row of a 152K
 vocabulary costs about 14 ms on that machine), and :class:`Model` tracks exactly which tokens its KV
 cache holds, so nothing is evaluated twice, across rounds and across calls.
+
+Sizes come from llama.cpp, never from what was asked: llama.cpp rounds ``n_ctx`` up (to 256) and
+sets its batch to ``min(n_ctx asked, n_batch asked)``, and a decode with more tokens than that batch
+aborts the process. So :attr:`Model.n_ctx` and :attr:`Model.n_batch` are read back from the context;
+a prefill goes in chunks of the real batch; a pass that must return logits rows is always ONE decode
+(the rows of earlier chunks do not exist), which bounds a verified draft by :attr:`Model.max_draft`.
 """
 
 from __future__ import annotations
@@ -15,15 +21,79 @@ import contextlib
 import ctypes
 import os
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
 
-from localspec.errors import ContextOverflowError, GGUFError, LocalspecError, ModelNotFoundError
+from localspec.errors import (
+    ContextOverflowError,
+    GGUFError,
+    LocalspecError,
+    ModelNotFoundError,
+    SettingsError,
+)
+
+#: The smallest context a model is loaded with (a prompt and a few tokens must fit).
+N_CTX_MIN = 16
+#: The largest context asked for anywhere, before the model's own trained length is known.
+N_CTX_MAX = 1 << 20
+
+
+def max_threads() -> int:
+    """The most CPU threads a model may use: four per logical core (more only slows llama.cpp down)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def check_load_settings(*, n_ctx: int, n_threads: int, n_gpu_layers: int, what: str = "model") -> None:
+    """Refuse values llama.cpp would crash on or spend without bound, before anything loads."""
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not N_CTX_MIN <= n_ctx <= N_CTX_MAX:
+        raise SettingsError(
+            f"n_ctx {n_ctx!r} is out of range for the {what}",
+            hint=f"use a whole number from {N_CTX_MIN} to the model's trained context (4096 is usual)",
+        )
+    top = max_threads()
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or not 1 <= n_threads <= top:
+        raise SettingsError(
+            f"threads {n_threads!r} is out of range for the {what}",
+            hint=f"use 1 to {top} on this machine ({os.cpu_count()} logical cores); "
+            "the physical core count is usually fastest",
+        )
+    if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int) or n_gpu_layers < -1:
+        raise SettingsError(
+            f"GPU layers {n_gpu_layers!r} is not valid for the {what}",
+            hint="use -1 (all layers), 0 (CPU only) or a number of layers",
+        )
+
+
+def supports_gpu_offload() -> bool:
+    """True when this llama-cpp-python build can offload layers to a GPU (CUDA, Metal, Vulkan...)."""
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def default_gpu_layers(requested: int | None, *, offload: bool) -> int:
+    """Layers to offload: an explicit ``requested`` value wins; otherwise all (-1) when the build can
+    offload (``offload``), else none (0). Pure, so the decision is tested without a GPU."""
+    if requested is not None:
+        return requested
+    return -1 if offload else 0
+
+
+def placement(n_gpu_layers: int, n_layer: int, *, offload: bool) -> str:
+    """Where a model runs, for people: ``CPU``, ``GPU (all layers)`` or ``GPU 10/28 layers, rest CPU``."""
+    if not offload or n_gpu_layers == 0:
+        return "CPU"
+    if n_gpu_layers < 0 or n_gpu_layers >= n_layer:
+        return "GPU (all layers)"
+    return f"GPU {n_gpu_layers}/{n_layer} layers, rest CPU"
 
 
 class Model:
-    """A loaded GGUF model with its own context, batch and KV bookkeeping (sequence 0 only)."""
+    """A loaded GGUF model with its own context, batch and KV bookkeeping (sequence 0 only).
+
+    ``n_ctx`` and ``n_batch`` are llama.cpp's real values (read back after loading); ``n_ctx_train`` is the
+    context the model was trained on (the pipeline keeps ``n_ctx`` within it).
+    """
 
     def __init__(
         self,
@@ -33,9 +103,11 @@ class Model:
         n_threads: int,
         n_gpu_layers: int = 0,
         n_batch: int = 512,
-        max_verify: int = 16,
     ) -> None:
         self.path = Path(path)
+        check_load_settings(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, what=self.path.name)
+        self._batch: Any = None
+        self._llama: llama_cpp.Llama | None = None
         if not self.path.is_file():
             raise ModelNotFoundError(
                 f"{self.path}: no such model file",
@@ -43,7 +115,7 @@ class Model:
             )
         try:
             with _quiet_stderr():
-                self.llama = llama_cpp.Llama(
+                self._llama = llama_cpp.Llama(
                     model_path=str(self.path),
                     n_ctx=n_ctx,
                     n_batch=n_batch,
@@ -56,17 +128,20 @@ class Model:
                 )
         except (ValueError, RuntimeError, OSError) as exc:
             raise GGUFError(str(self.path), f"llama.cpp could not load this model ({exc})") from None
-        self.ctx = self.llama._ctx.ctx
-        self.model = self.llama._model.model
+        self.ctx = self._llama._ctx.ctx
+        self.model = self._llama._model.model
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
-        self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.model))
+        self.n_gpu_layers = n_gpu_layers
+        self.n_layer = int(llama_cpp.llama_model_n_layer(self.model))
+        # llama.cpp's own numbers: it rounds n_ctx up and caps the batch at the n_ctx asked for.
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.n_batch = n_batch
         self.tokens: list[int] = []  # exactly what the KV cache holds, in order
-        self._cap = max(n_batch, max_verify + 1)
-        self._batch = llama_cpp.llama_batch_init(self._cap, 0, 1)
-        for i in range(self._cap):
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
         self._piece_buf = ctypes.create_string_buffer(64)
@@ -75,6 +150,28 @@ class Model:
         )
 
     # Facts ------------------------------------------------------------------------------------
+    @property
+    def max_draft(self) -> int:
+        """The longest draft one verify pass can check: the pending token plus the drafts must fit one
+        llama.cpp batch (every logits row of a pass must come from one decode), and the context.
+
+        The engine caps each round at this and at the context room left; a setting that asks for more
+        (``n_max``) is refused up front with a :class:`SettingsError` rather than silently shortened.
+        """
+        return max(0, min(self.n_batch, self.n_ctx) - 1)
+
+    @property
+    def placement(self) -> str:
+        """Where this model runs: ``CPU``, ``GPU (all layers)``, or a split."""
+        return placement(self.n_gpu_layers, self.n_layer, offload=supports_gpu_offload())
+
+    @property
+    def llama(self) -> llama_cpp.Llama:
+        """llama-cpp-python's object for this model (raises once the model is closed)."""
+        if self._llama is None:
+            raise LocalspecError(f"{self.path.name}: this model was closed", hint="load it again")
+        return self._llama
+
     @property
     def metadata(self) -> dict[str, str]:
         return self.llama.metadata
@@ -133,38 +230,62 @@ class Model:
         self.truncate(n)
         return context[n:]
 
-    def decode(self, tokens: list[int], *, outputs: int = 1) -> np.ndarray | None:
+    def decode(self, tokens: list[int]) -> None:
+        """Evaluate ``tokens`` after the cached ones without any logits rows (a prefill).
+
+        Goes in chunks of the real batch, so any length that fits the context is safe.
+        """
+        self._check_room(tokens)
+        for start in range(0, len(tokens), self.n_batch):
+            self._decode_chunk(tokens[start : start + self.n_batch], 0)
+
+    def decode_logits(self, tokens: list[int], *, outputs: int = 1) -> np.ndarray:
         """Evaluate ``tokens`` after the cached ones; return logits rows for the last ``outputs``.
 
+        All ``outputs`` rows come from ONE llama.cpp decode (a row of an earlier chunk no longer exists):
+        the tokens before them are prefilled first, in chunks. ``outputs`` above :attr:`n_batch` is refused.
         The returned array is a view into llama.cpp's buffer: valid until the next decode.
         """
-        if not tokens:
-            return None
+        if not tokens or not 1 <= outputs <= len(tokens):
+            raise ValueError(f"need 1 <= outputs <= {len(tokens)} tokens, got outputs={outputs}")
+        if outputs > self.n_batch:
+            raise SettingsError(
+                f"{self.path.name}: a pass of {outputs} logits rows exceeds llama.cpp's batch of "
+                f"{self.n_batch}",
+                hint=f"draft at most {self.max_draft} tokens per round (n_max), or load with a larger n_ctx",
+            )
+        self._check_room(tokens)
+        head = tokens[: max(0, len(tokens) - self.n_batch)]  # the last chunk is a full batch: all rows in it
+        for start in range(0, len(head), self.n_batch):
+            self._decode_chunk(head[start : start + self.n_batch], 0)
+        self._decode_chunk(tokens[len(head) :], outputs)
+        ptr = llama_cpp.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(outputs, self.n_vocab))
+
+    def _check_room(self, tokens: list[int]) -> None:
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
                 f"{self.path.name}: {len(self.tokens) + len(tokens)} tokens do not fit the context of "
                 f"{self.n_ctx}",
                 hint="use a shorter prompt, a smaller max_tokens, or a larger n_ctx",
             )
-        start = 0
-        while start < len(tokens):
-            chunk = tokens[start : start + self._cap]
-            last_chunk = start + len(chunk) == len(tokens)
-            self._fill(chunk, len(self.tokens), outputs if last_chunk else 0)
-            rc = llama_cpp.llama_decode(self.ctx, self._batch)
-            if rc != 0:
-                self.truncate(len(self.tokens))
-                raise LocalspecError(
-                    f"{self.path.name}: llama_decode failed with status {rc}",
-                    hint="the context may be full: try a larger n_ctx or a shorter prompt",
-                )
-            self.tokens.extend(chunk)
-            start += len(chunk)
-        if outputs <= 0:
-            return None
-        n_out = min(outputs, len(tokens))
-        ptr = llama_cpp.llama_get_logits(self.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+
+    def _decode_chunk(self, chunk: list[int], outputs: int) -> None:
+        if not chunk:
+            return
+        if self.closed:
+            raise LocalspecError(f"{self.path.name}: this model was closed", hint="load it again")
+        assert len(chunk) <= self.n_batch  # the one rule llama.cpp aborts the process on
+        self._fill(chunk, len(self.tokens), outputs)
+        rc = llama_cpp.llama_decode(self.ctx, self._batch)
+        if rc != 0:
+            # A failed decode may leave part of the batch in memory: remove it, keep the bookkeeping true.
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, len(self.tokens), -1)
+            raise LocalspecError(
+                f"{self.path.name}: llama_decode failed with status {rc}",
+                hint="the context may be full: try a larger n_ctx or a shorter prompt",
+            )
+        self.tokens.extend(chunk)
 
     def _fill(self, chunk: list[int], pos0: int, outputs: int) -> None:
         b = self._batch
@@ -179,14 +300,17 @@ class Model:
     def reset(self) -> None:
         self.truncate(0)
 
+    @property
+    def closed(self) -> bool:
+        return self._llama is None
+
     def close(self) -> None:
-        if getattr(self, "_batch", None) is not None:
+        if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
-        llama = getattr(self, "llama", None)
-        if llama is not None:
-            llama.close()
-            self.llama = None
+        if self._llama is not None:
+            self._llama.close()
+            self._llama = None
 
 
 @contextlib.contextmanager

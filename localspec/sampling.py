@@ -10,9 +10,12 @@ which makes this "accept with probability p(x), else sample from p with x remove
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from localspec.errors import SettingsError
 
 _TOP_P_CANDIDATES = 1024  # partial sort first; fall back to a full sort only if these lack the mass
 
@@ -30,14 +33,37 @@ class SamplingParams:
         return self.temperature <= 0.0
 
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        """Refuse values that would sample garbage (NaN, inf) or nothing at all, naming the value."""
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise SettingsError(
+                f"temperature must be a finite number >= 0, got {t!r}",
+                hint="0 is greedy (deterministic); 0.7-1.0 is usual for sampling",
+            )
+        k = self.top_k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise SettingsError(f"top_k must be a whole number >= 0, got {k!r}", hint="0 turns top-k off")
+        p = self.top_p
+        if (
+            isinstance(p, bool)
+            or not isinstance(p, (int, float))
+            or not (math.isfinite(p) and 0.0 < p <= 1.0)
+        ):
+            raise SettingsError(
+                f"top_p must be in (0, 1], got {p!r}", hint="1.0 turns top-p off; 0.9 is usual"
+            )
+        m = self.min_p
+        if (
+            isinstance(m, bool)
+            or not isinstance(m, (int, float))
+            or not (math.isfinite(m) and 0.0 <= m < 1.0)
+        ):
+            raise SettingsError(
+                f"min_p must be in [0, 1), got {m!r}", hint="0 turns min-p off; 0.05 is usual"
+            )
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise SettingsError(f"seed must be a whole number >= 0, got {seed!r}", hint="e.g. seed=42")
 
 
 def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

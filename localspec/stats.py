@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
+
+from localspec.settings import MODEL_STRATEGIES
 
 MB = 1024 * 1024
 
@@ -66,7 +69,11 @@ class MemoryReport:
 
 @dataclass
 class GenerationStats:
-    """Running measurements of one generation; the engine updates it in place."""
+    """Running measurements of one generation; the engine updates it in place.
+
+    Each :class:`~localspec.engine.TokenResponse` carries a :meth:`snapshot` (the counts as they stood when
+    that token was emitted), so the first token never shows the final totals.
+    """
 
     strategy: str = "none"
     draft_name: str | None = None
@@ -80,6 +87,9 @@ class GenerationStats:
     verify_tokens: int = 0
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
+    # Per source of drafted tokens (see localspec.drafters.SOURCES): drafted and accepted counts.
+    drafted_by_source: dict[str, int] = field(default_factory=dict)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
     prompt_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -88,6 +98,8 @@ class GenerationStats:
     speedup: float | None = None
     finish_reason: str | None = None
     memory: MemoryReport = field(default_factory=MemoryReport)
+    # Where each model runs, e.g. {"target": "CPU", "draft": "GPU (all layers)"}.
+    placement: dict[str, str] = field(default_factory=dict)
 
     # Derived values -----------------------------------------------------------------------------
     @property
@@ -111,6 +123,11 @@ class GenerationStats:
         ]
 
     @property
+    def acceptance_by_source(self) -> dict[str, float]:
+        """Accepted / drafted per source of drafted tokens (model, prompt, history, corpus)."""
+        return {k: self.accepted_by_source.get(k, 0) / d for k, d in self.drafted_by_source.items() if d}
+
+    @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
 
@@ -119,8 +136,16 @@ class GenerationStats:
         return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
 
     # Bookkeeping used by the engine (cheap: a few integer adds per round) --------------------------
-    def record_round(self, n_drafted: int, n_accepted: int) -> None:
+    def record_round(self, n_drafted: int, n_accepted: int, sources: list[str] | None = None) -> None:
+        """One verify round: ``n_drafted`` drafts, the first ``n_accepted`` accepted; ``sources`` says
+        where each draft came from."""
         self.rounds += 1
+        for i, src in enumerate(sources or ()):
+            if i >= n_drafted:
+                break
+            self.drafted_by_source[src] = self.drafted_by_source.get(src, 0) + 1
+            if i < n_accepted:
+                self.accepted_by_source[src] = self.accepted_by_source.get(src, 0) + 1
         self.drafted += n_drafted
         self.accepted += n_accepted
         grow = n_drafted - len(self.drafted_by_position)
@@ -132,10 +157,21 @@ class GenerationStats:
         for i in range(n_accepted):
             self.accepted_by_position[i] += 1
 
+    def snapshot(self) -> GenerationStats:
+        """A copy that later updates do not change (the memory report is shared: it is fixed at load)."""
+        snap = copy.copy(self)
+        snap.drafted_by_position = list(self.drafted_by_position)
+        snap.accepted_by_position = list(self.accepted_by_position)
+        snap.drafted_by_source = dict(self.drafted_by_source)
+        snap.accepted_by_source = dict(self.accepted_by_source)
+        snap.placement = dict(self.placement)
+        return snap
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["memory"] = self.memory.as_dict()
         d.update(
+            acceptance_by_source={k: round(v, 4) for k, v in self.acceptance_by_source.items()},
             acceptance_rate=round(self.acceptance_rate, 4),
             mean_accepted_length=round(self.mean_accepted_length, 3),
             tokens_per_round=round(self.tokens_per_round, 3),
@@ -155,8 +191,10 @@ class GenerationStats:
             parts.append("target alone")
         if self.speedup is not None:
             parts.append(f"speedup {self.speedup:.2f}x vs target alone")
-        if self.strategy in ("model", "model+ngram"):
+        if self.strategy in MODEL_STRATEGIES:
             parts.append(self.memory.summary())
+        if self.placement:
+            parts.append("runs on " + ", ".join(f"{role} {where}" for role, where in self.placement.items()))
         return " | ".join(parts)
 
 

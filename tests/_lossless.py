@@ -9,12 +9,12 @@ NEAR_TIE = 0.05
 
 def traced(pipe, prompt, **kw):
     """Generate (a str prompt) or chat (a list of messages) with the engine's per-token trace on."""
-    pipe._engine.trace = []
+    pipe.trace = trace = []
     try:
         result = pipe.chat(prompt, **kw) if isinstance(prompt, list) else pipe.generate(prompt, **kw)
-        return result, pipe._engine.trace
+        return result, trace
     finally:
-        pipe._engine.trace = None
+        pipe.trace = None
 
 
 def assert_lossless(base, base_trace, spec, spec_trace):

@@ -42,8 +42,16 @@ class SimulatedPair:
         draft_s = first + (evals - 1) * self.c if evals else 0.0
         verify_s = 1.0 + self.s * drafted
         self.idle = 0 if evals else self.idle + 1
-        ctl.update(k, drafted, accepted, draft_evals=evals, draft_seconds=draft_s, first_seconds=first,
-                   fed=fed, verify_seconds=verify_s)  # fmt: skip
+        ctl.update(
+            k,
+            drafted,
+            accepted,
+            draft_evals=evals,
+            draft_seconds=draft_s,
+            first_seconds=first,
+            fed=fed,
+            verify_seconds=verify_s,
+        )
         return accepted + 1, draft_s + verify_s
 
 

@@ -43,3 +43,21 @@ def test_index_grows_incrementally_with_the_context():
     assert d.draft(ctx, 4, GREEDY, RNG).tokens == []
     ctx += [11, 5, 6, 7]
     assert d.draft(ctx, 4, GREEDY, RNG).tokens == [8, 9, 10, 11]
+
+
+def test_drafters_import_without_llama_cpp():
+    """The drafter interface is pure Python: type-only imports of the runtime stay under TYPE_CHECKING."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['llama_cpp'] = None\n"
+        "from localspec.drafters import NgramDrafter, SOURCES\n"
+        "from localspec.sampling import SamplingParams\n"
+        "import numpy as np\n"
+        "d = NgramDrafter(); ctx = [1, 2, 3, 4, 5, 1, 2, 3]; d.begin(ctx[:-1])\n"
+        "assert d.draft(ctx, 2, SamplingParams(), np.random.default_rng(0)).tokens == [4, 5]\n"
+        "assert 'llama_cpp' not in {m for m in sys.modules if sys.modules[m] is not None}\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr

@@ -24,6 +24,8 @@ PROMPTS = [
     "import os\n\n\ndef read_lines(path):\n",
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
 ]
+
+
 @pytest.mark.parametrize("strategy", ["model", "ngram", "model+ngram"])
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_greedy_is_lossless(embedded_pipe, strategy, adaptive):

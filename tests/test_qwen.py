@@ -1,6 +1,6 @@
 """The real Qwen2.5-Coder 1.5B target + 0.5B draft through llama.cpp (opt-in: LOCALSPEC_QWEN_DIR).
 
-    python scripts/fetch_qwen_pair.py models && LOCALSPEC_QWEN_DIR=models python -m pytest -q -m qwen
+python scripts/fetch_qwen_pair.py models && LOCALSPEC_QWEN_DIR=models python -m pytest -q -m qwen
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def test_rejection_sampling_keeps_the_target_distribution_on_real_rows(qwen):
     t, d = qwen._target, qwen._draft
     rows = []
     for m in (t, d):
-        m.decode(m.sync(tokens, keep_last=1), outputs=0)
-        rows.append(np.array(m.decode(tokens[-1:], outputs=1)[0]))
+        m.decode(m.sync(tokens, keep_last=1))
+        rows.append(np.array(m.decode_logits(tokens[-1:], outputs=1)[0]))
         m.reset()  # the engine re-syncs its caches on the next call
     p, q = (sampling.distribution(r, params) for r in rows)
     assert 0.01 < 0.5 * np.abs(p - q).sum() < 0.99, "target and draft rows should differ, but not wholly"

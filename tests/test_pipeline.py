@@ -1,0 +1,394 @@
+"""The Pipeline as callers use it: small contexts, long drafts, sharing across threads and interleaved
+streams, settings from presets, per-token results, bad values. All on the embedded pair (fast, offline)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import localspec
+from localspec import constants
+from localspec.drafters import Draft
+from localspec.engine import MAX_CONTROLLERS, Engine
+from localspec.errors import ContextOverflowError, SettingsError
+from localspec.runtime import Model, default_gpu_layers, placement
+from localspec.sampling import SamplingParams
+from localspec.settings import STRATEGIES, DraftSettings
+from localspec.stats import GenerationStats
+
+WORDS = (
+    "the quick brown fox jumps over the lazy dog while seven wizards quietly pack boxes of liquor jugs "
+    "and the farmer counts sheep under a pale moon near the old mill by the river where children play "
+    "with wooden boats every summer evening after school is done"
+).split()
+PROMPT_60_WORDS = " ".join(WORDS[:60])
+REPEAT = "x = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]\n" * 4
+
+
+@pytest.fixture(scope="module")
+def small_pipe():
+    """n_ctx 64: llama.cpp gives a 256-token context but a 64-token batch."""
+    pipe = localspec.load(n_ctx=64, n_threads=2, n_max=4)
+    yield pipe
+    pipe.close()
+
+
+# Batch and context: items 1 and 2 of issue 9 ------------------------------------------------------
+def test_a_prompt_longer_than_the_batch_is_prefilled_in_chunks(small_pipe, embedded_pipe):
+    assert small_pipe.max_draft == 63  # the batch llama.cpp really has (64), not the 512 asked for
+    tokens = small_pipe.tokenize(PROMPT_60_WORDS)
+    assert len(tokens) > 64  # longer than one batch: decoded whole, it aborted the process
+    ref = embedded_pipe.generate(PROMPT_60_WORDS, max_tokens=4, baseline=True)
+    for strategy in STRATEGIES:
+        out = small_pipe.generate(PROMPT_60_WORDS, max_tokens=4, strategy=strategy)
+        assert out.tokens == ref.tokens, strategy
+
+
+def test_a_prompt_longer_than_the_context_is_refused_with_a_true_hint(small_pipe):
+    long_prompt = " ".join(WORDS * 3)
+    assert len(small_pipe.tokenize(long_prompt)) > small_pipe.n_ctx
+    with pytest.raises(ContextOverflowError) as exc:
+        small_pipe.generate(long_prompt, max_tokens=4)
+    assert "prompt alone" in exc.value.hint and "max_tokens to" not in exc.value.hint
+    n = len(small_pipe.tokenize(PROMPT_60_WORDS))
+    with pytest.raises(ContextOverflowError) as exc:  # here lowering max_tokens does help
+        small_pipe.generate(PROMPT_60_WORDS, max_tokens=small_pipe.n_ctx)
+    assert f"max_tokens to {small_pipe.n_ctx - n} or less" in exc.value.hint
+
+
+def test_a_draft_longer_than_one_pass_is_refused_and_the_longest_one_is_verified(small_pipe, embedded_pipe):
+    with pytest.raises(SettingsError, match="n_max 64"):  # 65 rows in a 64-token batch: out of bounds
+        small_pipe.generate(REPEAT, max_tokens=8, strategy="ngram", n_max=64)
+    with pytest.raises(SettingsError, match="n_max 64"):
+        localspec.load(n_ctx=64, n_threads=2, n_max=64, draft="ngram")
+    ref = embedded_pipe.generate(REPEAT, max_tokens=48, baseline=True)
+    out = small_pipe.generate(REPEAT, max_tokens=48, strategy="ngram", n_max=small_pipe.max_draft)
+    assert out.tokens == ref.tokens
+    assert len(out.stats.drafted_by_position) > 16, "no long draft was verified: the test proves nothing"
+
+
+def test_load_bounds_every_size(tmp_path):
+    for kw, what in [
+        ({"n_ctx": 8}, "n_ctx 8"),
+        ({"n_ctx": 10**12}, "n_ctx 1000000000000"),
+        ({"n_threads": 100000}, "threads 100000"),
+        ({"n_threads": 0}, "threads 0"),
+        ({"n_gpu_layers": -2}, "GPU layers -2"),
+        ({"draft_n_threads": 100000}, "threads 100000"),
+    ]:
+        with pytest.raises(SettingsError, match=what) as exc:
+            localspec.load(**kw)
+        assert exc.value.hint
+    pipe = localspec.load(n_ctx=100000, n_threads=2, draft="none")  # lowered to the trained context
+    try:
+        assert pipe.n_ctx == pipe.info.n_ctx_train == 2048
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": math.inf}, "temperature"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": math.nan}, "top_p"),
+        ({"top_p": 2.0}, "top_p"),
+        ({"min_p": 1.0}, "min_p"),
+        ({"min_p": math.nan}, "min_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n_max": 0}, "n_max"),
+        ({"p_min": math.nan}, "p_min"),
+        ({"strategy": "magic"}, "strategy"),
+    ],
+)
+def test_bad_generation_values_are_refused_with_a_hint(embedded_pipe, kw, name):
+    with pytest.raises(SettingsError, match=name) as exc:
+        embedded_pipe.generate("def f():", **{"max_tokens": 4, **kw})
+    assert exc.value.hint
+
+
+# Sharing: item 3 of issue 9 ----------------------------------------------------------------------
+JOBS = [
+    ("def fib(n):", "model"),
+    (REPEAT, "ngram"),
+    ("import os\n\n\ndef read_lines(path):\n", "model+ngram"),
+    ("class Stack:\n    def push(self, item):\n", "none"),
+]
+
+
+def _reference(pipe, prompt, strategy):
+    return pipe.generate(prompt, max_tokens=40, strategy=strategy)
+
+
+def test_one_pipeline_shared_by_four_threads_gives_every_thread_its_own_text(embedded_pipe):
+    refs = [_reference(embedded_pipe, p, s) for p, s in JOBS]
+    results: dict[int, list] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(JOBS))
+
+    def work(i):
+        prompt, strategy = JOBS[i]
+        try:
+            barrier.wait()
+            results[i] = [_reference(embedded_pipe, prompt, strategy).tokens for _ in range(3)]
+        except BaseException as exc:  # pragma: no cover - shown by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(JOBS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and not any(t.is_alive() for t in threads)
+    for i, ref in enumerate(refs):
+        assert results[i] == [ref.tokens] * 3, JOBS[i]
+
+
+def test_interleaved_streams_in_one_thread_each_keep_their_own_context(embedded_pipe):
+    # every round follows another stream's, so each re-syncs both caches: keep it short
+    refs = [embedded_pipe.generate(p, max_tokens=16, strategy=s) for p, s in JOBS]
+    streams = [embedded_pipe.stream(p, max_tokens=16, strategy=s) for p, s in JOBS]
+    outs: list[list] = [[] for _ in JOBS]
+    live = set(range(len(JOBS)))
+    while live:  # one token from each in turn: every round follows another stream's round
+        for i in sorted(live):
+            r = next(streams[i], None)
+            if r is None:
+                live.discard(i)
+            else:
+                outs[i].append(r)
+    for i, ref in enumerate(refs):
+        assert [r.token for r in outs[i]] == ref.tokens, JOBS[i]
+        assert "".join(r.text for r in outs[i]) == str(ref)
+        # the drafter's state (n-gram tables) was its own: it proposed exactly what it proposes alone
+        assert outs[i][-1].stats.drafted == ref.stats.drafted, JOBS[i]
+        assert outs[i][-1].stats.accepted == ref.stats.accepted, JOBS[i]
+
+
+def test_a_suspended_stream_blocks_no_other_thread_and_resumes_correctly(embedded_pipe):
+    prompt, strategy = JOBS[2]
+    ref = _reference(embedded_pipe, prompt, strategy)
+    other_ref = _reference(embedded_pipe, *JOBS[1])
+    stream = embedded_pipe.stream(prompt, max_tokens=40, strategy=strategy)
+    head = [next(stream) for _ in range(5)]
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", _reference(embedded_pipe, *JOBS[1])))
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "a suspended stream held the pipeline"
+    assert box["r"].tokens == other_ref.tokens
+    rest = list(stream)
+    assert [r.token for r in head + rest] == ref.tokens
+
+
+def test_an_abandoned_stream_leaves_the_pipeline_usable(embedded_pipe):
+    ref = _reference(embedded_pipe, *JOBS[0])
+    stream = embedded_pipe.stream(JOBS[1][0], max_tokens=40, strategy="ngram")
+    next(stream)
+    del stream  # never closed explicitly: collected
+    assert _reference(embedded_pipe, *JOBS[0]).tokens == ref.tokens
+
+
+# Engine and drafter interface --------------------------------------------------------------------
+class _Recorder:
+    """A drafter that proposes a fixed token and records the calls the engine makes."""
+
+    name = "recorder"
+    free = True
+
+    def __init__(self):
+        self.calls: list[tuple[str, int]] = []
+
+    def begin(self, context):
+        self.calls.append(("begin", len(context)))
+
+    def draft(self, context, n, params, rng):
+        return Draft(tokens=[context[-1]] * n, source="recorder", sources=["history"] * n)
+
+    def lookup(self, context, n, params, rng):
+        return self.draft(context, n, params, rng)
+
+    def finish(self, context):
+        self.calls.append(("finish", len(context)))
+
+
+@pytest.fixture(scope="module")
+def bare_engine():
+    model = Model(constants.EMBEDDED_TARGET, n_ctx=64, n_threads=2)  # a 64-token batch
+    yield Engine(model)
+    model.close()
+
+
+def test_the_engine_calls_finish_after_every_generation(bare_engine):
+    prompt = bare_engine.target.tokenize("def fib(n):")
+    settings = DraftSettings(strategy="ngram", n_max=3)
+    rec = _Recorder()
+    out = list(
+        bare_engine.stream(
+            prompt,
+            drafter=rec,
+            max_tokens=6,
+            params=SamplingParams(),
+            settings=settings,
+            stats=GenerationStats(),
+        )
+    )
+    assert rec.calls == [("begin", len(prompt) - 1), ("finish", len(prompt) + 6)]
+    assert {r.source for r in out if r.from_draft} <= {"history"}
+    assert all(r.source is None for r in out if not r.from_draft)
+    rec = _Recorder()
+    stream = bare_engine.stream(
+        prompt, drafter=rec, max_tokens=6, params=SamplingParams(), settings=settings, stats=GenerationStats()
+    )
+    next(stream)
+    stream.close()  # cancelled: finish still runs
+    assert rec.calls[-1][0] == "finish"
+
+
+def test_adaptive_controllers_are_bounded(bare_engine):
+    prompt = bare_engine.target.tokenize("def fib(n):")
+    for i in range(MAX_CONTROLLERS + 4):
+        settings = DraftSettings(strategy="ngram", n_max=3, p_min=i / 100, adaptive=True)
+        list(
+            bare_engine.stream(
+                prompt,
+                drafter=_Recorder(),
+                max_tokens=2,
+                params=SamplingParams(),
+                settings=settings,
+                stats=GenerationStats(),
+            )
+        )
+    assert len(bare_engine._controllers) == MAX_CONTROLLERS
+
+
+def test_per_call_limits_do_not_change_the_shared_draft_model(embedded_pipe):
+    before = (embedded_pipe._model_drafter.n_min, embedded_pipe._model_drafter.p_min)
+    embedded_pipe.generate("def fib(n):", max_tokens=8, strategy="model", p_min=0.0, n_min=2)
+    assert (embedded_pipe._model_drafter.n_min, embedded_pipe._model_drafter.p_min) == before
+
+
+# Results -----------------------------------------------------------------------------------------
+def test_each_token_carries_the_counts_at_that_token_and_its_source(embedded_pipe):
+    responses = list(embedded_pipe.stream(REPEAT, max_tokens=24, strategy="model+ngram"))
+    assert [r.stats.generated_tokens for r in responses] == list(range(1, 25))
+    assert responses[0].stats.drafted <= responses[-1].stats.drafted
+    assert responses[0].stats is not responses[-1].stats
+    final = responses[-1].stats
+    assert final.finish_reason == "length" and responses[0].stats.finish_reason is None
+    drafted = [r for r in responses if r.from_draft]
+    assert drafted and all(r.source in ("model", "prompt") for r in drafted)
+    assert all(r.source is None for r in responses if not r.from_draft)
+    assert sum(final.drafted_by_source.values()) == final.drafted
+    assert sum(final.accepted_by_source.values()) == final.accepted
+    by_source = final.as_dict()["acceptance_by_source"]
+    assert set(by_source) == set(final.drafted_by_source) and "prompt" in by_source
+
+
+def test_results_copy_pickle_and_print(embedded_pipe, capsys):
+    r = embedded_pipe.generate("def fib(n):", max_tokens=8, strategy="ngram")
+    for other in (copy.copy(r), copy.deepcopy(r), pickle.loads(pickle.dumps(r))):
+        assert other == r and type(other) is type(r)
+        assert other.tokens == r.tokens and other.from_draft == r.from_draft and other.pieces == r.pieces
+        assert other.stats.as_dict() == r.stats.as_dict()
+    print(r)
+    assert capsys.readouterr().out == str(r) + "\n"
+
+
+# Placement ---------------------------------------------------------------------------------------
+def test_gpu_layers_default_to_all_only_when_llama_cpp_can_offload():
+    assert default_gpu_layers(None, offload=True) == -1
+    assert default_gpu_layers(None, offload=False) == 0
+    assert default_gpu_layers(0, offload=True) == 0 and default_gpu_layers(12, offload=False) == 12
+    assert placement(-1, 28, offload=True) == "GPU (all layers)"
+    assert placement(28, 28, offload=True) == "GPU (all layers)"
+    assert placement(10, 28, offload=True) == "GPU 10/28 layers, rest CPU"
+    assert placement(0, 28, offload=True) == placement(-1, 28, offload=False) == "CPU"
+
+
+def test_the_pipeline_says_where_each_model_runs(embedded_pipe, monkeypatch):
+    import llama_cpp
+
+    offload = bool(llama_cpp.llama_supports_gpu_offload())
+    expected = "GPU (all layers)" if offload else "CPU"
+    assert embedded_pipe.placement == {"target": expected, "draft": expected}
+    r = embedded_pipe.generate("def fib(n):", max_tokens=4)
+    assert r.stats.placement == embedded_pipe.placement
+    assert f"runs on target {expected}, draft {expected}" in r.stats.summary_line()
+    seen = []
+    monkeypatch.setattr("localspec.api.supports_gpu_offload", lambda: True)
+    monkeypatch.setattr("localspec.api.Model", lambda path, **kw: seen.append(kw) or _raise())
+    with pytest.raises(_Stop):
+        localspec.load(n_threads=2)
+    with pytest.raises(_Stop):
+        localspec.load(n_threads=2, n_gpu_layers=0)
+    assert seen[0]["n_gpu_layers"] == -1 and seen[1]["n_gpu_layers"] == 0
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise():
+    raise _Stop
+
+
+def test_rows_of_a_verify_pass_all_come_from_one_decode(bare_engine):
+    model = bare_engine.target
+    model.reset()
+    tokens = model.tokenize(PROMPT_60_WORDS * 3)[: model.n_ctx - 8]
+    assert len(tokens) > model.n_batch
+    rows = np.array(model.decode_logits(tokens, outputs=3))
+    model.reset()
+    model.decode(tokens[:-3])
+    again = np.array(model.decode_logits(tokens[-3:], outputs=3))
+    model.reset()
+    assert rows.shape == again.shape == (3, model.n_vocab)
+    assert (rows.argmax(axis=1) == again.argmax(axis=1)).all()
+    with pytest.raises(SettingsError, match="batch"):
+        model.decode_logits(tokens, outputs=model.n_batch + 1)
+
+
+# Presets run what they say: issue 13 -------------------------------------------------------------
+def _user_preset(config, name, strategy):
+    folder = config / "presets"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.toml").write_text(
+        f'[[preset]]\nname = "{name}"\n'
+        f'target = {{ path = "{constants.EMBEDDED_TARGET}" }}\n'
+        f'draft_model = {{ path = "{constants.EMBEDDED_DRAFT}" }}\n'
+        f'n_ctx = 512\n[preset.draft]\nstrategy = "{strategy}"\nn_max = 3\np_min = 0.5\n'
+    )
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_preset_runs_its_own_strategy(tmp_path, monkeypatch, strategy):
+    monkeypatch.setenv("LOCALSPEC_CONFIG", str(tmp_path))
+    name = f"user-{strategy.replace('+', '-')}"
+    _user_preset(tmp_path, name, strategy)
+    uses_model = strategy in ("model", "model+ngram")
+    pipe = localspec.load(preset=name, n_threads=2)
+    try:
+        assert pipe.settings == DraftSettings(strategy=strategy, n_max=3, p_min=0.5)
+        assert (pipe.info.draft_path is not None) == uses_model  # the draft model loads only when used
+        assert (pipe.memory.draft_weights_bytes > 0) == uses_model
+        r = pipe.generate(REPEAT, max_tokens=12)
+        assert r.stats.strategy == strategy
+        assert (r.stats.drafted > 0) == (strategy != "none")
+    finally:
+        pipe.close()
+    r = localspec.generate(REPEAT, preset=name, max_tokens=6, n_threads=2)  # the one-line entry point
+    assert r.stats.strategy == strategy
+    # explicit arguments override the preset
+    override = "none" if strategy != "none" else "ngram"
+    with localspec.load(preset=name, n_threads=2, strategy=override) as pipe:
+        assert pipe.generate(REPEAT, max_tokens=4).stats.strategy == override
+    with localspec.load(preset=name, n_threads=2, draft="ngram", n_max=5) as pipe:
+        assert pipe.settings.strategy == "ngram" and pipe.settings.n_max == 5
