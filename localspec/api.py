@@ -14,6 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from localspec import constants
+from localspec.costs import MachineCosts, machine_costs
 from localspec.drafters import CombinedDrafter, Drafter, ModelDrafter, NgramDrafter
 from localspec.engine import Engine, TokenResponse
 from localspec.errors import (
@@ -23,10 +24,13 @@ from localspec.errors import (
     SettingsError,
 )
 from localspec.pairing import PairInfo, check_pair
+from localspec.routing import Route, route
 from localspec.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
 from localspec.sampling import SamplingParams
-from localspec.settings import MODEL_STRATEGIES, DraftSettings
+from localspec.settings import LOOKUP_N_MAX, MODEL_STRATEGIES, SUFFIX_STRATEGIES, DraftSettings
 from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
+from localspec.store import SuffixStore
+from localspec.suffix import SuffixDrafter, SuffixIndex
 
 
 class GenerationResult(str):
@@ -89,8 +93,18 @@ class Pipeline:
         draft_n_threads: int | None = None,
         draft_n_gpu_layers: int | None = None,
         settings: DraftSettings | None = None,
+        suffix_store: bool = True,
+        corpus: str | os.PathLike | None = None,
+        store_namespace: str = "default",
     ) -> None:
         self.info = info
+        self._suffix_options = (suffix_store, Path(corpus).expanduser() if corpus else None, store_namespace)
+        self._suffix: SuffixDrafter | None = None
+        self._store: SuffixStore | None = None
+        self._costs: MachineCosts | None = None
+        self._model_acceptance: float | None = None  # measured by generations that ran the draft model
+        self.route: Route | None = None  # the last "auto" decision and its reason
+        self.store_problem: str | None = None  # why the suffix store on disk could not be used, if so
         if settings is None:
             settings = DraftSettings(strategy="model" if info.draft_path is not None else "none")
         if settings.uses_model and info.draft_path is None:
@@ -106,6 +120,12 @@ class Pipeline:
         if info.n_ctx_train and n_ctx > info.n_ctx_train:
             n_ctx = info.n_ctx_train
         offload = supports_gpu_offload()
+        # what the measured costs depend on: threads, and GPU layers of the target and the draft
+        self._load_facts = (
+            threads,
+            default_gpu_layers(n_gpu_layers, offload=offload),
+            default_gpu_layers(draft_n_gpu_layers, offload=offload) if info.draft_path else 0,
+        )
         mem = MemoryReport(rss_baseline_bytes=rss_bytes())
         self._target = Model(
             info.target_path,
@@ -207,19 +227,93 @@ class Pipeline:
 
     # Generation -------------------------------------------------------------------------------
     def _drafter(self, s: DraftSettings) -> Drafter | None:
-        """A drafter for one generation: its state (n-gram tables) belongs to that generation only."""
+        """A drafter for one generation. N-gram tables belong to that generation only; the suffix cache
+        is the pipeline's (it remembers every request; the engine's lock serialises its rounds, and its
+        live part re-syncs to whichever context asks)."""
         if not s.is_speculative:
             return None
-        ngram = NgramDrafter()
+        lookup: Drafter = self.suffix_drafter() if s.uses_suffix else NgramDrafter()
         if not s.uses_model:
-            return ngram
+            return lookup
         if self._model_drafter is None:
             raise LocalspecError(
                 f"strategy {s.strategy!r} needs a draft model, and this pipeline has none",
-                hint="load with draft=PATH (or a preset with a draft), or use strategy='ngram'",
+                hint="load with draft=PATH (or a preset with a draft), or use strategy='suffix' or 'ngram'",
             )
         model = self._model_drafter.with_limits(n_min=s.n_min, p_min=s.p_min)
-        return CombinedDrafter(model, ngram) if s.strategy == "model+ngram" else model
+        return CombinedDrafter(model, lookup) if "+" in s.strategy else model
+
+    # The suffix cache and the machine's costs ----------------------------------------------------
+    def machine_costs(self) -> MachineCosts:
+        """This machine's measured verify curve V(b) and token costs for these models (measured once per
+        machine, build, model files, threads and offload, then read from the cache)."""
+        if self._costs is None:
+            threads, gpu, draft_gpu = self._load_facts
+            self._costs = machine_costs(
+                self._target, self._draft, threads=threads, gpu_layers=gpu, draft_gpu_layers=draft_gpu
+            )
+        return self._costs
+
+    def suffix_drafter(self) -> SuffixDrafter:
+        """The pipeline's suffix cache: earlier requests, the store on disk (unless off), the corpus."""
+        if self._suffix is None:
+            persist, corpus, namespace = self._suffix_options
+            from localspec.gguf_meta import read_metadata
+            from localspec.vocab import fingerprint
+
+            # a store is never shared across vocabularies: its file is named by the target's fingerprint
+            vocab_id = fingerprint(read_metadata(self.info.target_path, merges=False)).fingerprint or "none"
+            n_vocab = self._target.n_vocab
+            if persist:
+                self._store = SuffixStore(None, vocab_id, namespace=namespace, n_vocab=n_vocab)
+                index = self._store.load()
+                self.store_problem = self._store.problem
+            else:
+                index = SuffixIndex(n_vocab=n_vocab)
+            if corpus is not None:
+                index.set_corpus(self._corpus_tokens(corpus))
+            with self._engine.lock:  # measuring uses the target's cache
+                costs = self.machine_costs()
+            self._suffix = SuffixDrafter(index, verify_cost=costs.V, store=self._store)
+        return self._suffix
+
+    def reset_suffix(self, state: dict | None = None) -> None:
+        """Start the suffix cache over: empty, or from an index :meth:`SuffixIndex.state` snapshot (the
+        corpus is kept). For benchmarks; the store on disk is not touched unless the next request saves."""
+        drafter = self.suffix_drafter()
+        corpus = drafter.index.corpus
+        index = (
+            SuffixIndex.from_state(state, n_vocab=self._target.n_vocab)
+            if state
+            else SuffixIndex(n_vocab=self._target.n_vocab)
+        )
+        index.corpus = corpus
+        self._suffix = SuffixDrafter(index, verify_cost=drafter.verify_cost, store=drafter.store)
+
+    def set_corpus(self, folder: str | os.PathLike) -> None:
+        """Draft from the text files of ``folder`` too (replaces the corpus; tokenized now)."""
+        self.suffix_drafter().index.set_corpus(self._corpus_tokens(Path(folder).expanduser()))
+
+    def _corpus_tokens(self, folder: Path) -> list[list[int]]:
+        from localspec.store import read_corpus
+
+        scan = read_corpus(folder)
+        return [self._target.tokenize(text, add_bos=False, special=False) for _, text in scan.files]
+
+    def _route(self, s: DraftSettings, tokens: list[int]) -> tuple[DraftSettings, Route]:
+        """``auto``: suffix alone, or the draft model (adaptive) with the suffix cache, for this request."""
+        has_model = self._model_drafter is not None
+        costs = self.machine_costs() if has_model else None
+        overlap = self.suffix_drafter().overlap(tokens)
+        r = route(
+            has_model=has_model,
+            costs=costs,
+            model_acceptance=self._model_acceptance,
+            n_max=min(s.n_max, 8),
+            overlap=overlap,
+        )
+        adaptive = True if r.strategy == "model+suffix" else s.adaptive
+        return s.with_overrides(strategy=r.strategy, adaptive=adaptive), r
 
     def stream_tokens(
         self,
@@ -266,6 +360,9 @@ class Pipeline:
             )
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         params.validate()
+        if strategy is not None and n_max is None and strategy in SUFFIX_STRATEGIES:
+            if not self.settings.uses_suffix:  # switching to the suffix cache: it sizes its own drafts
+                n_max = min(LOOKUP_N_MAX, self.max_draft)
         settings = self.settings.with_overrides(
             strategy="none" if baseline else strategy,
             n_max=n_max,
@@ -273,6 +370,10 @@ class Pipeline:
             p_min=p_min,
             adaptive=adaptive,
         )
+        chosen: Route | None = None
+        if settings.strategy == "auto":
+            settings, chosen = self._route(settings, tokens)
+            self.route = chosen
         drafter = self._drafter(settings)
         stats = GenerationStats(
             strategy=settings.strategy,
@@ -281,7 +382,9 @@ class Pipeline:
             memory=self.memory,
             placement=self.placement,
         )
-        return self._engine.stream(
+        if chosen is not None:
+            stats.route = f"auto -> {chosen.strategy}: {chosen.reason}"
+        stream = self._engine.stream(
             tokens,
             drafter=drafter,
             max_tokens=max_tokens,
@@ -290,6 +393,21 @@ class Pipeline:
             stop=stop,
             stats=stats,
         )
+        return self._learning(stream) if settings.uses_model else stream
+
+    def _learning(self, stream: Iterator[TokenResponse]) -> Iterator[TokenResponse]:
+        """Pass tokens through; remember the draft model's acceptance for the ``auto`` router."""
+        last = None
+        try:
+            for last in stream:
+                yield last
+        finally:
+            if last is not None:
+                drafted = last.stats.drafted_by_source.get("model", 0)
+                if drafted >= 8:
+                    rate = last.stats.accepted_by_source.get("model", 0) / drafted
+                    old = self._model_acceptance
+                    self._model_acceptance = rate if old is None else 0.5 * old + 0.5 * rate
 
     def tokenize(self, text: str) -> list[int]:
         return self._target.tokenize(text, add_bos=True, special=True)
@@ -436,8 +554,16 @@ def load(
     p_min: float | None = None,
     adaptive: bool | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    suffix_store: bool = True,
+    corpus: str | os.PathLike | None = None,
+    store_namespace: str = "default",
 ) -> Pipeline:
     """Load a target and a draft (or a model-free drafter) into a reusable :class:`Pipeline`.
+
+    ``suffix_store`` (the ``suffix``/``model+suffix``/``auto`` strategies): keep what earlier requests
+    wrote in a store on disk (per target vocabulary and ``store_namespace``, mode 0600) so a new process
+    drafts from it too; False keeps it in memory for this pipeline only. ``corpus``: a folder whose text
+    files the suffix cache drafts from (tokenized once at the first suffix generation).
 
     The draft settings come from the preset (its ``[draft]`` table, strategy included), then ``draft``
     (``"ngram"`` or ``"none"`` name a strategy), then the explicit arguments, each overriding the one
@@ -478,7 +604,7 @@ def load(
         note = note or ("target alone" if draft == "none" else "n-gram prompt lookup, no draft model")
     elif draft is not None:
         draft_path = _check_file(draft, "draft")
-        if not settings.uses_model:
+        if not settings.may_use_model:
             settings = settings.with_overrides(strategy="model")
         note = note or f"draft {draft_path.name}"
     elif preset is not None:
@@ -487,10 +613,12 @@ def load(
         draft_path, note = _auto_draft(target_path)
         if draft_path is None and strategy is None:
             settings = settings.with_overrides(strategy="none")
+    if n_max is None and strategy in SUFFIX_STRATEGIES and not settings.uses_suffix:
+        n_max = LOOKUP_N_MAX  # the suffix cache sizes its own drafts; n_max only bounds one pass
     settings = settings.with_overrides(
         strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive
     )
-    if not settings.uses_model and draft_path is not None:
+    if not settings.may_use_model and draft_path is not None:
         note += f" (strategy {settings.strategy}: draft model not loaded)"
         draft_path = None  # a strategy without the draft model must not pay for loading it
     if not note:
@@ -508,10 +636,23 @@ def load(
         draft_n_threads=draft_n_threads,
         draft_n_gpu_layers=draft_n_gpu_layers,
         settings=settings,
+        suffix_store=suffix_store,
+        corpus=corpus,
+        store_namespace=store_namespace,
     )
 
 
-_LOAD_KEYS = {"n_ctx", "n_threads", "n_gpu_layers", "draft_n_threads", "draft_n_gpu_layers", "progress"}
+_LOAD_KEYS = {
+    "n_ctx",
+    "n_threads",
+    "n_gpu_layers",
+    "draft_n_threads",
+    "draft_n_gpu_layers",
+    "progress",
+    "suffix_store",
+    "corpus",
+    "store_namespace",
+}
 _CACHE: dict[tuple, Pipeline] = {}
 
 

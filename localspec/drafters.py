@@ -236,30 +236,30 @@ class NgramDrafter:
 
 
 class CombinedDrafter:
-    """N-gram lookup when it finds a match, otherwise the draft model."""
+    """Lookup (n-gram or suffix cache) when it finds a match, otherwise the draft model."""
 
-    name = "model+ngram"
     free = False
 
-    def __init__(self, model: ModelDrafter, ngram: NgramDrafter, *, min_lookup: int = 2) -> None:
+    def __init__(self, model: ModelDrafter, lookup: Drafter, *, min_lookup: int = 2) -> None:
         self.model = model
-        self.ngram = ngram
+        self.lookup_drafter = lookup
         self.min_lookup = min_lookup
+        self.name = f"model+{lookup.name}"
 
     def begin(self, context: list[int]) -> None:
-        self.ngram.begin(context)
+        self.lookup_drafter.begin(context)
         self.model.begin(context)
 
     def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
-        """The n-gram part alone: what a round can still propose for free while the draft model sits out."""
-        return self.ngram.draft(context, n, params, rng)
+        """The lookup part alone: what a round can still propose for free while the draft model sits out."""
+        return self.lookup_drafter.draft(context, n, params, rng)
 
     def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
-        d = self.ngram.draft(context, n, params, rng)
+        d = self.lookup_drafter.draft(context, n, params, rng)
         if len(d.tokens) >= min(self.min_lookup, n):
             return d
         return self.model.draft(context, n, params, rng)
 
     def finish(self, context: list[int]) -> None:
-        self.ngram.finish(context)
+        self.lookup_drafter.finish(context)
         self.model.finish(context)

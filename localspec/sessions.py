@@ -158,7 +158,7 @@ def load_session_workload(name_or_path: str | Path) -> SessionWorkload:
     corpus_dir = (path.parent / corpus) if isinstance(corpus, str) and corpus else None
     if corpus_dir is not None and not corpus_dir.is_dir():
         raise _error(path, f"corpus folder {corpus_dir} does not exist")
-    name = data.get("workload") if isinstance(data.get("workload"), str) else path.stem
+    name = str(data["workload"]) if isinstance(data.get("workload"), str) else path.stem
     kinds = {s.kind for s in warm + measured}
     return SessionWorkload(
         name=name,

@@ -12,13 +12,21 @@ from typing import Any
 
 from localspec.errors import SettingsError
 
-#: Every drafting strategy, in the order choices are shown.
-#: ``none`` is the target alone (the baseline); every other one drafts.
-STRATEGIES: tuple[str, ...] = ("model", "ngram", "model+ngram", "none")
+#: Every drafting strategy, in the order choices are shown. ``none`` is the target alone (the baseline);
+#: every other one drafts. ``ngram`` looks up the current prompt and output only; ``suffix`` also
+#: remembers earlier requests (and a persisted store and an indexed corpus) and sizes each draft from its
+#: confidence and this machine's verify cost; ``auto`` picks per request between ``suffix`` and
+#: ``model+suffix`` from the measured costs (see :mod:`localspec.routing`).
+STRATEGIES: tuple[str, ...] = ("auto", "model", "ngram", "suffix", "model+ngram", "model+suffix", "none")
 #: The strategies that draft (everything but the target alone).
 SPECULATIVE_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s != "none")
 #: The strategies that need a draft model loaded.
 MODEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if "model" in s.split("+"))
+#: The strategies whose lookups come from the suffix cache (``auto`` always uses it).
+SUFFIX_STRATEGIES: tuple[str, ...] = ("suffix", "model+suffix", "auto")
+#: The longest draft a suffix-cache strategy may propose when no ``n_max`` was asked for: it sizes each
+#: draft itself (confidence and the verify curve), so the cap is only a bound on one verify pass.
+LOOKUP_N_MAX = 32
 
 #: Bounds of each numeric setting, inclusive: (lowest, highest).
 N_MAX_RANGE = (1, 64)
@@ -82,8 +90,18 @@ class DraftSettings:
 
     @property
     def uses_model(self) -> bool:
-        """True when this strategy needs a draft model."""
+        """True when this strategy needs a draft model (``auto`` uses one only when it is loaded)."""
         return self.strategy in MODEL_STRATEGIES
+
+    @property
+    def may_use_model(self) -> bool:
+        """True when a loaded draft model may run: the model strategies, and ``auto`` when it pays."""
+        return self.uses_model or self.strategy == "auto"
+
+    @property
+    def uses_suffix(self) -> bool:
+        """True when this strategy drafts from the suffix cache."""
+        return self.strategy in SUFFIX_STRATEGIES
 
     def with_overrides(self, **values: Any) -> DraftSettings:
         """A copy with every value that is not None replaced (validated again)."""

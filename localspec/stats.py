@@ -100,6 +100,8 @@ class GenerationStats:
     memory: MemoryReport = field(default_factory=MemoryReport)
     # Where each model runs, e.g. {"target": "CPU", "draft": "GPU (all layers)"}.
     placement: dict[str, str] = field(default_factory=dict)
+    # The "auto" strategy's decision for this request and why ("" when a strategy was named).
+    route: str = ""
 
     # Derived values -----------------------------------------------------------------------------
     @property
@@ -183,10 +185,18 @@ class GenerationStats:
 
     def summary_line(self) -> str:
         parts = [f"{self.generated_tokens} tokens", f"{self.tokens_per_second:.1f} tok/s"]
+        if self.route:
+            parts.append(self.route.split(":")[0])  # "auto -> suffix"; the reason is in as_dict()
         if self.strategy != "none":
             parts.append(f"strategy {self.strategy}")
             parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted})")
             parts.append(f"mean accepted length {self.mean_accepted_length:.2f}")
+            if self.drafted_by_source and set(self.drafted_by_source) != {"model"}:
+                by = ", ".join(
+                    f"{src} {self.accepted_by_source.get(src, 0)}/{n}"
+                    for src, n in sorted(self.drafted_by_source.items())
+                )
+                parts.append(f"accepted by source: {by}")
         else:
             parts.append("target alone")
         if self.speedup is not None:

@@ -528,7 +528,7 @@ def walk(match: Match, k: int) -> Proposal:
 class Saver(Protocol):
     """Something that persists the index after a request (:class:`localspec.store.SuffixStore`)."""
 
-    def save(self, index: SuffixIndex) -> None: ...
+    def save(self, index: SuffixIndex) -> bool: ...
 
 
 _BUCKETS = 10

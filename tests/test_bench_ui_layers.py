@@ -115,3 +115,36 @@ def test_the_workload_vocabulary_imports_nothing_of_the_bench_family():
     for low in ("localspec.benchmath", "localspec.peer", "localspec.report"):
         assert "localspec.bench" not in graph[low] and "localspec.tune" not in graph[low], low
     assert "localspec.ui.app" not in graph["localspec.ui.bench_tab"]
+
+
+def test_no_import_cycle_anywhere():
+    """Arrows run one way across the whole package (docs/architecture.md draws the layers)."""
+    graph = _graph()
+    cycles = {m: c for m in sorted(graph) if (c := _cycles_through(graph, m))}
+    assert cycles == {}, "import cycles: " + "; ".join(" -> ".join(c[0]) for c in cycles.values())
+
+
+LOWER_LAYERS = {
+    "localspec.errors",
+    "localspec.constants",
+    "localspec.units",
+    "localspec.settings",
+    "localspec.gguf_meta",
+    "localspec.vocab",
+    "localspec.pairing",
+    "localspec.sampling",
+    "localspec.drafters",
+    "localspec.suffix",
+    "localspec.store",
+    "localspec.costs",
+    "localspec.runtime",
+    "localspec.engine",
+}
+
+
+def test_lower_layers_never_import_the_api_the_cli_the_server_or_the_ui():
+    graph = _graph()
+    upper = {m for m in graph if m.startswith(("localspec.cli", "localspec.ui"))}
+    upper |= {"localspec.api", "localspec.server", "localspec.bench", "localspec.session_bench"}
+    for low in LOWER_LAYERS:
+        assert graph[low] & upper == set(), f"{low} imports {sorted(graph[low] & upper)}"

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from localspec import suffix
 from localspec.drafters import SOURCES
 from localspec.sampling import SamplingParams
+from localspec.settings import DraftSettings
 from localspec.stats import GenerationStats
 from localspec.suffix import (
     LEVELS,
@@ -267,7 +268,12 @@ def _run(pipe, tokens, drafter, *, max_tokens=48, params=GREEDY, n_max=16):
         out = [
             r.token
             for r in engine.stream(
-                tokens, drafter=drafter, max_tokens=max_tokens, params=params, n_max=n_max, stats=stats
+                tokens,
+                drafter=drafter,
+                max_tokens=max_tokens,
+                params=params,
+                settings=DraftSettings(strategy="suffix" if drafter else "none", n_max=n_max),
+                stats=stats,
             )
         ]
         trace = engine.trace

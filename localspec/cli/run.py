@@ -56,6 +56,16 @@ _GPU_LAYERS_HELP = (
 )
 @click.option("--n-max", type=_N_MAX, help="Longest draft per round.")
 @click.option(
+    "--corpus",
+    type=click.Path(exists=True, file_okay=False),
+    help="A folder (your repository, notes) the suffix cache drafts from (strategies suffix/auto).",
+)
+@click.option(
+    "--no-store",
+    is_flag=True,
+    help="Keep the suffix cache in memory only: nothing of this run is written to disk.",
+)
+@click.option(
     "--n-min",
     type=click.IntRange(0, settings.N_MAX_RANGE[1]),
     help="Draft at least this many tokens before p-min can stop it.",
@@ -98,6 +108,8 @@ def run(
     seed,
     strategy,
     n_max,
+    corpus,
+    no_store,
     n_min,
     p_min,
     adaptive,
@@ -132,10 +144,13 @@ def run(
         n_ctx=n_ctx,
         n_threads=threads,
         draft_n_threads=draft_threads,
+        strategy=strategy,
         n_max=n_max,
         n_min=n_min,
         p_min=p_min,
         adaptive=adaptive,
+        corpus=corpus,
+        suffix_store=not no_store,
         **{k: v for k, v in gpu.items() if v is not None},
     )
     kw = dict(
@@ -145,7 +160,6 @@ def run(
         top_p=top_p,
         min_p=min_p,
         seed=seed,
-        strategy=strategy,
     )
     with pipe:
         if chat:

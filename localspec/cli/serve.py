@@ -35,8 +35,26 @@ from localspec import settings
 @click.option(
     "--draft-threads", type=click.IntRange(min=1), help="CPU threads for the draft (default: as target)."
 )
-@click.option("--gpu-layers", default=0, type=int, help="Target layers to offload to a GPU (-1: all).")
-@click.option("--draft-gpu-layers", default=0, type=int, help="Draft layers to offload to a GPU (-1: all).")
+@click.option(
+    "--gpu-layers",
+    type=click.IntRange(min=-1),
+    help="Target layers on a GPU (-1: all; default: all on a GPU build).",
+)
+@click.option(
+    "--draft-gpu-layers",
+    type=click.IntRange(min=-1),
+    help="Draft layers on a GPU (-1: all; default: all on a GPU build).",
+)
+@click.option(
+    "--corpus",
+    type=click.Path(exists=True, file_okay=False),
+    help="A folder the suffix cache drafts from (strategies suffix/auto).",
+)
+@click.option(
+    "--no-store",
+    is_flag=True,
+    help="Keep the suffix cache in memory only (nothing written to disk; forgotten at exit).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free)."
@@ -83,6 +101,8 @@ def serve(
     draft_threads,
     gpu_layers,
     draft_gpu_layers,
+    corpus,
+    no_store,
     host,
     port,
     api_key,
@@ -100,6 +120,7 @@ def serve(
     import localspec
     from localspec import constants
     from localspec.server import ServeOptions, exposure_line, serve
+    from localspec.store import namespace_for_key
 
     aliases = (preset,) if preset else ((constants.EMBEDDED_PRESET,) if target is None else ())
     opts = ServeOptions(
@@ -123,10 +144,15 @@ def serve(
         draft_n_threads=draft_threads,
         n_gpu_layers=gpu_layers,
         draft_n_gpu_layers=draft_gpu_layers,
+        strategy=strategy,
         n_max=n_max,
         n_min=n_min,
         p_min=p_min,
         adaptive=adaptive,
+        corpus=corpus,
+        suffix_store=not no_store,
+        # With an API key, the suffix store is that key's own: another key's server never drafts from it.
+        store_namespace=namespace_for_key(api_key) if api_key else "default",
     )
     with pipe:
         serve(pipe, opts, echo=lambda line: click.echo(line, err=True), log_requests=log_requests)

@@ -1,0 +1,237 @@
+"""Benchmark of the multi-request workloads (:mod:`localspec.sessions`): what remembering earlier requests buys.
+
+Each drafting setting runs every measured session of a workload in order through one pipeline, the
+requests built from its own replies. The suffix cache is reset before each run: *cold* starts empty,
+*warm* starts from a snapshot taken after the workload's warm-up sessions (other sessions of the same
+kind, never the measured ones) ran once through the pipeline. The store on disk is not touched (the
+pipeline is loaded with ``suffix_store=False``). Runs of different settings alternate, repeat after
+repeat, and each figure is a median over repeats of the whole session's tokens per second:
+
+- *generation*: emitted tokens / seconds from the first round to the last;
+- *end to end*: emitted tokens / wall seconds of the whole calls, prompt processing and the suffix
+  cache's bookkeeping (indexing each finished request) included.
+
+Speedups are ratios to the target alone measured in the same repeat.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from localspec.sessions import SessionWorkload, load_session_workload, run_session
+from localspec.settings import DraftSettings
+
+BASELINE = DraftSettings(strategy="none")
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """A drafting setting plus whether the suffix cache starts warm."""
+
+    settings: DraftSettings
+    warm: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.settings.uses_suffix:
+            return f"{self.settings.label} ({'warm' if self.warm else 'cold'})"
+        return self.settings.label
+
+
+@dataclass
+class SessionRun:
+    tokens: int = 0
+    gen_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    drafted_by_source: dict[str, int] = field(default_factory=dict)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
+    routes: list[str] = field(default_factory=list)
+
+    @property
+    def gen_tps(self) -> float:
+        return self.tokens / self.gen_seconds if self.gen_seconds else 0.0
+
+    @property
+    def e2e_tps(self) -> float:
+        return self.tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+
+def _run_once(pipe: Any, workload: SessionWorkload, config: SessionConfig, max_tokens: int) -> SessionRun:
+    run = SessionRun()
+    s = config.settings
+    kw = {
+        "max_tokens": max_tokens,
+        "strategy": s.strategy,
+        "n_max": s.n_max,
+        "n_min": s.n_min,
+        "p_min": s.p_min,
+        "adaptive": s.adaptive,
+    }
+
+    def send(messages: list[dict[str, str]]) -> Any:
+        reply = pipe.chat(messages, **kw)
+        st = reply.stats
+        run.tokens += st.generated_tokens
+        run.gen_seconds += st.total_seconds
+        run.drafted += st.drafted
+        run.accepted += st.accepted
+        run.rounds += st.rounds
+        for src, n in st.drafted_by_source.items():
+            run.drafted_by_source[src] = run.drafted_by_source.get(src, 0) + n
+        for src, n in st.accepted_by_source.items():
+            run.accepted_by_source[src] = run.accepted_by_source.get(src, 0) + n
+        if st.route:
+            run.routes.append(st.route.split(":")[0])
+        return reply
+
+    for session in workload.measured:
+        for req in run_session(workload, session, send, clock=time.perf_counter):
+            run.wall_seconds += req.seconds
+    return run
+
+
+def warm_snapshot(pipe: Any, workload: SessionWorkload, max_tokens: int) -> tuple[dict, float]:
+    """Run the warm-up sessions once with the suffix cache; return its state and the seconds it took."""
+    pipe.reset_suffix()
+    t = time.perf_counter()
+    for session in workload.warm:
+        run_session(
+            workload,
+            session,
+            lambda m: pipe.chat(m, max_tokens=max_tokens, strategy="suffix"),
+            clock=time.perf_counter,
+        )
+    return pipe.suffix_drafter().index.state(), time.perf_counter() - t
+
+
+def bench_workload(
+    pipe: Any,
+    workload: SessionWorkload,
+    configs: list[SessionConfig],
+    *,
+    repeats: int = 3,
+    max_tokens: int | None = None,
+    log: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """Every config (the target alone first) over the workload's measured sessions, ``repeats`` times."""
+    cap = min(workload.max_tokens, max_tokens or workload.max_tokens)
+    if workload.corpus is not None:
+        pipe.set_corpus(workload.corpus)
+    warm_state = None
+    if any(c.warm for c in configs):
+        warm_state, seconds = warm_snapshot(pipe, workload, cap)
+        log(f"{workload.name}: warm-up sessions took {seconds:.0f} s")
+    plan = [SessionConfig(BASELINE), *[c for c in configs if c.settings.is_speculative]]
+    runs: dict[str, list[SessionRun]] = {c.label: [] for c in plan}
+    for r in range(max(1, repeats)):
+        for config in plan if r % 2 == 0 else [plan[0], *reversed(plan[1:])]:
+            pipe.reset_suffix(warm_state if config.warm else None)
+            t = time.perf_counter()
+            run = _run_once(pipe, workload, config, cap)
+            runs[config.label].append(run)
+            log(
+                f"{workload.name} repeat {r + 1}: {config.label}: {run.tokens} tokens, "
+                f"{run.gen_tps:.2f} tok/s generation, {run.e2e_tps:.2f} end to end ({time.perf_counter() - t:.0f} s)"
+            )
+    base = runs[plan[0].label]
+    rows = []
+    for config in plan:
+        mine = runs[config.label]
+        gen = [m.gen_tps / b.gen_tps for m, b in zip(mine, base, strict=True) if b.gen_tps]
+        e2e = [m.e2e_tps / b.e2e_tps for m, b in zip(mine, base, strict=True) if b.e2e_tps]
+        last = mine[-1]
+        rows.append(
+            {
+                "config": config.label,
+                "strategy": config.settings.strategy,
+                "warm": config.warm,
+                "speedup_generation": statistics.median(gen) if gen else None,
+                "speedup_end_to_end": statistics.median(e2e) if e2e else None,
+                "speedups_generation": gen,
+                "tokens_per_second": statistics.median(m.gen_tps for m in mine),
+                "tokens_per_second_end_to_end": statistics.median(m.e2e_tps for m in mine),
+                "tokens": [m.tokens for m in mine],
+                "acceptance": last.accepted / last.drafted if last.drafted else None,
+                "mean_accepted_length": last.accepted / last.rounds if last.rounds else None,
+                "accepted_by_source": {
+                    src: f"{last.accepted_by_source.get(src, 0)}/{n}"
+                    for src, n in last.drafted_by_source.items()
+                },
+                "routes": sorted(set(last.routes)),
+            }
+        )
+    return {
+        "workload": workload.name,
+        "requests": workload.n_measured_requests,
+        "max_tokens": cap,
+        "repeats": repeats,
+        "rows": rows,
+    }
+
+
+def default_configs(has_model: bool) -> list[SessionConfig]:
+    """Fixed-length prompt lookup at 4, 8, 16 and 32; the suffix cache cold and warm; ``auto`` warm."""
+    out = [SessionConfig(DraftSettings(strategy="ngram", n_max=k)) for k in (4, 8, 16, 32)]
+    out += [
+        SessionConfig(DraftSettings(strategy="suffix", n_max=32)),
+        SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True),
+        SessionConfig(DraftSettings(strategy="auto", n_max=32), warm=True),
+    ]
+    if has_model:
+        out.append(SessionConfig(DraftSettings(strategy="model", n_max=4)))
+    return out
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    """One table per workload: speedup over the target alone (generation, end to end) and acceptance."""
+    lines = []
+    for res in results:
+        lines.append(
+            f"**{res['workload']}** ({res['requests']} requests, up to {res['max_tokens']} tokens each, "
+            f"median of {res['repeats']} repeat(s))"
+        )
+        lines.append("")
+        lines.append(
+            "| drafting | speedup (generation) | speedup (end to end) | tok/s | acceptance | "
+            "mean accepted length | accepted by source |"
+        )
+        lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+        for row in res["rows"]:
+
+            def f(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
+                return "-" if x is None else f"{x:{spec}}{suffix}"
+
+            by = ", ".join(f"{k} {v}" for k, v in sorted(row["accepted_by_source"].items())) or "-"
+            route = f" ({', '.join(row['routes'])})" if row["routes"] else ""
+            lines.append(
+                f"| {row['config']}{route} | {f(row['speedup_generation'], '.2f', 'x')} | "
+                f"{f(row['speedup_end_to_end'], '.2f', 'x')} | {row['tokens_per_second']:.2f} | "
+                f"{f(row['acceptance'], '.0%')} | {f(row['mean_accepted_length'])} | {by} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_bench(
+    pipe: Any,
+    names: list[str],
+    *,
+    configs: list[SessionConfig] | None = None,
+    repeats: int = 3,
+    max_tokens: int | None = None,
+    log: Callable[[str], None] = lambda line: None,
+) -> list[dict[str, Any]]:
+    configs = configs or default_configs(pipe.info.draft_path is not None)
+    return [
+        bench_workload(
+            pipe, load_session_workload(n), configs, repeats=repeats, max_tokens=max_tokens, log=log
+        )
+        for n in names
+    ]

@@ -1,0 +1,64 @@
+"""Run the multi-request workloads (localspec/data/sessions) on a pair and print markdown tables + JSON.
+
+Usage: python scripts/bench_sessions.py -t TARGET.gguf [-d DRAFT.gguf] [--workload NAME ...] [--repeats N]
+           [--ngram 4,8,16,32] [--threads 2] [--out results.json]
+The same as `localspec bench --sessions`, with the n-gram lengths and output file as options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import localspec
+from localspec.session_bench import SessionConfig, markdown, run_bench
+from localspec.sessions import SESSION_WORKLOADS
+from localspec.settings import DraftSettings
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-t", "--target")
+    ap.add_argument("-d", "--draft")
+    ap.add_argument("--workload", action="append", choices=SESSION_WORKLOADS)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ngram", default="4,8,16,32")
+    ap.add_argument("--model", action="store_true", help="also measure the draft model alone (k=4)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    pipe = localspec.load(
+        target=a.target, draft=a.draft or "none", n_threads=a.threads, n_ctx=a.n_ctx, suffix_store=False
+    )
+    configs = [SessionConfig(DraftSettings(strategy="ngram", n_max=int(k))) for k in a.ngram.split(",") if k]
+    configs += [
+        SessionConfig(DraftSettings(strategy="suffix", n_max=32)),
+        SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True),
+        SessionConfig(DraftSettings(strategy="auto", n_max=32), warm=True),
+    ]
+    if a.model and a.draft:
+        configs.append(SessionConfig(DraftSettings(strategy="model", n_max=4)))
+    t0 = time.time()
+    costs = pipe.machine_costs()
+    print("V(b):", {b: round(v, 2) for b, v in sorted(costs.verify.items())}, flush=True)
+    print(f"draft/target token cost: {costs.draft_ratio}", flush=True)
+    results = run_bench(
+        pipe,
+        a.workload or list(SESSION_WORKLOADS),
+        configs=configs,
+        repeats=a.repeats,
+        log=lambda line: print(f"[{time.time() - t0:6.0f}s] {line}", flush=True),
+    )
+    print(markdown(results))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"verify": costs.verify, "draft_ratio": costs.draft_ratio, "results": results}, f, indent=1)
+    pipe.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The suffix cache through the public API: strategies, the store on disk, the corpus, the "auto" router."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import localspec
+from localspec.costs import MachineCosts, linear_costs
+from localspec.routing import route
+from localspec.settings import LOOKUP_N_MAX, STRATEGIES
+
+CODE = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\ndef fact(n):"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _argmax_law(pipe, prompt, **kw):
+    """Every emitted token is the argmax of the row that verified it (greedy losslessness)."""
+    pipe.trace = []
+    try:
+        result = pipe.generate(prompt, **kw)
+        trace = pipe.trace
+    finally:
+        pipe.trace = None
+    assert [t[0] for t in trace] == result.tokens
+    assert all(tok == argmax for tok, _, argmax, _ in trace)
+    return result
+
+
+def test_suffix_strategies_are_declared_once():
+    for s in ("suffix", "model+suffix", "auto"):
+        assert s in STRATEGIES
+
+
+def test_the_second_request_drafts_from_the_first_and_stays_lossless(home):
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix") as pipe:
+        assert pipe.settings.n_max == LOOKUP_N_MAX  # the cache sizes its own drafts
+        first = _argmax_law(pipe, CODE, max_tokens=48)
+        second = _argmax_law(pipe, CODE, max_tokens=48)
+    assert second.tokens == first.tokens
+    by_source = second.stats.accepted_by_source
+    assert by_source.get("history", 0) >= 20, second.stats.as_dict()
+    assert {s for s in second.sources if s} <= {"prompt", "history"}
+    assert "history" in second.stats.summary_line()
+
+
+def test_the_store_outlives_the_process_and_can_be_switched_off(home):
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix") as pipe:
+        pipe.generate(CODE, max_tokens=40)
+    stores = list((home / "suffix").glob("*"))
+    assert len(stores) == 1 and stores[0].stat().st_mode & 0o777 == 0o600
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix") as pipe:  # a new pipeline: read from disk
+        again = pipe.generate(CODE, max_tokens=40)
+    assert again.stats.accepted_by_source.get("history", 0) >= 20
+
+    off = home.parent / "off"
+    os.environ["LOCALSPEC_HOME"] = str(off)
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix", suffix_store=False) as pipe:
+        pipe.generate(CODE, max_tokens=40)
+        remembered = pipe.generate(CODE, max_tokens=40)  # memory within the pipeline still works
+    assert remembered.stats.accepted_by_source.get("history", 0) >= 20
+    assert not (off / "suffix").exists()
+
+
+def test_a_corpus_drafts_with_its_own_source(home, tmp_path):
+    corpus = tmp_path / "repo"
+    corpus.mkdir()
+    (corpus / "lib.py").write_text(CODE + "\n    return 1 if n < 2 else n * fact(n - 1)\n" * 3)
+    with localspec.load(
+        n_threads=2, n_ctx=1024, strategy="suffix", corpus=corpus, suffix_store=False
+    ) as pipe:
+        result = _argmax_law(pipe, CODE, max_tokens=32)
+    assert result.stats.drafted_by_source.get("corpus", 0) > 0, result.stats.as_dict()
+
+
+def test_auto_routes_from_measured_costs_and_says_why(home):
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="auto") as pipe:
+        # costs measured once for this machine and kept under LOCALSPEC_HOME/costs
+        costs = pipe.machine_costs()
+        assert costs.V(1) == 1.0 and costs.draft_token_seconds is not None
+        assert list((home / "costs").glob("*.json"))
+        pipe._costs = expensive = MachineCosts(1.0, {1: 1.0, 2: 1.5, 8: 4.0, 32: 14.0}, 0.6)
+        result = _argmax_law(pipe, CODE, max_tokens=24)
+        assert result.stats.strategy == "suffix"
+        assert result.stats.route.startswith("auto -> suffix") and "would not pay" in result.stats.route
+        pipe._costs = MachineCosts(1.0, {1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.05)  # a GPU-like curve
+        result = _argmax_law(pipe, CODE, max_tokens=24)
+        assert result.stats.strategy == "model+suffix" and pipe.route is not None
+        assert expensive.draft_ratio == 0.6
+
+
+def test_route_is_a_pure_decision():
+    cheap = linear_costs(0.05)
+    cheap.draft_token_seconds = 0.05
+    dear = linear_costs(0.42)
+    dear.draft_token_seconds = 0.48
+    assert route(has_model=False, costs=None, model_acceptance=None, n_max=8).strategy == "suffix"
+    assert route(has_model=True, costs=cheap, model_acceptance=0.8, n_max=8).strategy == "model+suffix"
+    assert route(has_model=True, costs=dear, model_acceptance=0.8, n_max=8).strategy == "suffix"
+    assert route(has_model=True, costs=dear, model_acceptance=0.99, n_max=8).strategy == "model+suffix"
+    assert route(has_model=True, costs=None, model_acceptance=None, n_max=8).strategy == "model+suffix"
+
+
+def test_verify_curve_interpolates_and_survives_a_bad_file(home):
+    from localspec.costs import read_costs, write_costs
+
+    c = MachineCosts(0.1, {1: 1.0, 4: 2.5, 12: 5.0, 16: 5.0}, key="k1")
+    assert c.V(1) == 1.0 and c.V(4) == 2.5 and c.V(8) == pytest.approx(3.75) and c.V(14) == 5.0
+    assert c.V(32) == 5.0  # a flat last segment stays flat
+    assert c.ceiling(15) == pytest.approx(16 / 5.0)
+    path = write_costs(c)
+    assert read_costs("k1").verify == c.verify
+    Path(path).write_text("{not json")
+    assert read_costs("k1") is None  # measured again, never a crash
