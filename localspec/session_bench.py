@@ -1,4 +1,4 @@
-"""Benchmark of the multi-request workloads (:mod:`localspec.sessions`): what remembering earlier requests buys.
+"""Bench of the multi-request workloads (:mod:`localspec.sessions`): what remembering requests buys.
 
 Each drafting setting runs every measured session of a workload in order through one pipeline, the
 requests built from its own replies. The suffix cache is reset before each run: *cold* starts empty,
@@ -138,7 +138,8 @@ def bench_workload(
             runs[config.label].append(run)
             log(
                 f"{workload.name} repeat {r + 1}: {config.label}: {run.tokens} tokens, "
-                f"{run.gen_tps:.2f} tok/s generation, {run.e2e_tps:.2f} end to end ({time.perf_counter() - t:.0f} s)"
+                f"{run.gen_tps:.2f} tok/s generation, {run.e2e_tps:.2f} end to end "
+                f"({time.perf_counter() - t:.0f} s)"
             )
     base = runs[plan[0].label]
     rows = []

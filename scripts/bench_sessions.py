@@ -55,7 +55,8 @@ def main() -> int:
     print(markdown(results))
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"verify": costs.verify, "draft_ratio": costs.draft_ratio, "results": results}, f, indent=1)
+            out = {"verify": costs.verify, "draft_ratio": costs.draft_ratio, "results": results}
+            json.dump(out, f, indent=1)
     pipe.close()
     return 0
 

@@ -48,7 +48,7 @@ def _no_traceback(res) -> None:
         (["--n-min", "5", "--n-max", "2"], "Invalid value for '--n-min': 5 is more than --n-max (2)"),
         (["--p-min", "1.5"], "Invalid value for '--p-min': 1.5 is not in the range 0.0<=x<=1.0"),
         (["--p-min", "nan"], "Invalid value for '--p-min': 'nan' is not a finite number"),
-        (["--strategy", "fast"], "Invalid value for '--strategy': 'fast' is not one of 'auto', 'model', 'ngram'"),
+        (["--strategy", "fast"], "Invalid value for '--strategy': 'fast' is not one of 'auto', 'model'"),
         (["--gpu-layers", "-2"], "Invalid value for '--gpu-layers': -2 is not in the range x>=-1"),
         (
             ["--target", "t.gguf", "--preset", "tiny-embedded"],
