@@ -165,7 +165,9 @@ def write_costs(costs: MachineCosts) -> Path:
 
 def _time_pass(model: Model, base: list[int], tokens: list[int]) -> float:
     """Seconds of one pass over ``tokens`` after ``base`` (logits for every position); cache put back."""
-    model.sync(base)
+    todo = model.sync(base)
+    if todo:
+        model.decode(todo)  # the context itself is not timed
     t = time.perf_counter()
     try:
         model.decode_logits(tokens, outputs=len(tokens))
@@ -179,7 +181,7 @@ def measure(
     draft: Model | None = None,
     *,
     widths: tuple[int, ...] = WIDTHS,
-    repeats: int = 2,
+    repeats: int = 3,
     clock: Callable[[], str] = lambda: time.strftime("%Y-%m-%dT%H:%M:%S"),
 ) -> MachineCosts:
     """Measure V(b) on ``target`` (widths interleaved, median of ``repeats``) and the draft's token cost.
