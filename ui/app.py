@@ -212,7 +212,7 @@ class App:
         history = list(v[chat] or [])
         is_chat = v[c["mode"]] == "Chat"
         prefix = chat_prefix_html(history + [{"role": "user", "content": prompt}]) if is_chat else ""
-        pieces: list[tuple[str, bool]] = []
+        pieces: list[tuple[str, bool | str | None]] = []
         stats = None
         try:
             if not prompt.strip():
@@ -235,7 +235,7 @@ class App:
             last = 0.0
             finish = None
             for tr in self.holder.stream(make, session=session):
-                pieces.append((tr.text, tr.from_draft))
+                pieces.append((tr.text, tr.source if tr.from_draft else None))
                 stats, finish = tr.stats, tr.finish_reason
                 now = time.monotonic()
                 if now - last >= REFRESH_SECONDS:
@@ -278,7 +278,10 @@ class App:
                 + ("yes" if getattr(cmp, "same_text", True) else "NO (sampling with temperature > 0?)"),
             )
             run = cmp.speculative
-            pieces = list(zip(run.pieces, run.from_draft, strict=True)) or [(str(run), False)]
+            sources = [
+                src if drafted else None for src, drafted in zip(run.sources, run.from_draft, strict=True)
+            ]
+            pieces = list(zip(run.pieces, sources, strict=True)) or [(str(run), None)]
             text = tokens_html(pieces, status="compare: the run with the draft")
             return {c["error"]: "", c["result"]: panel, c["output"]: text}
         except Exception as exc:

@@ -22,6 +22,9 @@ CSS = """
   border-radius: 8px; min-height: 9rem; max-height: 28rem; overflow-y: auto;
   background: var(--background-fill-primary); }
 .ls-out .ls-d { background: #b7ebc1; color: #0b3d17; border-radius: 3px; }
+.ls-out .ls-src-prompt, .ls-legend .ls-src-prompt { background: #c6dcff; color: #0a2a5c; }
+.ls-out .ls-src-history, .ls-legend .ls-src-history { background: #ffe0a8; color: #4a3000; }
+.ls-out .ls-src-corpus, .ls-legend .ls-src-corpus { background: #e4cdfa; color: #35104f; }
 .ls-out .ls-prev { color: var(--body-text-color-subdued); }
 .ls-out .ls-role { font-weight: 600; color: var(--body-text-color-subdued); }
 .ls-legend { font-size: 0.85rem; color: var(--body-text-color-subdued); margin: 4px 0 0 2px; }
@@ -75,17 +78,27 @@ def _value(elem_id: str, x: float | None, text: str) -> str:
 # ----------------------------------------------------------------------------- output text
 
 
-def tokens_html(pieces: Sequence[tuple[str, bool]], *, prefix: str = "", status: str = "") -> str:
-    """Generated tokens as spans; a token proposed by the drafter and accepted gets class ``ls-d``.
+def tokens_html(
+    pieces: Sequence[tuple[str, bool | str | None]], *, prefix: str = "", status: str = ""
+) -> str:
+    """Generated tokens as spans; a token proposed by the drafter and accepted gets class ``ls-d`` and
+    ``ls-src-SOURCE`` (where the draft came from: model, prompt, history or corpus; each its own colour).
+
+    Each piece is ``(text, source)``: None/False for the target's own token, True (a drafted token of an
+    unknown source, counted as the model's) or the source name.
 
     ``prefix`` is already-rendered HTML placed before the tokens (previous chat turns);
     ``status`` a short plain-text line after them (``stopped``...).
     """
     out = ['<div class="ls-out" id="ls-output">', prefix]
-    for text, from_draft in pieces:
+    for text, source in pieces:
         if not text:
             continue
-        cls = "ls-t ls-d" if from_draft else "ls-t"
+        if source:
+            src = source if isinstance(source, str) else "model"
+            cls = f"ls-t ls-d ls-src-{esc(src)}"
+        else:
+            cls = "ls-t"
         out.append(f'<span class="{cls}">{esc(text)}</span>')
     if status:
         out.append(f'\n<span class="ls-prev">[{esc(status)}]</span>')
@@ -105,9 +118,12 @@ def chat_prefix_html(messages: Iterable[dict[str, str]]) -> str:
 
 def legend_html() -> str:
     return (
-        '<div class="ls-legend"><span class="ls-d">highlighted</span> tokens were proposed by the draft '
-        "and accepted by the target; plain ones the target produced itself. The text is exactly the "
-        "target's either way.</div>"
+        '<div class="ls-legend">Highlighted tokens were drafted and accepted by the target, coloured by '
+        'where the draft came from: <span class="ls-d ls-src-model">draft model</span> '
+        '<span class="ls-d ls-src-prompt">this prompt</span> '
+        '<span class="ls-d ls-src-history">earlier requests</span> '
+        '<span class="ls-d ls-src-corpus">your corpus</span>; plain ones the target produced itself. '
+        "The text is exactly the target's either way.</div>"
     )
 
 
