@@ -45,7 +45,7 @@ class MachineCosts:
     measured: str = ""  # when, ISO 8601
     details: dict[str, Any] = field(default_factory=dict)
 
-    def V(self, b: int) -> float:  # noqa: N802 - the paper's name for it
+    def V(self, b: int) -> float:  # the paper's name for it
         """Cost of a ``b``-token verify pass in one-token passes (interpolated between measured widths)."""
         if b <= 1:
             return 1.0
@@ -120,7 +120,7 @@ def _machine_id() -> str:
         import llama_cpp
 
         build = f"{llama_cpp.__version__}:{llama_cpp.llama_print_system_info().decode(errors='replace')}"
-    except Exception:  # noqa: BLE001 - the build string is only part of a cache key
+    except Exception:  # any failure: the build string is only part of a cache key
         build = "unknown"
     return f"{platform.node()}|{cpu}|{os.cpu_count()}|{build}"
 

@@ -974,7 +974,7 @@ class _Uvicorn:
         worker: Worker = app.state.worker
 
         class Server(uvicorn.Server):
-            def handle_exit(self, sig, frame) -> None:  # type: ignore[no-untyped-def]
+            def handle_exit(self, sig, frame) -> None:
                 worker.stop(timeout=0)
                 super().handle_exit(sig, frame)
 

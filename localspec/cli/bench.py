@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from localspec.sessions import SESSION_WORKLOADS
 from localspec.settings import SPECULATIVE_STRATEGIES
 from localspec.workloads import WORKLOADS
 
@@ -21,6 +22,12 @@ def _split(values: tuple[str, ...]) -> list[str]:
 @click.option("--preset", "-p", help="A preset name (see `localspec presets`).")
 @click.option("--workloads", "-w", multiple=True, help=f"Comma-separated subset of: {', '.join(WORKLOADS)}.")
 @click.option("--prompts", type=click.Path(dir_okay=False), help="Your own prompt file (lines or JSONL).")
+@click.option(
+    "--sessions",
+    multiple=True,
+    help=f"Multi-request workloads instead ({', '.join(SESSION_WORKLOADS)}): the suffix cache cold and warm "
+    "against fixed-length n-gram lookup, each session run in order through one pipeline.",
+)
 @click.option("--limit", type=int, help="Use only the first N prompts of each workload.")
 @click.option("--max-tokens", "-n", default=128, show_default=True, type=int)
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
@@ -65,6 +72,7 @@ def bench(
     preset,
     workloads,
     prompts,
+    sessions,
     limit,
     max_tokens,
     temperature,
@@ -100,6 +108,9 @@ def bench(
         raise click.UsageError("--save-preset needs --tune")
     if peer and tune:
         raise click.UsageError("--peer compares fixed settings; run it without --tune")
+    if sessions:
+        _bench_sessions(_split(sessions), target, draft, preset, threads, n_ctx, repeats, out_dir, quiet)
+        return
     names = _split(workloads) or None
     for n in names or []:
         if n not in WORKLOADS:
@@ -156,6 +167,33 @@ def bench(
     for path in result.get("tuning", {}).get("saved", []):
         click.echo(f"saved preset {path}")
     click.echo(f"\nwrote {files['json']}, {files['markdown']}, {files['png']}")
+
+
+def _bench_sessions(names, target, draft, preset, threads, n_ctx, repeats, out_dir, quiet) -> None:
+    import localspec
+    from localspec.session_bench import markdown, run_bench
+
+    for n in names:
+        if n not in SESSION_WORKLOADS:
+            raise click.UsageError(
+                f"unknown session workload {n!r}; choose from {', '.join(SESSION_WORKLOADS)}"
+            )
+    log = (lambda line: None) if quiet else (lambda line: click.echo(f"  {line}", err=True))
+    with localspec.load(
+        target=target,
+        draft=draft,
+        preset=preset,
+        n_threads=threads,
+        n_ctx=n_ctx,
+        suffix_store=False,  # the bench never reads or writes the user's store
+    ) as pipe:
+        results = run_bench(pipe, names, repeats=repeats, log=log)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sessions.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    table = markdown(results)
+    (out / "sessions.md").write_text(table, encoding="utf-8")
+    click.echo(table)
 
 
 COMMANDS = [bench]
