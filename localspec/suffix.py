@@ -323,6 +323,7 @@ class _Group:
         self.starts = [int(s) for s in arrays[f"{prefix}starts"]]
         self.base = (arrays[f"{prefix}keys"], arrays[f"{prefix}pos"])
         self.recent = _EMPTY_PART
+        self.recent_from = self.size  # everything restored is in the base part
         self.recent_from = self.size
 
 
