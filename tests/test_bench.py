@@ -506,7 +506,9 @@ def test_bench_command_end_to_end(tmp_path):
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "x"}\n{oops\n', encoding="utf-8")
-    result = CliRunner().invoke(bench_cmd, ["--prompts", str(bad), "--out", str(out)])
+    from localspec.cli import main  # through the command group, as a user runs it: errors become messages
+
+    result = CliRunner().invoke(main, ["bench", "--prompts", str(bad), "--out", str(out)])
     assert result.exit_code == 1
     assert f"{bad}:2:" in result.output and "not valid JSON" in result.output
 
