@@ -53,7 +53,8 @@ PAIR_DEFAULT = "pair default"
 STRATEGY_CHOICES = [PAIR_DEFAULT, *STRATEGIES]
 INTRO = (
     "## localspec: speculative decoding on your own machine\n"
-    "A small draft model proposes tokens, the target checks them in one pass; the text stays exactly "
+    "A small draft (a model, or text seen before: the prompt, earlier requests, your files) proposes "
+    "tokens, the target checks them in one pass; the text stays exactly "
     "the target's. Pick a pair, run a prompt, then **Compare** to see what it buys and what it costs."
 )
 REFRESH_SECONDS = 0.08  # how often the streaming output is pushed to the page

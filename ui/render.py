@@ -22,9 +22,9 @@ CSS = """
   border-radius: 8px; min-height: 9rem; max-height: 28rem; overflow-y: auto;
   background: var(--background-fill-primary); }
 .ls-out .ls-d { background: #b7ebc1; color: #0b3d17; border-radius: 3px; }
-.ls-out .ls-src-prompt, .ls-legend .ls-src-prompt { background: #c6dcff; color: #0a2a5c; }
-.ls-out .ls-src-history, .ls-legend .ls-src-history { background: #ffe0a8; color: #4a3000; }
-.ls-out .ls-src-corpus, .ls-legend .ls-src-corpus { background: #e4cdfa; color: #35104f; }
+.ls-out .ls-d.ls-src-prompt, .ls-legend .ls-d.ls-src-prompt { background: #c6dcff; color: #0a2a5c; }
+.ls-out .ls-d.ls-src-history, .ls-legend .ls-d.ls-src-history { background: #ffe0a8; color: #4a3000; }
+.ls-out .ls-d.ls-src-corpus, .ls-legend .ls-d.ls-src-corpus { background: #e4cdfa; color: #35104f; }
 .ls-out .ls-prev { color: var(--body-text-color-subdued); }
 .ls-out .ls-role { font-weight: 600; color: var(--body-text-color-subdued); }
 .ls-legend { font-size: 0.85rem; color: var(--body-text-color-subdued); margin: 4px 0 0 2px; }
