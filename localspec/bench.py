@@ -19,7 +19,7 @@ from localspec import peer as peer_mod
 from localspec.benchmath import interleaved_order, summarise
 from localspec.errors import BenchError
 from localspec.report import machine_info
-from localspec.settings import BASELINE, DraftSettings
+from localspec.settings import BASELINE, LOOKUP_N_MAX, SUFFIX_STRATEGIES, DraftSettings
 from localspec.workloads import Prompt, Runner, Workload, load_workloads
 
 # ---------------------------------------------------------------------------------------------- running
@@ -131,6 +131,9 @@ def engine_runner(pipe: Any, *, temperature: float = 0.0, seed: int | None = Non
             kwargs["n_max"] = config.n_max
             if config.uses_model:  # n-gram lookup has no probabilities: p_min does not apply
                 kwargs["p_min"] = config.p_min
+        if config.uses_suffix:
+            # single prompts: the suffix cache must not remember this prompt from another setting's run
+            pipe.reset_suffix()
         pieces, last = [], None
         for r in pipe.stream_tokens(tokens, **kwargs):
             pieces.append(r.text)
@@ -151,9 +154,13 @@ def default_strategies(pipe: Any) -> list[str]:
 
 
 def pipe_settings(pipe: Any, strategy: str, *, adaptive: bool = False) -> DraftSettings:
-    """``strategy`` with the pipeline's own draft length and p_min (the pair's, preset's or user's)."""
+    """``strategy`` with the pipeline's own draft length and p_min (the pair's, preset's or user's). The
+    suffix-cache strategies size their own drafts: they run with n_max up to :data:`LOOKUP_N_MAX`."""
     opts = pipe.options
-    return DraftSettings(strategy=strategy, n_max=opts.n_max, p_min=opts.p_min, adaptive=adaptive)
+    n_max = opts.n_max
+    if strategy in SUFFIX_STRATEGIES:
+        n_max = max(n_max, min(LOOKUP_N_MAX, pipe.max_draft))
+    return DraftSettings(strategy=strategy, n_max=n_max, p_min=opts.p_min, adaptive=adaptive)
 
 
 def open_pipeline(
@@ -169,7 +176,14 @@ def open_pipeline(
     from localspec.api import load
 
     return load(
-        target=target, draft=draft, preset=preset, n_threads=threads, n_ctx=n_ctx, n_max=n_max, p_min=p_min
+        target=target,
+        draft=draft,
+        preset=preset,
+        n_threads=threads,
+        n_ctx=n_ctx,
+        n_max=n_max,
+        p_min=p_min,
+        suffix_store=False,  # the bench never reads or writes the user's suffix store
     )
 
 
