@@ -538,7 +538,12 @@ class Saver(Protocol):
 
 
 _BUCKETS = 10
-_CALIBRATION_WEIGHT = 10.0  # pseudo-trials at the smoothed frequency before measured acceptance dominates
+_CALIBRATION_WEIGHT = 4.0  # pseudo-trials at the smoothed frequency before measured acceptance dominates
+#: Each request's drafts start at most this long and double after every draft accepted whole; a rejection
+#: brings the cap back to just past what was accepted (as llama.cpp's ngram-map sizes a draft from what was
+#: accepted last time). A long draft is a wide verify pass: on a machine where a 2-token pass costs two
+#: single ones, one wrong 32-token draft costs ~18 target tokens, so length is earned within the request.
+FIRST_CAP = 4
 
 
 class SuffixDrafter:
@@ -561,9 +566,12 @@ class SuffixDrafter:
         store: Saver | None = None,
         learn: bool = True,
         margin: float = DRAFT_MARGIN,
+        first_cap: int = FIRST_CAP,
     ) -> None:
         self.index = index if index is not None else SuffixIndex()
         self.margin = margin
+        self.first_cap = first_cap
+        self._cap = first_cap  # the longest draft this request has earned so far (see FIRST_CAP)
         self.verify_cost = verify_cost
         self.store = store
         self.learn = learn
@@ -573,6 +581,7 @@ class SuffixDrafter:
 
     def begin(self, context: list[int]) -> None:
         self._pending = None
+        self._cap = self.first_cap
         self.index.begin(context)
 
     def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
@@ -581,7 +590,7 @@ class SuffixDrafter:
         if n <= 0:
             return out
         best: tuple[float, int, Proposal, list[float], int] | None = None
-        for prop in self.index.propose(context, n):
+        for prop in self.index.propose(context, min(n, self._cap)):
             conf = [self.calibrated(prop.source, c) for c in prop.confidence]
             k, value = best_length(conf, self.verify_cost)
             if k == 0 or value < 1.0 + self.margin:
@@ -636,6 +645,7 @@ class SuffixDrafter:
             return
         at, tokens, sources, raw = pending
         emitted = context[at : at + len(tokens) + 1]
+        accepted = 0
         for i, tok in enumerate(tokens):
             if i >= len(emitted):
                 break  # the generation stopped before reaching this token
@@ -644,6 +654,10 @@ class SuffixDrafter:
             if emitted[i] != tok:
                 break  # rejected: the target emitted its own token here
             cell[1] += 1
+            accepted += 1
+        if emitted:  # the round was verified (the context grew past the draft's start)
+            whole = accepted == len(tokens)
+            self._cap = min(self._cap * 2, MAX_DRAFT) if whole else max(2, accepted + 1)
 
 
 def _bucket(c: float) -> int:

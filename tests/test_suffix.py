@@ -201,7 +201,7 @@ def test_overlap_is_the_fraction_of_recent_ngrams_seen_before():
 
 # The drafter ---------------------------------------------------------------------------------------
 def test_drafter_fills_sources_confidence_and_sampling_probs():
-    d = SuffixDrafter()
+    d = SuffixDrafter(first_cap=64)  # the length cap has its own test
     rng = np.random.default_rng(0)
     d.finish(list(range(10, 60)))
     ctx = [1, 2, *range(10, 26)]  # a 16-token match: sure enough for a long draft
@@ -222,7 +222,7 @@ def test_drafter_fills_sources_confidence_and_sampling_probs():
 
 
 def test_drafter_learns_acceptance_per_source_and_bucket():
-    d = SuffixDrafter()
+    d = SuffixDrafter(first_cap=64)  # the length cap has its own test
     rng = np.random.default_rng(0)
     d.finish(list(range(10, 60)))
     ctx = [1, *range(10, 26)]
@@ -243,11 +243,11 @@ def test_drafter_learns_acceptance_per_source_and_bucket():
 
 
 def test_choose_length_decides_the_draft_length():
-    d = SuffixDrafter(verify_cost=lambda b: 1.0 + 5.0 * (b - 1))  # a machine where width never pays
+    d = SuffixDrafter(verify_cost=lambda b: 1.0 + 5.0 * (b - 1), first_cap=64)  # width never pays
     d.finish(list(range(10, 40)))
     d.begin([10, 11, 12])
     assert d.draft([10, 11, 12, 13], 8, GREEDY, np.random.default_rng(0)).tokens == []
-    cheap = SuffixDrafter(verify_cost=lambda b: 1.0)  # free width: take everything offered
+    cheap = SuffixDrafter(verify_cost=lambda b: 1.0, first_cap=64)  # free width: take everything offered
     cheap.finish(list(range(10, 40)))
     cheap.begin([10, 11, 12])
     assert len(cheap.draft([10, 11, 12, 13], 8, GREEDY, np.random.default_rng(0)).tokens) == 8
@@ -345,3 +345,23 @@ def test_sampling_distribution_matches_target_with_suffix_drafts(embedded_pipe, 
     monkeypatch.setattr("localspec.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
     biased = _first_two(embedded_pipe, tokens, n, d)
     assert _chi2_pvalue(base, biased) < 1e-3
+
+
+def test_a_request_earns_long_drafts():
+    """Drafts start at FIRST_CAP tokens, double after each draft accepted whole, fall back on a rejection."""
+    from localspec.suffix import FIRST_CAP
+
+    d = SuffixDrafter(verify_cost=lambda b: 1.0)
+    d.finish(list(range(10, 200)))
+    ctx = [10, 11, 12]
+    d.begin(ctx)
+    got = d.draft(ctx, 64, GREEDY, np.random.default_rng(0)).tokens
+    assert len(got) == FIRST_CAP
+    ctx = ctx + got + [ctx[-1] + len(got) + 1]  # all accepted, plus the target's own next token
+    got = d.draft(ctx, 64, GREEDY, np.random.default_rng(0)).tokens
+    assert len(got) == 2 * FIRST_CAP
+    ctx = ctx + got[:1] + [999]  # one accepted, then the target disagreed
+    d.draft(ctx, 64, GREEDY, np.random.default_rng(0))
+    assert d._cap == 2
+    d.begin([10, 11, 12])  # a new request starts over
+    assert d._cap == FIRST_CAP
