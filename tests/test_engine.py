@@ -6,6 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
+from _chi2 import chi2_pvalue
 from _lossless import assert_lossless, traced
 from _tiny_gguf import write_tiny_llama
 
@@ -206,18 +207,6 @@ def _first_two(pipe, prompt, n, **kw):
     return out
 
 
-def _chi2_pvalue(a: list, b: list) -> float:
-    from scipy.stats import chi2_contingency
-
-    keys = sorted(set(a) | set(b))
-    ca = np.array([a.count(k) for k in keys], dtype=float)
-    cb = np.array([b.count(k) for k in keys], dtype=float)
-    big = (ca + cb) >= 10
-    table = np.array([np.append(ca[big], ca[~big].sum()), np.append(cb[big], cb[~big].sum())])
-    table = table[:, table.sum(axis=0) > 0]
-    return float(chi2_contingency(table)[1])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,prompt", [("model", "def "), ("ngram", "a = b\nc = d\na = b\nc =")])
 def test_sampling_distribution_matches_target(embedded_pipe, strategy, prompt):
@@ -225,7 +214,7 @@ def test_sampling_distribution_matches_target(embedded_pipe, strategy, prompt):
     base = _first_two(embedded_pipe, prompt, n, baseline=True)
     spec = _first_two(embedded_pipe, prompt, n, strategy=strategy, n_max=3, p_min=0.0)
     assert len(set(base)) > 5, "the distribution is too peaked for the test to mean anything"
-    assert _chi2_pvalue(base, spec) > 1e-3
+    assert chi2_pvalue(base, spec) > 1e-3
 
 
 @pytest.mark.slow
@@ -240,7 +229,7 @@ def test_sampling_test_detects_a_biased_sampler(embedded_pipe, monkeypatch):
     prompt = "a = b\nc = d\na = b\nc ="
     base = _first_two(embedded_pipe, prompt, n, baseline=True)
     biased = _first_two(embedded_pipe, prompt, n, strategy="ngram", n_max=3, p_min=0.0)
-    assert _chi2_pvalue(base, biased) < 1e-3
+    assert chi2_pvalue(base, biased) < 1e-3
 
 
 def test_compare_reports_the_median_ratio_of_interleaved_runs(embedded_pipe):

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from _chi2 import chi2_pvalue
 from _lossless import assert_lossless
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -311,18 +312,6 @@ def _first_two(pipe, tokens, n, drafter=None):
     return out
 
 
-def _chi2_pvalue(a: list, b: list) -> float:
-    from scipy.stats import chi2_contingency
-
-    keys = sorted(set(a) | set(b))
-    ca = np.array([a.count(k) for k in keys], dtype=float)
-    cb = np.array([b.count(k) for k in keys], dtype=float)
-    big = (ca + cb) >= 10
-    table = np.array([np.append(ca[big], ca[~big].sum()), np.append(cb[big], cb[~big].sum())])
-    table = table[:, table.sum(axis=0) > 0]
-    return float(chi2_contingency(table)[1])
-
-
 def _primed_drafter(pipe, prompt: str) -> tuple[list[int], SuffixDrafter]:
     tokens = pipe.tokenize(prompt)
     # margin 0: keep drafting however the calibration moves (this checks the distribution, not the policy)
@@ -341,10 +330,10 @@ def test_sampling_distribution_matches_target_with_suffix_drafts(embedded_pipe, 
     base = _first_two(embedded_pipe, tokens, n)
     spec = _first_two(embedded_pipe, tokens, n, d)
     assert len(set(base)) > 5, "the distribution is too peaked for the test to mean anything"
-    assert _chi2_pvalue(base, spec) > 1e-3
+    assert chi2_pvalue(base, spec) > 1e-3
     monkeypatch.setattr("localspec.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
     biased = _first_two(embedded_pipe, tokens, n, d)
-    assert _chi2_pvalue(base, biased) < 1e-3
+    assert chi2_pvalue(base, biased) < 1e-3
 
 
 def test_a_request_earns_long_drafts():
