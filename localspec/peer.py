@@ -31,6 +31,7 @@ from localspec.settings import DraftSettings
 from localspec.workloads import Prompt, Runner
 
 SERVER = "llama-server"
+LOOKUP_CREATE = "llama-lookup-create"
 #: The strategies llama.cpp's own speculative decoding has an equivalent for.
 PEER_STRATEGIES: tuple[str, ...] = ("model", "ngram")
 CMAKE_FLAGS = [
@@ -125,6 +126,131 @@ def build_server(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> 
     if not found:
         raise BenchError(f"{SERVER} was not produced by the build", hint=f"see the log {logfile}")
     return found
+
+
+def lookup_create_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
+    """Build ``llama-lookup-create`` (llama.cpp's static n-gram cache builder) next to the server, once."""
+    build_server(jobs=jobs, log=log)
+    root = peer_dir()
+    path = root / "build" / "bin" / LOOKUP_CREATE
+    if path.is_file() and os.access(path, os.X_OK):
+        return path
+    logfile = root / "build.log"
+    (log or (lambda _m: None))(f"building {LOOKUP_CREATE} (once) ...")
+    _run(["cmake", "-S", str(root / "src"), "-B", str(root / "build"), "-DLLAMA_BUILD_EXAMPLES=ON"], logfile)
+    _run(["cmake", "--build", str(root / "build"), "--target", LOOKUP_CREATE, "-j", str(jobs)], logfile)
+    if not path.is_file():
+        raise BenchError(f"{LOOKUP_CREATE} was not produced by the build", hint=f"see the log {logfile}")
+    return path
+
+
+def lookup_static_file(target: Path, texts: list[Path], out: Path, *, threads: int) -> Path:
+    """llama.cpp's static n-gram cache (``-lcs``) built from the corpus ``texts`` with the target's vocab."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    corpus = out.with_suffix(".txt")
+    corpus.write_text(
+        "\n\n".join(t.read_text(encoding="utf-8", errors="replace") for t in texts), encoding="utf-8"
+    )
+    binary = lookup_create_binary()
+    cmd = [str(binary), "-m", str(target), "-f", str(corpus), "-lcs", str(out), "-t", str(threads)]
+    _run(cmd, out.with_suffix(".log"))
+    if not out.is_file():
+        raise BenchError(f"{LOOKUP_CREATE} wrote no cache file", hint=f"see {out.with_suffix('.log')}")
+    return out
+
+
+#: llama.cpp's speculative modes run on the multi-request workloads (``localspec bench --sessions
+#: --peer``), each sized for a CPU: the upstream defaults (ngram-simple/map-k n=12, m=48; ngram-mod
+#: n_match=24, n_min=48, n_max=64) are GPU-sized, and a 48-token pass costs ~20 single passes on a
+#: 2-core CPU. ``ngram-cache`` reads a static file built from the workload's corpus when it has one.
+SESSION_MODES: tuple[str, ...] = (
+    "none",
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-mod",
+    "ngram-cache",
+    "draft-simple",
+)
+
+
+def session_mode_args(
+    mode: str,
+    *,
+    target: Path,
+    draft: Path | None,
+    threads: int,
+    n_ctx: int,
+    lookup_static: Path | None = None,
+) -> list[str]:
+    """llama-server flags for one llama.cpp mode of :data:`SESSION_MODES` (one slot, prompt cache on)."""
+    args = ["--model", str(target), "--threads", str(threads), "--threads-batch", str(threads)]
+    args += ["-c", str(n_ctx), "-np", "1", "--no-webui", "--host", "127.0.0.1"]
+    if mode == "none":
+        return args
+    args += ["--spec-type", mode]
+    if mode == "ngram-simple":
+        args += ["--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8"]
+    elif mode == "ngram-map-k":
+        args += ["--spec-ngram-map-k-size-n", "3", "--spec-ngram-map-k-size-m", "16"]
+    elif mode == "ngram-mod":
+        args += ["--spec-ngram-mod-n-match", "12", "--spec-ngram-mod-n-min", "4"]
+        args += ["--spec-ngram-mod-n-max", "16"]
+    elif mode == "ngram-cache":
+        if lookup_static is not None:
+            args += ["--lookup-cache-static", str(lookup_static)]
+    elif mode == "draft-simple":
+        if draft is None:
+            raise BenchError("llama.cpp's draft-simple needs a draft model", hint="pass --draft PATH")
+        d = DraftSettings(strategy="model")
+        args += ["--model-draft", str(draft), "--spec-draft-n-max", str(d.n_max), "--spec-draft-n-min", "0"]
+        args += ["--spec-draft-p-min", f"{d.p_min:g}"]
+        args += ["--spec-draft-threads", str(threads), "--spec-draft-threads-batch", str(threads)]
+    else:
+        raise BenchError(f"unknown llama.cpp mode {mode!r}", hint=f"choose from {', '.join(SESSION_MODES)}")
+    return args
+
+
+class PeerReply:
+    """One ``/completion`` answer of llama-server: ``str()`` is the text, the rest its timings."""
+
+    def __init__(self, out: dict[str, Any]) -> None:
+        t = out.get("timings") or {}
+        self.text: str = out.get("content", "")
+        self.generated_tokens = int(t.get("predicted_n") or 0)
+        self.gen_seconds = float(t.get("predicted_ms") or 0) / 1000
+        self.prompt_seconds = float(t.get("prompt_ms") or 0) / 1000
+        self.drafted = int(t.get("draft_n") or 0)
+        self.accepted = int(t.get("draft_n_accepted") or 0)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def chat_sender(
+    server: PeerServer,
+    render: Callable[[list[dict]], tuple[list[int], list[str]]],
+    *,
+    max_tokens: int,
+    seed: int = 1234,
+) -> Callable[[list[dict]], PeerReply]:
+    """``send(messages)`` for a session: the exact prompt tokens localspec decodes (``render``, i.e.
+    ``Pipeline.format_chat``), greedy, llama-server's prompt cache on as a client would have it."""
+
+    def send(messages: list[dict]) -> PeerReply:
+        tokens, stops = render(messages)
+        body = {
+            "prompt": tokens,
+            "n_predict": max_tokens,
+            "temperature": 0.0,
+            "top_k": 1,
+            "seed": seed,
+            "stop": stops,
+            "cache_prompt": True,
+            "stream": False,
+        }
+        return PeerReply(server.post("/completion", body))
+
+    return send
 
 
 def _free_port() -> int:

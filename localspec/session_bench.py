@@ -12,6 +12,12 @@ repeat, and each figure is a median over repeats of the whole session's tokens p
   cache's bookkeeping (indexing each finished request) included.
 
 Speedups are ratios to the target alone measured in the same repeat.
+
+With ``peer`` (:class:`PeerSetup`), llama.cpp's own speculative modes (:data:`localspec.peer.SESSION_MODES`)
+run the same sessions in the same repeats, interleaved with ours: one fresh ``llama-server`` per mode and
+run (so ``ngram-mod``'s cross-request pool starts empty like our cold cache), fed exactly the prompt tokens
+localspec decodes, its prompt cache on. Their speedups are over llama.cpp without speculation, and every
+row also reports its generation tokens/s over llama.cpp's best mode of the same repeat.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from localspec.sessions import SessionWorkload, load_session_workload, run_session
+from localspec.sessions import SessionWorkload, corpus_files, load_session_workload, run_session
 from localspec.settings import DraftSettings
 
 BASELINE = DraftSettings(strategy="none")
@@ -40,6 +47,33 @@ class SessionConfig:
         if self.settings.uses_suffix:
             return f"{self.settings.label} ({'warm' if self.warm else 'cold'})"
         return self.settings.label
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """One llama.cpp mode (``localspec.peer.SESSION_MODES``) run through ``llama-server``."""
+
+    mode: str
+
+    @property
+    def label(self) -> str:
+        return f"llama.cpp {self.mode}"
+
+    @property
+    def warm(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class PeerSetup:
+    """What it takes to start llama-server for the session bench: the pair's files and threads."""
+
+    target: Path
+    draft: Path | None
+    threads: int
+    n_ctx: int
+    modes: tuple[str, ...]
+    work_dir: Path
 
 
 @dataclass
@@ -97,6 +131,46 @@ def _run_once(pipe: Any, workload: SessionWorkload, config: SessionConfig, max_t
     return run
 
 
+def _run_peer_once(
+    pipe: Any, workload: SessionWorkload, config: PeerConfig, setup: PeerSetup, max_tokens: int
+) -> SessionRun:
+    from localspec import peer
+
+    static = None
+    if config.mode == "ngram-cache" and workload.corpus is not None:
+        static = setup.work_dir / f"{workload.name}-lookup-static.bin"
+        if not static.is_file():
+            texts = corpus_files(workload.corpus)
+            peer.lookup_static_file(setup.target, texts, static, threads=setup.threads)
+    args = peer.session_mode_args(
+        config.mode,
+        target=setup.target,
+        draft=setup.draft,
+        threads=setup.threads,
+        n_ctx=setup.n_ctx,
+        lookup_static=static,
+    )
+    binary = peer.server_binary() or peer.build_server()
+    run = SessionRun()
+    with peer.PeerServer(binary, args, setup.work_dir / "logs" / f"{config.mode}.log") as server:
+        server.wait_ready()
+        send = peer.chat_sender(server, pipe.format_chat, max_tokens=max_tokens)
+        server.post("/completion", {"prompt": "warm up", "n_predict": 2, "cache_prompt": False})
+
+        def timed(messages: list[dict[str, str]]) -> Any:
+            reply = send(messages)
+            run.tokens += reply.generated_tokens
+            run.gen_seconds += reply.gen_seconds
+            run.drafted += reply.drafted
+            run.accepted += reply.accepted
+            return reply
+
+        for session in workload.measured:
+            for req in run_session(workload, session, timed, clock=time.perf_counter):
+                run.wall_seconds += req.seconds
+    return run
+
+
 def warm_snapshot(pipe: Any, workload: SessionWorkload, max_tokens: int) -> tuple[dict, float]:
     """Run the warm-up sessions once with the suffix cache; return its state and the seconds it took."""
     pipe.reset_suffix()
@@ -118,9 +192,11 @@ def bench_workload(
     *,
     repeats: int = 3,
     max_tokens: int | None = None,
+    peer: PeerSetup | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
-    """Every config (the target alone first) over the workload's measured sessions, ``repeats`` times."""
+    """Every config (the target alone first) over the workload's measured sessions, ``repeats`` times;
+    with ``peer``, llama.cpp's modes too (llama.cpp without speculation first among them)."""
     cap = min(workload.max_tokens, max_tokens or workload.max_tokens)
     if workload.corpus is not None:
         pipe.set_corpus(workload.corpus)
@@ -128,33 +204,54 @@ def bench_workload(
     if any(c.warm for c in configs):
         warm_state, seconds = warm_snapshot(pipe, workload, cap)
         log(f"{workload.name}: warm-up sessions took {seconds:.0f} s")
-    plan = [SessionConfig(BASELINE), *[c for c in configs if c.settings.is_speculative]]
-    runs: dict[str, list[SessionRun]] = {c.label: [] for c in plan}
+    plan: list[SessionConfig | PeerConfig] = [
+        SessionConfig(BASELINE),
+        *[c for c in configs if c.settings.is_speculative],
+    ]
+    peer_plan = [PeerConfig(m) for m in (peer.modes if peer else ())]
+    peer_plan.sort(key=lambda c: c.mode != "none")
+    runs: dict[str, list[SessionRun]] = {c.label: [] for c in [*plan, *peer_plan]}
     for r in range(max(1, repeats)):
-        for config in plan if r % 2 == 0 else [plan[0], *reversed(plan[1:])]:
-            pipe.reset_suffix(warm_state if config.warm else None)
+        order: list[SessionConfig | PeerConfig] = [*plan, *peer_plan]
+        if r % 2:
+            order = [plan[0], *reversed(order[1:])]
+        for config in order:
             t = time.perf_counter()
-            run = _run_once(pipe, workload, config, cap)
+            if isinstance(config, PeerConfig):
+                assert peer is not None
+                run = _run_peer_once(pipe, workload, config, peer, cap)
+            else:
+                pipe.reset_suffix(warm_state if config.warm else None)
+                run = _run_once(pipe, workload, config, cap)
             runs[config.label].append(run)
             log(
                 f"{workload.name} repeat {r + 1}: {config.label}: {run.tokens} tokens, "
                 f"{run.gen_tps:.2f} tok/s generation, {run.e2e_tps:.2f} end to end "
                 f"({time.perf_counter() - t:.0f} s)"
             )
-    base = runs[plan[0].label]
+    peer_best: list[float] = []
+    peer_modes = [c.label for c in peer_plan if c.mode != "none"]
+    if peer_modes:
+        n = len(runs[plan[0].label])
+        peer_best = [max(runs[lbl][i].gen_tps for lbl in peer_modes) for i in range(n)]
     rows = []
-    for config in plan:
+    for config in [*plan, *peer_plan]:
         mine = runs[config.label]
+        is_peer = isinstance(config, PeerConfig)
+        base = runs[(peer_plan[0] if is_peer else plan[0]).label]
         gen = [m.gen_tps / b.gen_tps for m, b in zip(mine, base, strict=True) if b.gen_tps]
         e2e = [m.e2e_tps / b.e2e_tps for m, b in zip(mine, base, strict=True) if b.e2e_tps]
+        vs_peer = [m.gen_tps / p for m, p in zip(mine, peer_best, strict=True) if p] if peer_best else []
         last = mine[-1]
         rows.append(
             {
                 "config": config.label,
-                "strategy": config.settings.strategy,
+                "strategy": config.mode if isinstance(config, PeerConfig) else config.settings.strategy,
                 "warm": config.warm,
+                "peer": is_peer,
                 "speedup_generation": statistics.median(gen) if gen else None,
                 "speedup_end_to_end": statistics.median(e2e) if e2e else None,
+                "vs_llama_cpp_best": statistics.median(vs_peer) if vs_peer else None,
                 "speedups_generation": gen,
                 "tokens_per_second": statistics.median(m.gen_tps for m in mine),
                 "tokens_per_second_end_to_end": statistics.median(m.e2e_tps for m in mine),
@@ -199,11 +296,13 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"median of {res['repeats']} repeat(s))"
         )
         lines.append("")
+        vs = any(row.get("vs_llama_cpp_best") is not None for row in res["rows"])
         lines.append(
-            "| drafting | speedup (generation) | speedup (end to end) | tok/s | acceptance | "
-            "mean accepted length | accepted by source |"
+            "| drafting | speedup (generation) | speedup (end to end) | tok/s | "
+            + ("tok/s / llama.cpp's best mode | " if vs else "")
+            + "acceptance | mean accepted length | accepted by source |"
         )
-        lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+        lines.append("| --- " * (8 if vs else 7) + "|")
         for row in res["rows"]:
 
             def f(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
@@ -214,7 +313,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {row['config']}{route} | {f(row['speedup_generation'], '.2f', 'x')} | "
                 f"{f(row['speedup_end_to_end'], '.2f', 'x')} | {row['tokens_per_second']:.2f} | "
-                f"{f(row['acceptance'], '.0%')} | {f(row['mean_accepted_length'])} | {by} |"
+                + (f"{f(row.get('vs_llama_cpp_best'), '.2f')} | " if vs else "")
+                + f"{f(row['acceptance'], '.0%')} | {f(row['mean_accepted_length'])} | {by} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -227,12 +327,19 @@ def run_bench(
     configs: list[SessionConfig] | None = None,
     repeats: int = 3,
     max_tokens: int | None = None,
+    peer: PeerSetup | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> list[dict[str, Any]]:
     configs = configs or default_configs(pipe.info.draft_path is not None)
     return [
         bench_workload(
-            pipe, load_session_workload(n), configs, repeats=repeats, max_tokens=max_tokens, log=log
+            pipe,
+            load_session_workload(n),
+            configs,
+            repeats=repeats,
+            max_tokens=max_tokens,
+            peer=peer,
+            log=log,
         )
         for n in names
     ]

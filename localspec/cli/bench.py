@@ -109,7 +109,9 @@ def bench(
     if peer and tune:
         raise click.UsageError("--peer compares fixed settings; run it without --tune")
     if sessions:
-        _bench_sessions(_split(sessions), target, draft, preset, threads, n_ctx, repeats, out_dir, quiet)
+        _bench_sessions(
+            _split(sessions), target, draft, preset, threads, n_ctx, repeats, out_dir, quiet, peer
+        )
         return
     names = _split(workloads) or None
     for n in names or []:
@@ -169,9 +171,11 @@ def bench(
     click.echo(f"\nwrote {files['json']}, {files['markdown']}, {files['png']}")
 
 
-def _bench_sessions(names, target, draft, preset, threads, n_ctx, repeats, out_dir, quiet) -> None:
+def _bench_sessions(names, target, draft, preset, threads, n_ctx, repeats, out_dir, quiet, peer) -> None:
     import localspec
-    from localspec.session_bench import markdown, run_bench
+    from localspec import constants
+    from localspec.peer import SESSION_MODES
+    from localspec.session_bench import PeerSetup, markdown, run_bench
 
     for n in names:
         if n not in SESSION_WORKLOADS:
@@ -187,7 +191,17 @@ def _bench_sessions(names, target, draft, preset, threads, n_ctx, repeats, out_d
         n_ctx=n_ctx,
         suffix_store=False,  # the bench never reads or writes the user's store
     ) as pipe:
-        results = run_bench(pipe, names, repeats=repeats, log=log)
+        setup = None
+        if peer:
+            setup = PeerSetup(
+                target=pipe.info.target_path,
+                draft=pipe.info.draft_path,
+                threads=threads or constants.default_threads(),
+                n_ctx=pipe.n_ctx,
+                modes=tuple(m for m in SESSION_MODES if m != "draft-simple" or pipe.info.draft_path),
+                work_dir=Path(out_dir) / "llama.cpp",
+            )
+        results = run_bench(pipe, names, repeats=repeats, peer=setup, log=log)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sessions.json").write_text(json.dumps(results, indent=1), encoding="utf-8")

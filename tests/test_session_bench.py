@@ -1,0 +1,111 @@
+"""The multi-request bench (localspec.session_bench) on the embedded pair, and llama.cpp's session modes.
+
+The llama.cpp runs need ``llama-server`` from ``localspec bench --peer``: skipped where it is not built
+(always in CI); the flags and the reply parsing are checked everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import localspec
+from localspec import peer
+from localspec.errors import BenchError
+from localspec.session_bench import PeerSetup, SessionConfig, bench_workload, markdown
+from localspec.sessions import load_session_workload
+from localspec.settings import DraftSettings
+
+WORKLOAD = {
+    "workload": "tiny-chat",
+    "max_tokens": 12,
+    "warm": [{"id": "w", "kind": "chat", "turns": ["def add(a, b):", "and sub?"]}],
+    "measured": [{"id": "m", "kind": "chat", "turns": ["def mul(a, b):", "and div?"]}],
+}
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    with localspec.load(n_ctx=512, n_threads=1, suffix_store=False) as p:
+        yield p
+
+
+@pytest.fixture
+def workload(tmp_path):
+    path = tmp_path / "tiny-chat.json"
+    path.write_text(json.dumps(WORKLOAD), encoding="utf-8")
+    return load_session_workload(path)
+
+
+def test_every_setting_runs_every_request_and_rows_compare_to_the_target_alone(pipe, workload):
+    configs = [
+        SessionConfig(DraftSettings(strategy="ngram", n_max=4)),
+        SessionConfig(DraftSettings(strategy="suffix", n_max=8), warm=True),
+    ]
+    res = bench_workload(pipe, workload, configs, repeats=2)
+    rows = {r["config"]: r for r in res["rows"]}
+    assert list(rows) == ["none", "ngram k=4", "suffix k=8 (warm)"]
+    assert rows["none"]["speedup_generation"] == pytest.approx(1.0)
+    for row in rows.values():
+        assert len(row["tokens"]) == 2 and all(t > 0 for t in row["tokens"])
+        assert row["vs_llama_cpp_best"] is None and row["peer"] is False
+    table = markdown([res])
+    assert "llama.cpp" not in table and "| suffix k=8 (warm)" in table
+
+
+def test_llama_cpp_session_modes_are_sized_for_a_cpu(tmp_path):
+    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    kw = dict(target=t, draft=d, threads=2, n_ctx=4096)
+    assert "--spec-type" not in peer.session_mode_args("none", **kw)
+    for mode in peer.SESSION_MODES[1:]:
+        args = peer.session_mode_args(mode, **kw)
+        assert args[args.index("--spec-type") + 1] == mode
+        assert args[args.index("-np") + 1] == "1" and args[args.index("-c") + 1] == "4096"
+    mod = peer.session_mode_args("ngram-mod", **kw)
+    assert int(mod[mod.index("--spec-ngram-mod-n-max") + 1]) <= 16  # upstream's 64 is GPU-sized
+    cache = peer.session_mode_args("ngram-cache", **kw, lookup_static=tmp_path / "c.bin")
+    assert cache[cache.index("--lookup-cache-static") + 1] == str(tmp_path / "c.bin")
+    draft = peer.session_mode_args("draft-simple", **kw)
+    assert draft[draft.index("--model-draft") + 1] == str(d)
+    with pytest.raises(BenchError, match="draft model"):
+        peer.session_mode_args("draft-simple", **{**kw, "draft": None})
+    with pytest.raises(BenchError, match="unknown llama.cpp mode"):
+        peer.session_mode_args("eagle9", **kw)
+
+
+def test_a_llama_server_reply_reads_as_text_and_timings():
+    reply = peer.PeerReply(
+        {
+            "content": "x = 1",
+            "timings": {"predicted_n": 7, "predicted_ms": 350.0, "draft_n": 6, "draft_n_accepted": 4},
+        }
+    )
+    assert str(reply) == "x = 1"
+    assert (reply.generated_tokens, reply.gen_seconds, reply.drafted, reply.accepted) == (7, 0.35, 6, 4)
+    assert peer.PeerReply({}).generated_tokens == 0 and str(peer.PeerReply({})) == ""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("CI") == "true", reason="the llama.cpp peer never runs in CI")
+def test_llama_cpp_modes_run_the_same_sessions_interleaved_with_ours(pipe, workload, tmp_path):
+    if peer.server_binary() is None:
+        pytest.skip("no llama-server: set LOCALSPEC_PEER_DIR to where `localspec bench --peer` built it")
+    setup = PeerSetup(
+        target=Path(pipe.info.target_path),
+        draft=None,
+        threads=1,
+        n_ctx=512,
+        modes=("ngram-simple", "none"),
+        work_dir=tmp_path,
+    )
+    configs = [SessionConfig(DraftSettings(strategy="ngram", n_max=4))]
+    res = bench_workload(pipe, workload, configs, repeats=1, peer=setup)
+    rows = {r["config"]: r for r in res["rows"]}
+    assert list(rows) == ["none", "ngram k=4", "llama.cpp none", "llama.cpp ngram-simple"]
+    assert rows["llama.cpp none"]["speedup_generation"] == pytest.approx(1.0)
+    assert all(r["tokens"][0] > 0 for r in rows.values())
+    assert all(r["vs_llama_cpp_best"] > 0 for r in rows.values())
+    assert "tok/s / llama.cpp's best mode" in markdown([res])
