@@ -10,11 +10,16 @@ clients together), latency p50/p95 (request sent -> last token) and time to firs
 acceptance the server reported. localspec serialises generations, so throughput should stay flat while
 latency grows with the number of clients.
 
-``--base-url URL`` drives an endpoint that is already running instead (e.g. llama.cpp's ``llama-server
---parallel 4``, to compare), under the label ``--label``.
+``--setting "LABEL=ARGS"`` (repeatable) adds more ``localspec serve`` settings, e.g. ``"suffix=--strategy
+suffix"``. ``--llama-server "N:MODE,..."`` also starts llama.cpp's own ``llama-server`` (the peer build of
+``localspec bench --peer``, same target, draft, threads) with ``--parallel N`` slots and speculative MODE
+(``none``, ``draft-simple``, ``ngram-simple``, ``ngram-mod``, ...; sized as in ``localspec.peer``), each slot
+with the same context as ``localspec serve``. ``--base-url URL`` drives an endpoint that is already running
+instead, under the label ``--label``. ``--png`` draws throughput and p50 latency against clients.
 
     python scripts/bench_serve.py                                  # embedded pair, a quick run
-    python scripts/bench_serve.py -t models/target.gguf -d models/draft.gguf --requests 8 --max-tokens 64
+    python scripts/bench_serve.py -t models/target.gguf -d models/draft.gguf --requests 8 --max-tokens 64 \
+        --llama-server 1:none,1:draft-simple,4:none,4:draft-simple --png serve.png
     python scripts/bench_serve.py --base-url http://127.0.0.1:8080/v1 --label "llama-server -np 4"
 """
 
@@ -37,7 +42,8 @@ from typing import Any
 import httpx
 import openai
 
-from localspec.bench import Prompt, select_workloads
+from localspec import peer
+from localspec.workloads import Prompt, select_workloads
 
 
 @dataclass
@@ -190,6 +196,82 @@ class LocalServer:
             self.proc.kill()
 
 
+class LlamaServer:
+    """llama.cpp's ``llama-server``: ``--parallel`` slots, one speculative mode as in ``localspec.peer``."""
+
+    def __init__(self, target: Path, draft: Path | None, slots: int, mode: str, threads: int, n_ctx: int):
+        args = peer.session_mode_args(mode, target=target, draft=draft, threads=threads, n_ctx=n_ctx * slots)
+        args[args.index("-np") + 1] = str(slots)
+        binary = peer.server_binary() or peer.build_server(log=lambda m: print(m, file=sys.stderr))
+        self.server = peer.PeerServer(binary, args, peer.peer_dir() / "logs" / f"serve-np{slots}-{mode}.log")
+        self.server.wait_ready()
+        self.url = self.server.url + "/v1"
+        self.model = httpx.get(self.url + "/models", timeout=30).json()["data"][0]["id"]
+
+    def stop(self) -> None:
+        self.server.close()
+
+
+def write_png(rows: list[dict], path: Path) -> None:
+    """Two panels against clients: throughput (tokens/s, all clients) and p50 latency, a line per setting."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    clients = sorted({r["clients"] for r in rows})
+    colours = [
+        (52, 101, 164),
+        (115, 210, 22),
+        (245, 121, 0),
+        (117, 80, 123),
+        (193, 125, 17),
+        (204, 0, 0),
+        (46, 52, 54),
+        (6, 152, 154),
+        (173, 127, 168),
+        (143, 89, 2),
+    ]
+    try:
+        font = ImageFont.load_default(size=13)
+    except TypeError:  # Pillow < 10.1
+        font = ImageFont.load_default()
+    panel_w, panel_h, pad = 470, 300, 55
+    legend_h = 18 * len(settings) + 10
+    img = Image.new("RGB", (2 * panel_w + 40, panel_h + 2 * pad + legend_h), "white")
+    d = ImageDraw.Draw(img)
+    for p, (key, title) in enumerate(
+        [
+            ("throughput", "tokens/s, all clients together"),
+            ("latency_p50", "latency p50 (s), request to last token"),
+        ]
+    ):
+        x0, y0 = 20 + p * (panel_w + 10) + pad, pad
+        w, h = panel_w - pad - 10, panel_h - 20
+        vmax = max((r[key] for r in rows if r[key] == r[key]), default=1.0) * 1.1 or 1.0
+        d.text((x0 - pad + 10, 15), title, fill="black", font=font)
+        d.rectangle([x0, y0, x0 + w, y0 + h], outline=(160, 160, 160))
+        for i in range(5):
+            v = vmax * i / 4
+            y = y0 + h - h * i / 4
+            d.line([x0 - 4, y, x0, y], fill="black")
+            d.text((x0 - 45, y - 7), f"{v:.1f}", fill="black", font=font)
+        x_of = {c: x0 + w * (i + 0.5) / len(clients) for i, c in enumerate(clients)}
+        for c, x in x_of.items():
+            d.text((x - 4, y0 + h + 5), str(c), fill="black", font=font)
+        d.text((x0 + w / 2 - 20, y0 + h + 22), "clients", fill="black", font=font)
+        for k, setting in enumerate(settings):
+            pts = [(x_of[r["clients"]], y0 + h - h * r[key] / vmax) for r in rows if r["setting"] == setting]
+            col = colours[k % len(colours)]
+            if len(pts) > 1:
+                d.line(pts, fill=col, width=2)
+            for x, y in pts:
+                d.ellipse([x - 3, y - 3, x + 3, y + 3], fill=col)
+    for k, setting in enumerate(settings):
+        y = panel_h + 2 * pad - 10 + 18 * k
+        d.rectangle([30, y + 3, 44, y + 12], fill=colours[k % len(colours)])
+        d.text((52, y), setting, fill="black", font=font)
+    img.save(path)
+
+
 def markdown(rows: list[dict]) -> str:
     head = (
         "| setting | clients | requests | tokens/s (all clients) | latency p50 / p95 (s) | "
@@ -215,6 +297,13 @@ def main() -> None:
     )
     ap.add_argument("--preset", "-p")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra argument for localspec serve")
+    ap.add_argument(
+        "--setting", action="append", default=[], help='another localspec serve setting: "LABEL=ARGS"'
+    )
+    ap.add_argument("--llama-server", default="", help='llama.cpp settings "SLOTS:MODE,..." (needs -t)')
+    ap.add_argument("--threads", type=int, default=2, help="threads (llama-server and localspec serve)")
+    ap.add_argument("--n-ctx", type=int, default=4096, help="context per request / per llama-server slot")
+    ap.add_argument("--png", help="also draw throughput and latency against clients here")
     ap.add_argument("--clients", default="1,2,4,8", help="concurrency levels (default 1,2,4,8)")
     ap.add_argument("--workloads", default="code,chat", help="bench prompt files (localspec/data/prompts)")
     ap.add_argument("--prompts", type=int, default=4, help="prompts taken from each workload")
@@ -231,24 +320,39 @@ def main() -> None:
     work = [prompts[i % len(prompts)] for i in range(a.requests)]
     levels = [int(c) for c in a.clients.split(",")]
 
+    common = ["--threads", str(a.threads), "--n-ctx", str(a.n_ctx)]
+    targets: list[tuple[str, Any]] = []
     if a.base_url:
         targets = [(a.label, None)]
     else:
         pick = [*(["-t", a.target] if a.target else []), *(["-p", a.preset] if a.preset else [])]
-        spec = pick + (["-d", a.draft] if a.draft else []) + a.serve_arg
+        spec = pick + (["-d", a.draft] if a.draft else []) + common + a.serve_arg
         targets = [("speculative", spec)]
+        for setting in a.setting:
+            label, _, extra = setting.partition("=")
+            targets.append((label, spec + extra.split()))
         if not a.no_baseline:
-            targets.append(("target alone (--draft none)", pick + ["-d", "none"] + a.serve_arg))
+            targets.append(("target alone (--draft none)", pick + ["-d", "none"] + common + a.serve_arg))
+    for item in filter(None, a.llama_server.split(",")):
+        if not a.target:
+            raise SystemExit("--llama-server needs --target (and --draft for draft-simple)")
+        slots, _, mode = item.partition(":")
+        targets.append((f"llama-server -np {slots} {mode}", ("llama", int(slots), mode)))
 
     rows: list[dict] = []
     for label, args in targets:
-        server = None
+        server: LocalServer | LlamaServer | None = None
         if args is None:
             url, model = a.base_url, a.model
+        elif isinstance(args, tuple):
+            _, slots, mode = args
+            draft = Path(a.draft) if a.draft and a.draft not in ("none", "ngram", "auto") else None
+            server = LlamaServer(Path(a.target), draft, slots, mode, a.threads, a.n_ctx)
+            url, model = server.url, server.model
         else:
             server = LocalServer(args)
             url, model = server.url, server.model
-            label = f"{label}: {model}"
+            label = f"localspec {label}"
         try:
             client = openai.OpenAI(base_url=url, api_key="bench", max_retries=0, timeout=3600)
             one_request(client, model, work[0], min(8, a.max_tokens))  # warm-up, not counted
@@ -261,6 +365,8 @@ def main() -> None:
                 server.stop()
 
     print(markdown(rows))
+    if a.png:
+        write_png(rows, Path(a.png))
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(rows, indent=2))
 

@@ -1,8 +1,9 @@
 """Run the multi-request workloads (localspec/data/sessions) on a pair and print markdown tables + JSON.
 
 Usage: python scripts/bench_sessions.py -t TARGET.gguf [-d DRAFT.gguf] [--workload NAME ...] [--repeats N]
-           [--ngram 4,8,16,32] [--threads 2] [--out results.json]
-The same as `localspec bench --sessions`, with the n-gram lengths and output file as options.
+           [--ngram 4,8,16,32] [--threads 2] [--peer] [--peer-modes none,ngram-mod,...] [--out F.json]
+The same as `localspec bench --sessions [--peer]`, with the n-gram lengths, llama.cpp's modes and the output
+file as options. ``--peer`` runs llama.cpp's own modes (localspec.peer.SESSION_MODES) in the same repeats.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import localspec
-from localspec.session_bench import SessionConfig, markdown, run_bench
+from localspec.peer import SESSION_MODES
+from localspec.session_bench import PeerSetup, SessionConfig, markdown, run_bench
 from localspec.sessions import SESSION_WORKLOADS
 from localspec.settings import DraftSettings
 
@@ -28,6 +31,9 @@ def main() -> int:
     ap.add_argument("--model", action="store_true", help="also measure the draft model alone (k=4)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--peer", action="store_true", help="also run llama.cpp's modes (llama-server)")
+    ap.add_argument("--peer-modes", default=",".join(SESSION_MODES))
+    ap.add_argument("--work-dir", default="bench-out/llama.cpp", help="llama-server logs, lookup files")
     ap.add_argument("--out")
     a = ap.parse_args()
     pipe = localspec.load(
@@ -45,9 +51,21 @@ def main() -> int:
     costs = pipe.machine_costs()
     print("V(b):", {b: round(v, 2) for b, v in sorted(costs.verify.items())}, flush=True)
     print(f"draft/target token cost: {costs.draft_ratio}", flush=True)
+    setup = None
+    if a.peer:
+        modes = tuple(m for m in a.peer_modes.split(",") if m and (m != "draft-simple" or a.draft))
+        setup = PeerSetup(
+            target=pipe.info.target_path,
+            draft=pipe.info.draft_path,
+            threads=a.threads,
+            n_ctx=pipe.n_ctx,
+            modes=modes,
+            work_dir=Path(a.work_dir).resolve(),
+        )
     results = run_bench(
         pipe,
         a.workload or list(SESSION_WORKLOADS),
+        peer=setup,
         configs=configs,
         repeats=a.repeats,
         log=lambda line: print(f"[{time.time() - t0:6.0f}s] {line}", flush=True),

@@ -10,6 +10,7 @@ Usage: python scripts/fetch_qwen_pair.py [DEST]   (default: ./models)
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import subprocess
 import sys
@@ -76,7 +77,11 @@ def _sha256(path: Path) -> str:
 
 
 def main() -> None:
-    dest = Path(sys.argv[1] if len(sys.argv) > 1 else "models")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "dest", nargs="?", default="models", help="folder for the two GGUF files (default: models)"
+    )
+    dest = Path(ap.parse_args().dest)
     dest.mkdir(parents=True, exist_ok=True)
     for name, spec in PAIR.items():
         fetch(name, spec, dest)
