@@ -14,6 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from localspec import constants
+from localspec.chat_tokens import ChatTokenizer, chat_segments
 from localspec.costs import MachineCosts, machine_costs
 from localspec.drafters import CombinedDrafter, Drafter, ModelDrafter, NgramDrafter
 from localspec.engine import Engine, TokenResponse
@@ -443,12 +444,17 @@ class Pipeline:
             llama = self._target.llama
             bos = llama._model.token_get_text(llama.token_bos()) if llama.token_bos() >= 0 else ""
             eos = llama._model.token_get_text(llama.token_eos()) if llama.token_eos() >= 0 else ""
-            self._chat = (Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos), bos)
-        formatter, bos = self._chat
+            target = self._target
+            chat_tok = ChatTokenizer(target.vocab, lambda s: target.tokenize(s, add_bos=False, special=False))
+            self._chat = (Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos), bos, chat_tok)
+        formatter, bos, chat_tok = self._chat
         response = formatter(messages=messages)
         prompt = response.prompt
+        # Control tokens only from the template's own text: "<|im_start|>" typed in a message stays text.
+        render = lambda m: formatter(messages=m).prompt  # noqa: E731
+        segments = chat_segments(prompt, render, messages, chat_tok.control_texts)
         add_bos = not (bos and prompt.startswith(bos))
-        tokens = self._target.tokenize(prompt, add_bos=add_bos, special=True)
+        tokens = chat_tok.tokenize(segments, add_special=add_bos)
         stops = (
             response.stop if isinstance(response.stop, list) else ([response.stop] if response.stop else [])
         )
