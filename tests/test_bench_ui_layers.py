@@ -138,6 +138,7 @@ LOWER_LAYERS = {
     "localspec.store",
     "localspec.costs",
     "localspec.runtime",
+    "localspec.chat_tokens",
     "localspec.engine",
 }
 
