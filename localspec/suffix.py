@@ -19,8 +19,13 @@ once. Occurrences are verified token by token (a hash collision never proposes a
 Memory: 4 bytes per token plus 8 bytes per (token, level): about 60 MB per million tokens with seven
 levels. New requests go into a small *recent* part (sorted merge of two sorted runs, linear), which is
 merged into the *base* part when it grows past a quarter of it; the oldest requests are evicted when
-the history passes its token cap (a filter of sorted arrays, no re-sort). The current request uses
-plain dicts (it changes every round).
+the history passes its token cap (a filter of sorted arrays, no re-sort). A lookup searches the longest
+level first (usually the answer: one key instead of seven) and verifies the newest candidates first,
+with byte comparisons in Python, only until it has :data:`MAX_HITS`. The current request (it changes
+every round) uses a plain dict from each pair of tokens to the positions that follow it; a lookup
+extends the candidates of the last pair backwards to their match lengths. Every round costs about
+40 us at a million stored tokens (``scripts/bench_suffix_store.py``), and the answers are the plain
+search's, bit for bit (``tests/test_suffix.py`` compares them).
 
 Confidence of the i-th drafted token after a match of length L:
 ``(count + a * prior(L + i)) / (parent + a)`` with ``a = 1`` and a prior that grows with the context
@@ -30,10 +35,8 @@ further calibrates it online from what the target accepted, per source and confi
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from os.path import commonprefix
 from typing import Protocol
 
 import numpy as np
@@ -123,18 +126,51 @@ def _mix_py(x: int) -> int:
     return x >> 32
 
 
-def _query_keys(tail: Sequence[int]) -> dict[int, int]:
-    """Hash keys of the last n tokens of ``tail`` for every level n it is long enough for."""
-    keys: dict[int, int] = {}
-    h, power = 0, 1
-    top = min(len(tail), LEVELS[-1])
-    for n in range(1, top + 1):
-        h = (h + (int(tail[-n]) + 1) * power) & _M64
-        power = (power * _BASE) & _M64
-        if n in _SALT:
-            keys[n] = _mix_py(h ^ _SALT[n])
-    return keys
+_POWERS = [pow(_BASE, i, 1 << 64) for i in range(LEVELS[-1])]
+_SALTED = [(n, _SALT.get(n)) for n in range(1, LEVELS[-1] + 1)]
 
+
+class _Query:
+    """The context's last tokens as the groups look them up: the key of each level (mixed when first
+    needed: the longest level is usually the only one searched) and the bytes of its n-gram."""
+
+    __slots__ = ("_hashes", "_keys", "_want", "levels", "tail")
+
+    def __init__(self, tail: list[int]) -> None:
+        self.tail = tail
+        hashes: dict[int, int] = {}
+        h = 0
+        for t, power, (n, salt) in zip(reversed(tail), _POWERS, _SALTED, strict=False):
+            h += (int(t) + 1) * power  # reduced mod 2**64 only where a level reads it
+            if salt is not None:
+                hashes[n] = (h & _M64) ^ salt
+        self._hashes = hashes
+        self.levels = list(hashes)  # the levels the tail is long enough for, ascending
+        self._keys: dict[int, int] = {}
+        self._want: dict[int, bytes] = {}
+
+    def key(self, n: int) -> int:
+        """The hash key of the last n tokens (what :func:`_build` stores for them)."""
+        key = self._keys.get(n)
+        if key is None:
+            key = self._keys[n] = _mix_py(self._hashes[n])
+        return key
+
+    def want(self, n: int) -> bytes:
+        """The last n tokens as the bytes of an int32 array."""
+        want = self._want.get(n)
+        if want is None:
+            want = self._want[n] = np.asarray(self.tail[-n:], dtype=np.int32).tobytes()
+        return want
+
+
+#: Up to this many windows are read in Python; more in numpy (one gather).
+_PY_WINDOWS = 12
+#: Live-request candidates whose match length is measured in Python; more in numpy.
+_PY_LIVE = 48
+#: The longest level at most n tokens long, by n (0: none).
+_LEVEL_AT = [max((lv for lv in LEVELS if lv <= n), default=0) for n in range(LEVELS[-1] + 1)]
+_BACK = np.arange(1, LEVELS[-1] + 1)
 
 _Part = tuple[np.ndarray, np.ndarray]  # sorted uint32 keys, int32 continuation positions
 _EMPTY_PART: _Part = (np.zeros(0, np.uint32), np.zeros(0, np.int32))
@@ -214,6 +250,8 @@ class _Group:
         self.base = _EMPTY_PART
         self.recent = _EMPTY_PART
         self.recent_from = 0  # buf offset where the recent part begins
+        self._view: memoryview | None = None
+        self._view_of: np.ndarray | None = None
 
     @property
     def tokens(self) -> np.ndarray:
@@ -274,37 +312,77 @@ class _Group:
             return 0
         return self.size - self.starts[i] - (len(self.starts) - i)
 
-    def occurrences(self, keys: dict[int, int], tail: Sequence[int]) -> tuple[int, np.ndarray]:
-        """The longest level whose n-gram occurs (verified), and its most recent positions (oldest first)."""
-        levels = [n for n in LEVELS if n in keys]
-        if not levels or self.size == 0:
-            return 0, np.zeros(0, np.int64)
-        q = np.array([keys[n] for n in levels], dtype=np.uint32)
-        ranges = []  # per part: its positions and, per level, the slice of its sorted keys that match
-        for part_keys, part_pos in (self.base, self.recent):
-            if part_keys.size:
-                # one call for both ends: the right end of key q is the left end of q + 1 (a key of
-                # 0xFFFFFFFF wraps to an empty range: it only loses hits, never invents them)
-                ends = np.searchsorted(part_keys, np.concatenate([q, q + np.uint32(1)]))
-                ranges.append((part_pos, ends[: len(q)], ends[len(q) :]))
-        if not ranges:
-            return 0, np.zeros(0, np.int64)
-        total = sum(np.maximum(b - a, 0) for _, a, b in ranges)
-        for li in np.flatnonzero(total)[::-1].tolist():
-            n = levels[li]
-            # the most recent candidates (a few more than needed: hash collisions are dropped below)
-            pieces = [p[max(int(a[li]), int(b[li]) - 4 * MAX_HITS) : int(b[li])] for p, a, b in ranges]
-            pos = np.concatenate(pieces).astype(np.int64)
-            want = np.asarray(tail[-n:], dtype=np.int32)
-            pos = pos[(self.buf[pos[:, None] + np.arange(-n, 0)] == want).all(axis=1)]
-            if pos.size:
-                return n, np.unique(pos)[-MAX_HITS:]  # unique: colliding levels share positions
-        return 0, np.zeros(0, np.int64)
+    def occurrences(self, query: _Query) -> tuple[int, list[int]]:
+        """The longest level whose n-gram occurs (verified), and its most recent positions (oldest first).
 
-    def windows(self, pos: np.ndarray, k: int) -> list[list[int]]:
-        if pos.size == 0 or k <= 0:
+        The longest level is searched first (it is usually the answer), then the others together: the
+        same answer as searching them all at once, for a seventh of the work when it is.
+        """
+        levels = query.levels
+        parts = [part for part in (self.base, self.recent) if part[0].size]
+        if not levels or not parts or self.size == 0:
+            return 0, []
+        for stage in (levels[-1:], levels[:-1]):
+            m = len(stage)
+            if not m:
+                continue
+            q = [query.key(n) for n in stage]
+            # one call for both ends: the right end of key q is the left end of q + 1 (a key of
+            # 0xFFFFFFFF wraps to an empty range: it only loses hits, never invents them)
+            search = np.array(q + [(x + 1) & 0xFFFFFFFF for x in q], dtype=np.uint32)
+            ends = [(pos, part_keys.searchsorted(search).tolist()) for part_keys, pos in parts]
+            for li in range(m - 1, -1, -1):
+                # the most recent candidates (a few more than needed: hash collisions are dropped below)
+                cands: list[int] = []
+                for pos, e in ends:
+                    a, b = e[li], e[m + li]
+                    if b > a:
+                        cands += pos[max(a, b - 4 * MAX_HITS) : b].tolist()
+                if cands:
+                    hits = self._verified(cands, stage[li], query)
+                    if hits:
+                        return stage[li], hits
+        return 0, []
+
+    def _verified(self, cands: list[int], n: int, query: _Query) -> list[int]:
+        """The :data:`MAX_HITS` most recent candidate positions preceded by the query's last n tokens
+        (ascending, unique: colliding levels share positions). Checked newest first and only until there
+        are enough: usually a few byte comparisons in Python instead of a gather over every candidate.
+
+        A candidate with fewer than n tokens before it (another level's entry under a colliding key)
+        never matches. (The gather this replaces read such a window with wrapped negative indexes: from
+        the end of ``buf``, which always ends with a separator, so it never matched either, or it raised
+        IndexError when ``buf`` was shorter than the window.)
+        """
+        cands.sort(reverse=True)
+        want = query.want(n)
+        view = self._view
+        if view is None or self._view_of is not self.buf:  # buf as bytes, kept while it is the same array
+            view = self._view = self.buf.data.cast("B")
+            self._view_of = self.buf
+        width = 4 * n
+        hits: list[int] = []
+        seen = -1
+        for p in cands:
+            if p != seen:
+                seen = p
+                if p >= n and view[4 * p - width : 4 * p] == want:
+                    hits.append(p)
+                    if len(hits) == MAX_HITS:
+                        break
+        hits.reverse()
+        return hits
+
+    def windows(self, pos: list[int], k: int) -> list[list[int]]:
+        """The ``k`` tokens from each position on (the last token of ``buf`` repeats past its end)."""
+        if not pos or k <= 0:
             return []
-        idx = np.minimum(pos[:, None] + np.arange(k), self.size - 1)
+        if len(pos) <= _PY_WINDOWS:
+            buf, size = self.buf, self.size
+            # past the end of buf: shorter than the gather below, but buf ends with a separator and
+            # every window is cut at its first one, so the cut windows are the same
+            return [buf[p : min(p + k, size)].tolist() for p in pos]
+        idx = np.minimum(np.asarray(pos, dtype=np.int64)[:, None] + np.arange(k), self.size - 1)
         return self.buf[idx].tolist()
 
     def state(self, prefix: str) -> dict[str, np.ndarray]:
@@ -324,7 +402,6 @@ class _Group:
         self.base = (arrays[f"{prefix}keys"], arrays[f"{prefix}pos"])
         self.recent = _EMPTY_PART
         self.recent_from = self.size  # everything restored is in the base part
-        self.recent_from = self.size
 
 
 class SuffixIndex:
@@ -343,15 +420,19 @@ class SuffixIndex:
         self.history = _Group("history", merge_at)
         self.corpus = _Group("corpus")
         self._live: list[int] = []
-        self._live_tables: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in LEVELS}
+        # (a, b) -> the positions p with live[p-2:p] == [a, b], ascending
+        self._live_pairs: dict[tuple[int, int], list[int]] = {}
         self._live_indexed = 0
+        self._live_arr = np.zeros(0, np.int64)  # a copy of _live[:_live_copied], for many candidates
+        self._live_copied = 0
 
     # Feeding ---------------------------------------------------------------------------------------
     def begin(self, context: Sequence[int]) -> None:
         """A new request: index its prompt (forgetting the previous request's live tables)."""
         self._live = list(context)
-        self._live_tables = {n: {} for n in LEVELS}
+        self._live_pairs = {}
         self._live_indexed = 0
+        self._live_copied = 0
         self._index_live()
 
     def extend(self, context: Sequence[int]) -> None:
@@ -364,12 +445,62 @@ class SuffixIndex:
         self._index_live()
 
     def _index_live(self) -> None:
-        live, tables = self._live, self._live_tables
-        for p in range(max(self._live_indexed, 1), len(live)):
-            for n, table in tables.items():
-                if p >= n:
-                    table.setdefault(tuple(live[p - n : p]), []).append(p)
+        """Index the new positions by the two tokens before them (a match of any level ends in those)."""
+        live, pairs = self._live, self._live_pairs
+        for p in range(max(self._live_indexed, MIN_MATCH), len(live)):
+            key = (live[p - 2], live[p - 1])
+            hits = pairs.get(key)
+            if hits is None:
+                pairs[key] = [p]
+            else:
+                hits.append(p)
         self._live_indexed = len(live)
+
+    def _live_match(self, k: int) -> Match | None:
+        """The current request's longest earlier occurrences of its own suffix (see :meth:`matches`).
+
+        Every occurrence of an n-gram ends in an occurrence of its last two tokens: each of those is
+        extended backwards to its match length (up to the longest level), and the longest level any of
+        them reaches wins, with the occurrences that reach it.
+        """
+        live = self._live
+        size = len(live)
+        cands = self._live_pairs.get((live[-2], live[-1])) if size >= MIN_MATCH else None
+        if not cands:
+            return None
+        lengths = self._live_lengths(cands) if len(cands) > _PY_LIVE else None
+        if lengths is None:
+            lengths = []
+            longest = LEVELS[-1]
+            for p in cands:
+                top = p if p < longest else longest
+                n = 2
+                while n < top and live[p - n - 1] == live[size - n - 1]:
+                    n += 1
+                lengths.append(n)
+        level = _LEVEL_AT[max(lengths)]
+        hits = [p for p, n in zip(cands, lengths, strict=True) if n >= level][-MAX_HITS:]
+        return Match("prompt", level, [live[p : p + k] for p in hits])
+
+    def _live_lengths(self, cands: list[int]) -> list[int] | None:
+        """:meth:`_live_match`'s match lengths in numpy (None: tokens that numpy cannot hold)."""
+        live = self._live
+        size = len(live)
+        try:
+            if self._live_arr.size < size:
+                grown = np.zeros(max(size, 2 * self._live_arr.size, 1024), np.int64)
+                grown[: self._live_copied] = self._live_arr[: self._live_copied]
+                self._live_arr = grown
+            if self._live_copied < size:
+                self._live_arr[self._live_copied : size] = live[self._live_copied :]
+                self._live_copied = size
+        except (OverflowError, TypeError, ValueError):
+            self._live_copied = 0
+            return None
+        arr = self._live_arr
+        back = np.asarray(cands, dtype=np.int64)[:, None] - _BACK  # p - i for i = 1..16
+        same = (arr[np.maximum(back, 0)] == arr[np.maximum(size - _BACK, 0)]) & (back >= 0)
+        return np.where(same.all(axis=1), LEVELS[-1], same.argmin(axis=1)).tolist()
 
     def add_request(self, tokens: Sequence[int]) -> None:
         """Remember a finished request (prompt and output) for every later one."""
@@ -423,30 +554,28 @@ class SuffixIndex:
         if len(context) < MIN_MATCH or k <= 0:
             return out
         self.extend(context)
-        live, tables = self._live, self._live_tables
-        for n in reversed(LEVELS):
-            if n > len(live):
-                continue
-            hits = tables[n].get(tuple(live[-n:]))
-            if hits:
-                out.append(Match("prompt", n, [live[p : p + k] for p in hits[-MAX_HITS:]]))
-                break
-        tail = list(context[-LEVELS[-1] :])
-        keys = _query_keys(tail)
+        live = self._live_match(k)
+        if live is not None:
+            out.append(live)
+        query = _Query(list(context[-LEVELS[-1] :]))
         for group in (self.history, self.corpus):
-            n, pos = group.occurrences(keys, tail)
-            if n:
-                cut = [_until_separator(w) for w in group.windows(pos, k)]
-                out.append(Match(group.source, n, cut))
+            if group.size:
+                n, pos = group.occurrences(query)
+                if n:
+                    cut = [_until_separator(w) for w in group.windows(pos, k)]
+                    out.append(Match(group.source, n, cut))
         return out
 
     def propose(self, context: Sequence[int], k: int) -> list[Proposal]:
         """A continuation of up to ``k`` tokens per source that matched (the most frequent path)."""
         k = min(k, MAX_DRAFT)
         props = [walk(m, k) for m in self.matches(context, k)]
-        if self.n_vocab is not None:
+        n_vocab = self.n_vocab
+        if n_vocab is not None:
             for p in props:
-                bad = next((i for i, t in enumerate(p.tokens) if not 0 <= t < self.n_vocab), None)
+                if p.tokens and 0 <= min(p.tokens) and max(p.tokens) < n_vocab:
+                    continue  # all inside the vocabulary (the usual case)
+                bad = next((i for i, t in enumerate(p.tokens) if not 0 <= t < n_vocab), None)
                 if bad is not None:
                     del p.tokens[bad:], p.confidence[bad:], p.counts[bad:]
         return [p for p in props if p.tokens]
@@ -489,10 +618,7 @@ def _tail_keys(tokens: np.ndarray, n: int) -> np.ndarray:
 
 
 def _until_separator(window: list[int]) -> list[int]:
-    try:
-        return window[: window.index(-1)]
-    except ValueError:
-        return window
+    return window[: window.index(-1)] if -1 in window else window
 
 
 def walk(match: Match, k: int) -> Proposal:
@@ -502,32 +628,59 @@ def walk(match: Match, k: int) -> Proposal:
     votes (a tie goes to the one seen most recently), and its confidence is :func:`smoothed` of
     (votes, occurrences that continue). Occurrences that disagree or end leave the path.
     """
-    out = Proposal(source=match.source, match_length=match.length)
-    rows = [w[:k] for w in match.windows if w]
+    tokens: list[int] = []
+    confidence: list[float] = []
+    counts: list[tuple[int, int]] = []
+    rows = [w if len(w) <= k else w[:k] for w in match.windows if w]  # never changed below: no copy
     i = 0
     while rows and i < k:
-        # the stretch on which every remaining occurrence agrees needs no vote (the common case):
-        # commonprefix compares the lists in C
-        same = len(commonprefix([r[i:] for r in rows])) if len(rows) > 1 else len(rows[0]) - i
+        # the stretch on which every remaining occurrence agrees needs no vote (the common case). The
+        # rows on the path agree on their first i tokens, so it ends where the smallest and the largest
+        # row (compared in C) part (as os.path.commonprefix finds it, without copying the rows)
+        if len(rows) > 1:
+            lo, hi = min(rows), max(rows)
+            end = min(len(lo), len(hi))
+            j = i
+            while j < end and lo[j] == hi[j]:
+                j += 1
+            same = j - i
+        else:
+            same = len(rows[0]) - i
         if same:
             c = len(rows)
             at = match.length + i
-            out.tokens.extend(rows[0][i : i + same])
-            out.counts.extend([(c, c)] * same)
-            out.confidence.extend([(c + SMOOTHING * p) / (c + SMOOTHING) for p in _PRIORS[at : at + same]])
+            tokens.extend(rows[0][i : i + same])
+            counts.extend([(c, c)] * same)
+            confidence.extend(_unanimous(c)[at : at + same])
             i += same
         else:
             col = [r[i] for r in rows]
-            votes = Counter(col)
-            last = {t: j for j, t in enumerate(col)}
-            tok = max(votes, key=lambda t: (votes[t], last[t]))
-            out.tokens.append(int(tok))
-            out.counts.append((votes[tok], len(col)))
-            out.confidence.append(smoothed(votes[tok], len(col), match.length + i))
+            votes: dict[int, int] = {}
+            for t in col:
+                votes[t] = votes.get(t, 0) + 1
+            most = max(votes.values())
+            # a tie goes to the token seen most recently: the first with the most votes from the end
+            tok = next(t for t in reversed(col) if votes[t] == most)
+            tokens.append(int(tok))
+            counts.append((most, len(col)))
+            at = match.length + i
+            p = _PRIORS[at] if at < len(_PRIORS) else prior(at)
+            confidence.append((most + SMOOTHING * p) / (len(col) + SMOOTHING))  # smoothed(), from the table
             rows = [r for r in rows if r[i] == tok]
             i += 1
         rows = [r for r in rows if len(r) > i]  # occurrences that end leave the path
-    return out
+    return Proposal(match.source, match.length, tokens, confidence, counts)
+
+
+_UNANIMOUS: dict[int, list[float]] = {}
+
+
+def _unanimous(c: int) -> list[float]:
+    """By context length: the smoothed frequency of a token all ``c`` occurrences continue with."""
+    row = _UNANIMOUS.get(c)
+    if row is None:
+        row = _UNANIMOUS[c] = [(c + SMOOTHING * p) / (c + SMOOTHING) for p in _PRIORS]
+    return row
 
 
 # The drafter ---------------------------------------------------------------------------------------
@@ -578,6 +731,8 @@ class SuffixDrafter:
         # per (source, bucket): [trials, accepted]
         self.calibration: dict[tuple[str, int], list[int]] = {}
         self._pending: tuple[int, list[int], list[str], list[float]] | None = None
+        self._costs: list[float] = []  # verify_cost(b) by b, read once per width
+        self._costs_of: Callable[[int], float] | None = None
 
     def begin(self, context: list[int]) -> None:
         self._pending = None
@@ -591,8 +746,7 @@ class SuffixDrafter:
             return out
         best: tuple[float, int, Proposal, list[float], int] | None = None
         for prop in self.index.propose(context, min(n, self._cap)):
-            conf = [self.calibrated(prop.source, c) for c in prop.confidence]
-            k, value = best_length(conf, self.verify_cost)
+            conf, k, value = self._calibrated_best(prop)
             if k == 0 or value < 1.0 + self.margin:
                 continue  # a draft that promises less than the margin is mostly estimation noise
             key = (value, prop.match_length)
@@ -610,7 +764,7 @@ class SuffixDrafter:
             len(context),
             list(out.tokens),
             list(out.sources),
-            [prop.confidence[i] for i in range(k)],
+            prop.confidence[:k],
         )
         return out
 
@@ -632,6 +786,33 @@ class SuffixDrafter:
         """Fraction of the prompt's recent 4-grams already seen in history, store or corpus (for routing)."""
         return self.index.overlap(context)
 
+    def _calibrated_best(self, prop: Proposal) -> tuple[list[float], int, float]:
+        """The proposal's confidences through :meth:`calibrated`, and :func:`best_length`'s k and value
+        for them: the same arithmetic in one loop (it runs every round), with ``verify_cost`` read once
+        per width (it is a fixed curve; a new one assigned to :attr:`verify_cost` is read afresh)."""
+        costs = self._costs
+        if self._costs_of is not self.verify_cost:
+            self._costs_of, costs = self.verify_cost, []
+            self._costs = costs
+        confidence = prop.confidence
+        if len(costs) < len(confidence) + 2:
+            costs.extend(self.verify_cost(b) for b in range(len(costs) + 1, len(confidence) + 3))
+        cells, weight, source, top = self.calibration, _CALIBRATION_WEIGHT, prop.source, _BUCKETS - 1
+        conf: list[float] = []
+        best_k, best = 0, 1.0 / costs[0]
+        expected, run = 1.0, 1.0
+        for i, c in enumerate(confidence):
+            bucket = int(c * _BUCKETS)  # _bucket(c)
+            trials, accepted = cells.get((source, bucket if bucket < top else top), (0, 0))
+            x = (accepted + weight * c) / (trials + weight)
+            conf.append(x)
+            run *= x if 0.0 <= x <= 1.0 else min(max(float(x), 0.0), 1.0)
+            expected += run
+            value = expected / costs[i + 1]
+            if value > best + 1e-12:
+                best_k, best = i + 1, value
+        return conf, best_k, best
+
     # Calibration -----------------------------------------------------------------------------------
     def calibrated(self, source: str, c: float) -> float:
         """The smoothed frequency ``c`` pulled towards the acceptance measured for its source and bucket."""
@@ -646,12 +827,15 @@ class SuffixDrafter:
         at, tokens, sources, raw = pending
         emitted = context[at : at + len(tokens) + 1]
         accepted = 0
-        for i, tok in enumerate(tokens):
-            if i >= len(emitted):
-                break  # the generation stopped before reaching this token
-            cell = self.calibration.setdefault((sources[i], _bucket(raw[i])), [0, 0])
+        cells = self.calibration
+        # zip stops where the generation did (it may stop before reaching the last drafted tokens)
+        for tok, source, c, got in zip(tokens, sources, raw, emitted, strict=False):
+            key = (source, min(int(c * _BUCKETS), _BUCKETS - 1))  # _bucket(c), inlined
+            cell = cells.get(key)
+            if cell is None:
+                cell = cells[key] = [0, 0]
             cell[0] += 1
-            if emitted[i] != tok:
+            if got != tok:
                 break  # rejected: the target emitted its own token here
             cell[1] += 1
             accepted += 1

@@ -126,7 +126,7 @@ def _check_against_brute(ix, context, history, corpus, k):
             continue
         p = props[source]
         assert p.tokens == toks and p.counts == counts and p.match_length == n
-        assert p.confidence == pytest.approx([smoothed(c, q, n + i) for i, (c, q) in enumerate(counts)])
+        assert p.confidence == [smoothed(c, q, n + i) for i, (c, q) in enumerate(counts)]  # to the bit
         assert p.source in SOURCES
 
 
@@ -177,6 +177,174 @@ def test_hash_collisions_never_propose_a_wrong_continuation(monkeypatch):
         context = rng.integers(0, 3, 10).tolist()
         ix.begin(context)
         _check_against_brute(ix, context, [h for h in history if h], [], 6)
+
+
+# The lookup's fast paths against the plain search they replaced -------------------------------------
+def _plain_keys(tail):
+    """Every level's key at once, the way the index hashed its queries before :class:`suffix._Query`."""
+    keys, h, power = {}, 0, 1
+    for n in range(1, min(len(tail), LEVELS[-1]) + 1):
+        h = (h + (int(tail[-n]) + 1) * power) & suffix._M64
+        power = (power * suffix._BASE) & suffix._M64
+        if n in suffix._SALT:
+            keys[n] = suffix._mix_py(h ^ suffix._SALT[n])
+    return keys
+
+
+def _plain_occurrences(group, keys, tail):
+    """The plain search: every level's key range in both parts in one numpy call each, the most recent
+    4 * MAX_HITS candidates per part verified by a gather, the longest verified level wins. (A candidate
+    with fewer than n tokens before it never matches: the gather read it with wrapped indexes.)"""
+    levels = [n for n in LEVELS if n in keys]
+    if not levels or group.size == 0:
+        return 0, []
+    q = np.array([keys[n] for n in levels], dtype=np.uint32)
+    ranges = []
+    for part_keys, part_pos in (group.base, group.recent):
+        if part_keys.size:
+            ends = np.searchsorted(part_keys, np.concatenate([q, q + np.uint32(1)]))
+            ranges.append((part_pos, ends[: len(q)], ends[len(q) :]))
+    if not ranges:
+        return 0, []
+    total = sum(np.maximum(b - a, 0) for _, a, b in ranges)
+    for li in np.flatnonzero(total)[::-1].tolist():
+        n = levels[li]
+        pieces = [p[max(int(a[li]), int(b[li]) - 4 * MAX_HITS) : int(b[li])] for p, a, b in ranges]
+        pos = np.concatenate(pieces).astype(np.int64)
+        window = group.buf[np.maximum(pos[:, None] + np.arange(-n, 0), 0)]
+        pos = pos[(window == np.asarray(tail[-n:], dtype=np.int32)).all(axis=1) & (pos >= n)]
+        if pos.size:
+            return n, np.unique(pos)[-MAX_HITS:].tolist()
+    return 0, []
+
+
+def _plain_matches(ix, context, k):
+    """:meth:`SuffixIndex.matches` as it was: a table per level for the request, the plain search for
+    the groups, windows by one gather."""
+    out = []
+    for n in reversed(LEVELS):
+        tail = list(context[-n:])
+        hits = [p for p in range(n, len(context)) if list(context[p - n : p]) == tail]
+        if n <= len(context) and hits:
+            out.append(("prompt", n, [list(context[p : p + k]) for p in hits[-MAX_HITS:]]))
+            break
+    tail = list(context[-LEVELS[-1] :])
+    keys = _plain_keys(tail)
+    for group in (ix.history, ix.corpus):
+        n, pos = _plain_occurrences(group, keys, tail)
+        if n:
+            idx = np.minimum(np.asarray(pos)[:, None] + np.arange(k), group.size - 1)
+            out.append((group.source, n, [suffix._until_separator(w) for w in group.buf[idx].tolist()]))
+    return out
+
+
+def _weak_mix_np(x):
+    return ((x * np.uint64(suffix._MIX1)) >> np.uint64(61)).astype(np.uint32)
+
+
+def _weak_mix_py(x):
+    return ((x * suffix._MIX1) & suffix._M64) >> 61
+
+
+repeats = st.lists(st.integers(0, 2), min_size=0, max_size=300)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    history=st.lists(repeats, max_size=6),
+    corpus=st.lists(repeats, max_size=2),
+    context=st.lists(st.integers(0, 2), min_size=2, max_size=200),
+    step=st.sampled_from([1, 3, 17]),
+    k=st.sampled_from([1, 5, 16, 40]),
+    merge_at=st.sampled_from([1, 64, 1 << 16]),
+    weak_hash=st.booleans(),
+    py_live=st.sampled_from([0, 48, 10**9]),
+    py_windows=st.sampled_from([0, 12, 10**9]),
+)
+def test_lookup_equals_the_plain_search(
+    history, corpus, context, step, k, merge_at, weak_hash, py_live, py_windows
+):
+    """Token streams with many repeats (three token values: long matches, hundreds of occurrences per
+    key, more than the candidates a part offers), optionally a hash of eight keys (colliding levels and
+    positions, key ranges of thousands of entries), every split of the Python and numpy paths, the
+    request growing by one token or by whole drafts: the lookup gives what the plain search gives."""
+    with pytest.MonkeyPatch.context() as mp:
+        if weak_hash:
+            mp.setattr(suffix, "_mix_np", _weak_mix_np)
+            mp.setattr(suffix, "_mix_py", _weak_mix_py)
+        mp.setattr(suffix, "_PY_LIVE", py_live)
+        mp.setattr(suffix, "_PY_WINDOWS", py_windows)
+        ix = SuffixIndex(merge_at=merge_at)
+        for r in history:
+            ix.add_request(r)
+        ix.set_corpus(corpus)
+        start = max(2, len(context) // 2)
+        ix.begin(context[:start])
+        for end in [*range(start, len(context), step), len(context)]:
+            got = [(m.source, m.length, m.windows) for m in ix.matches(context[:end], k)]
+            assert got == _plain_matches(ix, context[:end], k)
+
+
+@pytest.mark.parametrize("weak_hash", [False, True])
+def test_lookup_equals_the_plain_search_on_long_repetitive_streams(monkeypatch, weak_hash):
+    """The same at a scale hypothesis does not reach: thousands of occurrences per key in both parts,
+    so only the most recent candidates of each part are looked at, with drafts accepted whole."""
+    if weak_hash:
+        monkeypatch.setattr(suffix, "_mix_np", _weak_mix_np)
+        monkeypatch.setattr(suffix, "_mix_py", _weak_mix_py)
+    rng = np.random.default_rng(7)
+    motif = rng.integers(0, 50, 40)
+    ix = SuffixIndex(merge_at=3000)
+    for _ in range(8):  # requests that repeat a motif with mutations, over few token values
+        r = np.tile(motif, 50)[: int(rng.integers(1000, 2000))]
+        flip = rng.random(r.size) < 0.05
+        r[flip] = rng.integers(0, 3, int(flip.sum()))
+        ix.add_request(r.tolist())
+    assert ix.history.base[0].size and ix.history.recent[0].size
+    for trial in range(6):
+        context = np.tile(motif, 20)[: int(rng.integers(100, 600))]
+        flip = rng.random(context.size) < 0.1
+        context[flip] = rng.integers(0, 3, int(flip.sum()))
+        context = context.tolist()
+        ix.begin(context[:50])
+        for end in range(50, len(context), 1 + trial * 3):
+            got = [(m.source, m.length, m.windows) for m in ix.matches(context[:end], 16)]
+            assert got == _plain_matches(ix, context[:end], 16)
+
+
+def test_lookup_survives_colliding_levels_near_the_start(monkeypatch):
+    """A key shared by every level puts short-context positions in a long level's range: they never
+    match (the gather this lookup replaced raised IndexError on them once a store had been loaded: its
+    buffer is then no longer than its tokens)."""
+    monkeypatch.setattr(suffix, "_mix_np", lambda x: np.zeros(x.shape, np.uint32))
+    monkeypatch.setattr(suffix, "_mix_py", lambda x: 0)
+    history = [1, 2, 1, 2, 1, 2, 1]
+    ix = SuffixIndex()
+    ix.add_request(history)
+    ix = SuffixIndex.from_state(ix.state())
+    assert ix.history.buf.size == len(history) + 1
+    context = [5, 6, 7, 8, 9, *[1, 2] * 5, 1]
+    ix.begin(context)
+    _check_against_brute(ix, context, [history], [], 4)
+    assert [(m.source, m.length) for m in ix.matches(context, 4)] == [("prompt", 8), ("history", 4)]
+
+
+def test_drafter_calibration_and_length_equal_the_public_functions():
+    """The drafter's one-loop calibration and best length give bit for bit what :meth:`calibrated` and
+    :func:`best_length` give, and a new cost curve assigned to ``verify_cost`` is read afresh."""
+    rng = np.random.default_rng(3)
+    d = SuffixDrafter()
+    for source in ("prompt", "history"):
+        for b in range(10):
+            trials = int(rng.integers(0, 50))
+            d.calibration[(source, b)] = [trials, int(rng.integers(0, trials + 1))]
+    for curve in (linear_verify_cost, lambda b: 1.0 + 0.05 * (b - 1) ** 1.5, lambda b: float(b)):
+        d.verify_cost = curve
+        for _ in range(200):
+            conf = rng.uniform(0, 1, int(rng.integers(0, 40))).tolist()
+            prop = suffix.Proposal("history" if rng.random() < 0.5 else "prompt", 4, [1] * len(conf), conf)
+            want = [d.calibrated(prop.source, c) for c in conf]
+            assert d._calibrated_best(prop) == (want, *suffix.best_length(want, curve))
 
 
 def test_tokens_outside_the_vocabulary_are_never_proposed():
