@@ -1,21 +1,48 @@
-"""The suffix cache on disk: one file per (target vocabulary fingerprint, namespace).
+"""The suffix cache on disk: per (target vocabulary fingerprint, namespace), a snapshot and a journal.
 
-A store file holds a :class:`localspec.suffix.SuffixIndex`'s arrays (the token history, the corpus and
-their sorted n-gram indexes, so loading costs a read and a checksum, not a rebuild). Layout::
+The snapshot (``<fingerprint>-<namespace>.lsstore``) holds a :class:`localspec.suffix.SuffixIndex`'s
+arrays (the token history, the corpus and their sorted n-gram indexes, so loading costs a read and a
+checksum, not a rebuild). Layout::
 
     b"LSSUFFIX" | u32 version | u32 header length | u32 CRC-32 of the header | header (JSON)
     | zero padding to 64 bytes | payload (the arrays, each 64-byte aligned)
 
-The header names the vocabulary fingerprint, the namespace, each array's dtype, length and offset, and
-the CRC-32 of the payload. A file that is truncated, corrupted, of another version, of another
-vocabulary or namespace, or whose arrays are out of bounds is reported in one line (:attr:`SuffixStore.
-problem`, and a logged warning) and ignored: the cache starts empty and the next save replaces it. It
-is never used for the wrong vocabulary and never crashes the caller.
+The header names the vocabulary fingerprint, the namespace, a random snapshot id, each array's dtype,
+length and offset, and the CRC-32 of the payload.
 
-Writes are crash-safe: a temp file in the same folder (created 0600), fsync, ``os.replace``, fsync of
-the folder. A writer killed at any moment leaves either the old file or the new one. The file holds
-the user's text (as token ids), hence mode 0600 and a 0700 folder; separate namespaces (one per API
-key, say) keep users apart: hit timing would reveal what another user's requests contained.
+The journal (``<fingerprint>-<namespace>.lsjournal``) holds the requests finished since that snapshot,
+so that the save after a request appends a few kilobytes instead of rewriting tens of megabytes::
+
+    b"LSJOURNL" | u32 version | u32 header length | u32 CRC-32 of the header | header (JSON:
+    fingerprint, namespace, snapshot id) | records
+
+    record: u32 token count n | u32 CRC-32 of (the count's 4 bytes and the tokens) | n int32 tokens
+
+(all little-endian). Loading reads the snapshot and replays the journal's records in order, as the
+writer added them (:meth:`SuffixIndex.add_request`), if the journal names the snapshot's id (a journal
+left behind by a writer killed while it compacted belongs to the previous snapshot and is ignored).
+Replay stops at the first record that is incomplete, fails its checksum or holds a token outside the
+vocabulary: a writer killed in the middle of an append leaves a torn last record, and every complete
+record before it loads. Saving appends the requests finished since the last save (one write and an
+fsync). It writes a new snapshot instead (and deletes the journal) when the journal would pass
+:data:`JOURNAL_FRACTION` of the snapshot's tokens (at least :data:`JOURNAL_MIN_TOKENS`; replaying costs
+about 1 ms per 1K tokens at load), when requests were evicted (the history passed its cap), when the
+corpus changed, or when the files on disk are not the ones this store wrote or loaded (another process
+saved, the cache was cleared, a torn record): the last writer wins, and nothing is ever appended to a
+file it did not check. So the files stay bounded: the snapshot by the history cap, the journal by a
+fraction of it (4 bytes per token).
+
+A snapshot that is truncated, corrupted, of another version (version 1 had no journal; it is ignored
+and replaced), of another vocabulary or namespace, or whose arrays are out of bounds is reported in one
+line (:attr:`SuffixStore.problem`, and a logged warning) and ignored: the cache starts empty and the
+next save replaces it. A journal whose header is damaged or foreign is reported the same way, and the
+snapshot loads without it. A store is never used for the wrong vocabulary and never crashes the caller.
+
+Writes are crash-safe: a snapshot, and a journal's first write, go to a temp file in the same folder
+(created 0600), fsync, ``os.replace``, fsync of the folder, so a writer killed at any moment leaves the
+old file or the new one; appends are checked record by record at load. The files hold the user's text
+(as token ids), hence mode 0600 and a 0700 folder; separate namespaces (one per API key, say) keep
+users apart: hit timing would reveal what another user's requests contained.
 """
 
 from __future__ import annotations
@@ -26,11 +53,14 @@ import json
 import logging
 import os
 import re
+import secrets
 import stat
 import struct
 import tempfile
 import time
+import weakref
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,9 +73,18 @@ from localspec.suffix import SuffixIndex
 log = logging.getLogger(__name__)
 
 MAGIC = b"LSSUFFIX"
-VERSION = 1
+#: 2: the header carries a snapshot id, and a journal may follow the snapshot (1: a snapshot alone).
+VERSION = 2
 SUFFIX = ".lsstore"
+JOURNAL_MAGIC = b"LSJOURNL"
+JOURNAL_VERSION = 1
+JOURNAL_SUFFIX = ".lsjournal"
+#: A save writes a new snapshot instead of appending once the journal would hold more than this share of
+#: the snapshot's history tokens (or :data:`JOURNAL_MIN_TOKENS`, whichever is more).
+JOURNAL_FRACTION = 0.125
+JOURNAL_MIN_TOKENS = 65_536
 _PREAMBLE = struct.Struct("<8sIII")  # magic, version, header length, header CRC-32
+_RECORD = struct.Struct("<II")  # token count, CRC-32 of (the count's 4 bytes and the tokens)
 _ALIGN = 64
 MAX_HEADER = 1 << 20
 #: Default cap of a store's history in tokens (about 60 MB per million tokens on disk and in memory).
@@ -71,6 +110,11 @@ def default_dir() -> Path:
 def namespace_for_key(secret: str) -> str:
     """A namespace for a credential (an API key) that does not reveal it: 16 hex digits of its SHA-256."""
     return "key-" + hashlib.sha256(secret.encode("utf-8")).hexdigest()[:16]
+
+
+def journal_path(path: str | os.PathLike[str]) -> Path:
+    """The journal next to a snapshot file."""
+    return Path(path).with_suffix(JOURNAL_SUFFIX)
 
 
 def store_path(directory: str | os.PathLike[str], fingerprint: str, namespace: str = "default") -> Path:
@@ -105,12 +149,37 @@ class StoreInfo:
     problem: str | None = None
 
 
+_Identity = tuple[int, int, int, int]  # device, inode, size, mtime (ns) of a file
+
+
+def _identity(st: os.stat_result) -> _Identity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass
+class _Synced:
+    """What the files on disk hold, as this store last wrote or loaded them."""
+
+    history: Callable[[], object | None]  # weak references: the index's groups at that time
+    corpus: Callable[[], object | None]
+    corpus_root: str
+    added: int  # the history's added / dropped counters the files account for
+    dropped: int
+    snapshot_id: str
+    snapshot: _Identity
+    snapshot_tokens: int
+    journal: tuple[int, int] | None = None  # device and inode of our journal; None: there is none yet
+    journal_end: int = 0  # its bytes that are ours (complete records)
+    journal_tokens: int = 0
+
+
 class SuffixStore:
     """A persisted :class:`SuffixIndex` for one target vocabulary (and one namespace).
 
     ``load()`` returns the index (empty when there is no usable file; :attr:`problem` then says why);
-    ``save(index)`` writes it crash-safely. A :class:`localspec.suffix.SuffixDrafter` given
-    ``store=this`` saves after every finished request.
+    ``save(index)`` writes it crash-safely: after a load or a save of the same index, it appends the
+    requests finished since to the journal (see the module docstring). A
+    :class:`localspec.suffix.SuffixDrafter` given ``store=this`` saves after every finished request.
     """
 
     def __init__(
@@ -126,20 +195,23 @@ class SuffixStore:
             raise CacheError(f"max_tokens must be a positive whole number, got {max_tokens!r}")
         self.directory = Path(directory) if directory is not None else default_dir()
         self.path = store_path(self.directory, fingerprint, namespace)
+        self.journal_path = journal_path(self.path)
         self.fingerprint = fingerprint
         self.namespace = namespace
         self.max_tokens = max_tokens
         self.n_vocab = n_vocab
         self.problem: str | None = None  # why the last load or save could not use the file
         self.corpus_root = ""
+        self._synced: _Synced | None = None
 
     # Loading ---------------------------------------------------------------------------------------
     def load(self) -> SuffixIndex:
         """The stored index, or an empty one when the file is missing or unusable (see :attr:`problem`)."""
         self.problem = None
+        self._synced = None
         fresh = SuffixIndex(max_history_tokens=self.max_tokens, n_vocab=self.n_vocab)
         try:
-            data = _read(self.path)
+            data, st = _read(self.path)
         except FileNotFoundError:
             return fresh
         except OSError as exc:
@@ -150,23 +222,85 @@ class SuffixStore:
                 raise _Bad("it belongs to another vocabulary")
             if header.get("namespace") != self.namespace:
                 raise _Bad("it belongs to another namespace")
+            snapshot_id = header.get("snapshot_id")
+            if not isinstance(snapshot_id, str) or not snapshot_id:
+                raise _Bad("its header lacks the snapshot id")
             _check(arrays, self.n_vocab)
         except _Bad as exc:
             return self._ignore(str(exc), fresh)
         self.corpus_root = str(header.get("corpus_root", ""))
-        return SuffixIndex.from_state(arrays, max_history_tokens=self.max_tokens, n_vocab=self.n_vocab)
+        index = SuffixIndex.from_state(arrays, max_history_tokens=self.max_tokens, n_vocab=self.n_vocab)
+        synced = _Synced(
+            weakref.ref(index.history),
+            weakref.ref(index.corpus),
+            self.corpus_root,
+            index.history_added,
+            index.history_dropped,
+            snapshot_id,
+            _identity(st),
+            index.history_tokens,
+        )
+        # a journal is never larger than a share of its snapshot: one far larger is not replayed
+        self._replay(index, synced, _journal_cap(max(self.max_tokens, int(header.get("history_tokens", 0)))))
+        # requests evicted while loading (a smaller cap than the writer's): the next save writes it all
+        self._synced = synced if index.history_dropped == 0 else None
+        return index
+
+    def _replay(self, index: SuffixIndex, synced: _Synced, cap: int) -> None:
+        """Add the journal's complete records to ``index`` (and note how much of the journal is ours)."""
+        try:
+            fd = os.open(self.journal_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self._warn(f"cannot read its journal ({exc.strerror or exc}); loaded without it")
+            return
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_size > cap:
+                self._warn("its journal is larger than a store of this size writes; loaded without it")
+                return
+            data = fh.read()
+        try:
+            records, end = _parse_journal(
+                data, self.fingerprint, self.namespace, synced.snapshot_id, self.n_vocab
+            )
+        except _Stale:
+            return  # left behind by a writer killed while it wrote a new snapshot: the snapshot has it all
+        except _Bad as exc:
+            self._warn(f"its journal {self.journal_path.name}: {exc}; loaded without it")
+            return
+        for tokens in records:
+            index.add_request(tokens)
+        if end < len(data):
+            log.info(
+                "suffix cache %s: ignored %d bytes after %d complete records (a save that did not finish)",
+                self.journal_path,
+                len(data) - end,
+                len(records),
+            )
+        synced.added = index.history_added
+        synced.journal = (st.st_dev, st.st_ino)
+        synced.journal_end = end
+        synced.journal_tokens = sum(r.size for r in records)
 
     def _ignore(self, why: str, fresh: SuffixIndex) -> SuffixIndex:
         self.problem = f"suffix cache {self.path}: {why}; ignoring it (the next save replaces it)"
         log.warning(self.problem)
         return fresh
 
+    def _warn(self, why: str) -> None:
+        self.problem = f"suffix cache {self.path}: {why} (the next save replaces it)"
+        log.warning(self.problem)
+
     # Saving ----------------------------------------------------------------------------------------
     def save(self, index: SuffixIndex) -> bool:
-        """Write ``index`` crash-safely. On a failure (disk full, permissions) returns False and sets
-        :attr:`problem`; generation goes on without persistence."""
+        """Write ``index`` crash-safely: append the requests finished since the last load or save of it
+        to the journal, or write a new snapshot (see the module docstring). On a failure (disk full,
+        permissions) returns False and sets :attr:`problem`; generation goes on without persistence."""
         try:
-            self._write(index)
+            if not self._append(index):
+                self._write(index)
         except OSError as exc:
             self.problem = f"suffix cache {self.path}: cannot save ({exc.strerror or exc})"
             log.warning(self.problem)
@@ -174,7 +308,58 @@ class SuffixStore:
         self.problem = None
         return True
 
+    def _append(self, index: SuffixIndex) -> bool:
+        """Append the requests added to ``index`` since the files were in sync with it; False when a new
+        snapshot must be written instead (another index or corpus, evictions, a journal past its share,
+        files that are not the ones this store wrote or loaded)."""
+        s = self._synced
+        if (
+            s is None
+            or s.history() is not index.history
+            or s.corpus() is not index.corpus
+            or s.corpus_root != self.corpus_root
+            or index.history_dropped != s.dropped
+            or index.history_added < s.added
+        ):
+            return False
+        try:
+            if _identity(os.stat(self.path, follow_symlinks=False)) != s.snapshot:
+                return False  # replaced (another process saved) or deleted (the cache was cleared)
+        except OSError:
+            return False
+        new = index.history_since(s.added)
+        if not new:
+            return True
+        n_new = sum(a.size for a in new)
+        if s.journal_tokens + n_new > max(JOURNAL_MIN_TOKENS, int(s.snapshot_tokens * JOURNAL_FRACTION)):
+            return False  # fold the journal into a new snapshot: replaying it would make loading slow
+        records = b"".join(_record(a) for a in new)
+        if s.journal is None:  # the first append after a snapshot: create the journal whole
+            head = _journal_header(self.fingerprint, self.namespace, s.snapshot_id)
+            st = self._replace(self.journal_path, [head, records])
+            s.journal, s.journal_end = (st.st_dev, st.st_ino), len(head) + len(records)
+        else:
+            try:
+                fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))
+            except FileNotFoundError:
+                return False
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) != s.journal or st.st_size != s.journal_end:
+                    return False  # a torn record, or another writer's: start over from a snapshot
+                view = memoryview(records)
+                while view:
+                    view = view[os.write(fd, view) :]
+                _fdatasync(fd)
+            finally:
+                os.close(fd)
+            s.journal_end += len(records)
+        s.added = index.history_added
+        s.journal_tokens += n_new
+        return True
+
     def _write(self, index: SuffixIndex) -> None:
+        """A new snapshot of ``index`` (and no journal)."""
         arrays = {name: np.ascontiguousarray(a, dtype=ARRAYS[name]) for name, a in index.state().items()}
         table, offset = [], 0
         for name, a in arrays.items():
@@ -184,9 +369,11 @@ class SuffixStore:
         for a in arrays.values():
             crc = zlib.crc32(a.data.cast("B"), crc)
             crc = zlib.crc32(bytes(_aligned(a.nbytes) - a.nbytes), crc)
+        snapshot_id = secrets.token_hex(8)
         header = {
             "fingerprint": self.fingerprint,
             "namespace": self.namespace,
+            "snapshot_id": snapshot_id,
             "n_vocab": self.n_vocab,
             "saved_at": time.time(),
             "history_tokens": index.history_tokens,
@@ -201,37 +388,59 @@ class SuffixStore:
         blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
         head = _PREAMBLE.pack(MAGIC, VERSION, len(blob), zlib.crc32(blob)) + blob
         head += bytes(_aligned(len(head)) - len(head))
+        chunks: list[bytes | memoryview] = [head]
+        for a in arrays.values():
+            chunks += [a.data.cast("B"), bytes(_aligned(a.nbytes) - a.nbytes)]
+        st = self._replace(self.path, chunks)
+        # the journal's requests are in the snapshot now (a journal left behind by a kill right here names
+        # the previous snapshot's id and is ignored)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.journal_path)
+        self._synced = _Synced(
+            weakref.ref(index.history),
+            weakref.ref(index.corpus),
+            self.corpus_root,
+            index.history_added,
+            index.history_dropped,
+            snapshot_id,
+            _identity(st),
+            index.history_tokens,
+        )
 
+    def _replace(self, path: Path, chunks: list[bytes | memoryview]) -> os.stat_result:
+        """Write ``path`` whole and atomically: temp file (0600), fsync, rename, fsync of the folder."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._remove_stale_temps()
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
                 os.fchmod(fh.fileno(), 0o600)
-                fh.write(head)
-                for a in arrays.values():
-                    fh.write(a.data.cast("B"))
-                    fh.write(bytes(_aligned(a.nbytes) - a.nbytes))
+                for chunk in chunks:
+                    fh.write(chunk)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
+                st = os.fstat(fh.fileno())
+            os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
         _fsync_dir(self.directory)
+        return st
 
     def _remove_stale_temps(self) -> None:
         now = time.time()
-        for p in self.directory.glob(f".{self.path.name}.*.tmp"):
-            with contextlib.suppress(OSError):
-                if now - p.stat().st_mtime > STALE_TEMP_SECONDS:
-                    p.unlink()
+        for name in (self.path.name, self.journal_path.name):
+            for p in self.directory.glob(f".{name}.*.tmp"):
+                with contextlib.suppress(OSError):
+                    if now - p.stat().st_mtime > STALE_TEMP_SECONDS:
+                        p.unlink()
 
 
 # Listing and clearing ------------------------------------------------------------------------------
 def list_stores(directory: str | os.PathLike[str] | None = None) -> list[StoreInfo]:
-    """Every store file in ``directory`` (default :func:`default_dir`), from headers only."""
+    """Every store in ``directory`` (default :func:`default_dir`), from the snapshots' headers and the
+    journals' records (the requests saved since each snapshot are counted, their bytes included)."""
     d = Path(directory) if directory is not None else default_dir()
     if not d.is_dir():
         return []
@@ -247,30 +456,51 @@ def list_stores(directory: str | os.PathLike[str] | None = None) -> list[StoreIn
         except _Bad as exc:
             out.append(StoreInfo(p, size, problem=str(exc)))
             continue
-        out.append(
-            StoreInfo(
-                p,
-                size,
-                fingerprint=str(header.get("fingerprint", "")),
-                namespace=str(header.get("namespace", "")),
-                history_tokens=int(header.get("history_tokens", 0)),
-                history_requests=int(header.get("history_requests", 0)),
-                corpus_tokens=int(header.get("corpus_tokens", 0)),
-                corpus_documents=int(header.get("corpus_documents", 0)),
-                corpus_root=str(header.get("corpus_root", "")),
-                saved_at=float(header.get("saved_at", 0.0)),
-            )
+        info = StoreInfo(
+            p,
+            size,
+            fingerprint=str(header.get("fingerprint", "")),
+            namespace=str(header.get("namespace", "")),
+            history_tokens=int(header.get("history_tokens", 0)),
+            history_requests=int(header.get("history_requests", 0)),
+            corpus_tokens=int(header.get("corpus_tokens", 0)),
+            corpus_documents=int(header.get("corpus_documents", 0)),
+            corpus_root=str(header.get("corpus_root", "")),
+            saved_at=float(header.get("saved_at", 0.0)),
         )
+        _count_journal(info, header)
+        out.append(info)
     return out
 
 
+def _count_journal(info: StoreInfo, header: dict) -> None:
+    """Add the requests of a snapshot's journal (when it has one of its own) to ``info``."""
+    path = journal_path(info.path)
+    try:
+        st = path.stat()
+        if st.st_size > _journal_cap(max(DEFAULT_MAX_TOKENS, info.history_tokens)):
+            return
+        data, _ = _read(path)
+        records, _ = _parse_journal(
+            data, info.fingerprint, info.namespace, str(header.get("snapshot_id", "")), header.get("n_vocab")
+        )
+    except (OSError, _Bad, _Stale):
+        return
+    info.size_bytes += st.st_size
+    info.history_tokens += sum(r.size for r in records)
+    info.history_requests += len(records)
+    if records:
+        info.saved_at = max(info.saved_at, st.st_mtime)
+
+
 def clear(directory: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Delete every store file (and leftover temp file) in ``directory``; returns what was deleted."""
+    """Delete every store file, journal and leftover temp file in ``directory``; returns what was deleted."""
     d = Path(directory) if directory is not None else default_dir()
     if not d.is_dir():
         return []
     gone = []
-    for p in [*d.glob(f"*{SUFFIX}"), *d.glob(f".*{SUFFIX}.*.tmp")]:
+    kinds = (f"*{SUFFIX}", f"*{JOURNAL_SUFFIX}", f".*{SUFFIX}.*.tmp", f".*{JOURNAL_SUFFIX}.*.tmp")
+    for p in [path for kind in kinds for path in d.glob(kind)]:
         try:
             p.unlink()
         except FileNotFoundError:
@@ -389,11 +619,11 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def _read(path: Path) -> bytes:
+def _read(path: Path) -> tuple[bytes, os.stat_result]:
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags)
     with os.fdopen(fd, "rb") as fh:
-        return fh.read()
+        return fh.read(), os.fstat(fh.fileno())
 
 
 def _parse_header(data: bytes, size: int, path: Path) -> dict:
@@ -476,6 +706,82 @@ def _check(arrays: dict[str, np.ndarray], n_vocab: int | None) -> None:
                 raise _Bad(f"its {group} index points outside its tokens")
             if np.any(keys[1:] < keys[:-1]):
                 raise _Bad(f"its {group} index is not sorted")
+
+
+class _Stale(Exception):
+    """A journal of another snapshot (left behind when a new snapshot replaced its own)."""
+
+
+def _journal_header(fingerprint: str, namespace: str, snapshot_id: str) -> bytes:
+    blob = json.dumps(
+        {"fingerprint": fingerprint, "namespace": namespace, "snapshot_id": snapshot_id},
+        separators=(",", ":"),
+    ).encode("utf-8")
+    return _PREAMBLE.pack(JOURNAL_MAGIC, JOURNAL_VERSION, len(blob), zlib.crc32(blob)) + blob
+
+
+def _record(tokens: np.ndarray) -> bytes:
+    body = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
+    count = struct.pack("<I", len(body) // 4)
+    return count + struct.pack("<I", zlib.crc32(body, zlib.crc32(count))) + body
+
+
+def _journal_cap(max_tokens: int) -> int:
+    """Bytes that a journal of a store of ``max_tokens`` never reaches (it holds at most a share of them,
+    at 4 bytes a token and 8 a record; twice over, with room to spare)."""
+    return MAX_HEADER + 2 * (_RECORD.size + 4) * (max_tokens + JOURNAL_MIN_TOKENS)
+
+
+def _parse_journal(
+    data: bytes, fingerprint: str, namespace: str, snapshot_id: str | None, n_vocab: int | None
+) -> tuple[list[np.ndarray], int]:
+    """The complete records of a journal (up to the first incomplete, corrupt or out-of-vocabulary one)
+    and where they end. Raises :class:`_Bad` for an unusable header, :class:`_Stale` for a journal of
+    another snapshot (``snapshot_id`` None: any)."""
+    if len(data) < _PREAMBLE.size:
+        raise _Bad("it is truncated (no header)")
+    magic, version, n, crc = _PREAMBLE.unpack_from(data)
+    if magic != JOURNAL_MAGIC:
+        raise _Bad("it is not a localspec suffix cache journal")
+    if version != JOURNAL_VERSION:
+        raise _Bad(f"it has format version {version}, this localspec reads version {JOURNAL_VERSION}")
+    if n > MAX_HEADER or _PREAMBLE.size + n > len(data):
+        raise _Bad("it is truncated (header cut short)")
+    blob = data[_PREAMBLE.size : _PREAMBLE.size + n]
+    if zlib.crc32(blob) != crc:
+        raise _Bad("its header is corrupted (checksum mismatch)")
+    try:
+        header = json.loads(blob)
+    except ValueError as exc:
+        raise _Bad("its header is not valid JSON") from exc
+    if not isinstance(header, dict):
+        raise _Bad("its header is not an object")
+    if header.get("fingerprint") != fingerprint:
+        raise _Bad("it belongs to another vocabulary")
+    if header.get("namespace") != namespace:
+        raise _Bad("it belongs to another namespace")
+    if snapshot_id is not None and header.get("snapshot_id") != snapshot_id:
+        raise _Stale
+    view = memoryview(data)
+    records: list[np.ndarray] = []
+    at = _PREAMBLE.size + n
+    while at + _RECORD.size <= len(data):
+        count, crc = _RECORD.unpack_from(data, at)
+        end = at + _RECORD.size + 4 * count
+        if count == 0 or end > len(data):
+            break
+        if zlib.crc32(view[at + _RECORD.size : end], zlib.crc32(view[at : at + 4])) != crc:
+            break
+        tokens = np.frombuffer(data, dtype="<i4", count=count, offset=at + _RECORD.size)
+        if int(tokens.min()) < 0 or (n_vocab is not None and int(tokens.max()) >= n_vocab):
+            break
+        records.append(tokens)
+        at = end
+    return records, at
+
+
+def _fdatasync(fd: int) -> None:
+    getattr(os, "fdatasync", os.fsync)(fd)
 
 
 def _fsync_dir(directory: Path) -> None:

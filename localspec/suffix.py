@@ -250,6 +250,8 @@ class _Group:
         self.base = _EMPTY_PART
         self.recent = _EMPTY_PART
         self.recent_from = 0  # buf offset where the recent part begins
+        self.added = 0  # requests ever added (restored ones included)
+        self.dropped = 0  # requests ever evicted: the group holds requests dropped .. added - 1
         self._view: memoryview | None = None
         self._view_of: np.ndarray | None = None
 
@@ -275,6 +277,7 @@ class _Group:
         self.buf[at + arr.size] = -1
         self.size = need
         self.starts.append(at)
+        self.added += 1
         part = _build(self.buf[at : self.size])
         part = (part[0], part[1] + np.int32(at))
         self.recent = _merge(self.recent, part) if self.recent[0].size else part
@@ -305,6 +308,7 @@ class _Group:
         self.size -= cut
         self.starts = [s - cut for s in self.starts[drop:]]
         self.recent_from = self.size
+        self.dropped += drop
         return drop
 
     def n_tokens_from(self, i: int) -> int:
@@ -402,6 +406,7 @@ class _Group:
         self.base = (arrays[f"{prefix}keys"], arrays[f"{prefix}pos"])
         self.recent = _EMPTY_PART
         self.recent_from = self.size  # everything restored is in the base part
+        self.added, self.dropped = len(self.starts), 0
 
 
 class SuffixIndex:
@@ -502,7 +507,27 @@ class SuffixIndex:
         same = (arr[np.maximum(back, 0)] == arr[np.maximum(size - _BACK, 0)]) & (back >= 0)
         return np.where(same.all(axis=1), LEVELS[-1], same.argmin(axis=1)).tolist()
 
-    def add_request(self, tokens: Sequence[int]) -> None:
+    @property
+    def history_added(self) -> int:
+        """Requests ever added to the history (restored ones included): what a store's journal counts."""
+        return self.history.added
+
+    @property
+    def history_dropped(self) -> int:
+        """Requests ever evicted from the history (since it was created or restored)."""
+        return self.history.dropped
+
+    def history_since(self, added: int) -> list[np.ndarray]:
+        """The token arrays of the requests added after the first ``added`` (oldest first); every one
+        must still be held (nothing evicted since: see :attr:`history_dropped`)."""
+        g = self.history
+        first = added - g.dropped
+        if first < 0:
+            raise ValueError("requests added since then were evicted")
+        ends = [*g.starts[1:], g.size]
+        return [g.buf[g.starts[i] : ends[i] - 1] for i in range(first, len(g.starts))]
+
+    def add_request(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Remember a finished request (prompt and output) for every later one."""
         self.history.add(tokens)
         self.history.evict(self.max_history_tokens)
@@ -520,6 +545,7 @@ class SuffixIndex:
             group.starts = list(np.concatenate([[0], np.cumsum([p.size + 1 for p in parts])[:-1]]).tolist())
             group.base = _build(flat)
             group.recent_from = group.size
+            group.added = len(group.starts)
         self.corpus = group
 
     # Sizes -----------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,6 +181,239 @@ def test_history_is_bounded_oldest_first(tmp_path):
     assert ix.history.tokens[0] == 9 - ix.history_requests + 1  # the newest requests are the ones kept
     s.save(ix)
     assert s.load().history_tokens == ix.history_tokens
+
+
+# The journal ----------------------------------------------------------------------------------------
+def _files(directory):
+    return sorted(p.name for p in Path(directory).iterdir())
+
+
+def _journaled(tmp_path, n_appended=4, **kw):
+    """A store saved once whole, then after each of ``n_appended`` more requests (appended)."""
+    s = SuffixStore(tmp_path, FP, n_vocab=1000, **kw)
+    ix = s.load()
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        ix.add_request(rng.integers(0, 1000, 200).tolist())
+    assert s.save(ix)
+    requests = []
+    for _ in range(n_appended):
+        requests.append(rng.integers(0, 1000, int(rng.integers(1, 60))).tolist())
+        ix.add_request(requests[-1])
+        assert s.save(ix) and s.problem is None
+    return s, ix, requests
+
+
+def _same_lookups(a: SuffixIndex, b: SuffixIndex) -> None:
+    rng = np.random.default_rng(9)
+    tokens = a.history.tokens
+    for _ in range(20):
+        at = int(rng.integers(16, max(17, tokens.size - 8)))
+        context = [int(t) for t in tokens[at - 16 : at] if t >= 0]
+        a.begin(context)
+        b.begin(context)
+        assert [vars(p) for p in a.propose(context, 8)] == [vars(p) for p in b.propose(context, 8)]
+
+
+def test_saves_after_the_first_append_to_a_journal_and_load_the_same_index(tmp_path):
+    s, ix, requests = _journaled(tmp_path)
+    snapshot = os.stat(s.path)
+    assert _files(tmp_path) == sorted([s.path.name, s.journal_path.name])
+    for p in (s.path, s.journal_path):
+        assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
+    # the journal holds the requests (4 bytes a token), the snapshot was not rewritten
+    head = len(storemod._journal_header(FP, "default", "0" * 16))
+    assert s.journal_path.stat().st_size == head + sum(8 + 4 * len(r) for r in requests)
+    assert os.stat(s.path).st_mtime_ns == snapshot.st_mtime_ns
+    back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
+    _same(ix, back)
+    _same_lookups(ix, back)
+    assert back.history_requests == 3 + len(requests)
+    # nothing new: nothing written
+    size = s.journal_path.stat().st_size
+    assert s.save(ix) and s.journal_path.stat().st_size == size
+    # the store and its journal are listed as one, and cleared together
+    (info,) = list_stores(tmp_path)
+    assert info.history_requests == back.history_requests and info.history_tokens == back.history_tokens
+    assert info.size_bytes == s.path.stat().st_size + size
+    assert len(storemod.clear(tmp_path)) == 2 and _files(tmp_path) == []
+
+
+def test_a_loaded_store_appends_to_its_journal(tmp_path):
+    s, ix, requests = _journaled(tmp_path, n_appended=2)
+    again = SuffixStore(tmp_path, FP, n_vocab=1000)
+    back = again.load()
+    back.add_request([7, 8, 9])
+    size = again.journal_path.stat().st_size
+    assert again.save(back)
+    assert again.journal_path.stat().st_size == size + 8 + 12  # one record appended
+    assert SuffixStore(tmp_path, FP, n_vocab=1000).load().history_requests == 3 + 2 + 1
+
+
+def test_torn_last_record_loads_every_complete_record(tmp_path, caplog):
+    """A writer killed in the middle of an append, at every byte of the last record (and with garbage
+    after it): the store loads, quietly, with every complete record; the next save starts afresh."""
+    s, ix, requests = _journaled(tmp_path, n_appended=3)
+    data = s.journal_path.read_bytes()
+    last = len(data) - (8 + 4 * len(requests[-1]))
+    s.journal_path.write_bytes(data[:last])
+    want = SuffixStore(tmp_path, FP, n_vocab=1000).load()  # every record but the last one
+    assert want.history_requests == 3 + len(requests) - 1
+    for cut in range(last, len(data)):
+        s.journal_path.write_bytes(data[:cut])
+        st = SuffixStore(tmp_path, FP, n_vocab=1000)
+        back = st.load()
+        assert st.problem is None and back.history_requests == want.history_requests, cut
+        _same(want, back)
+    # the last token one off (still in the vocabulary: only the checksum tells), or garbage after it
+    one_off = data[last:-4] + bytes([data[-4] ^ 1]) + data[-3:]
+    for tail in (one_off, os.urandom(7), os.urandom(300), bytes(50)):
+        s.journal_path.write_bytes(data[:last] + tail)
+        st = SuffixStore(tmp_path, FP, n_vocab=1000)
+        back = st.load()
+        assert st.problem is None and back.history_requests == 3 + len(requests) - 1
+    # a record whose checksum fails in the middle ends the replay there (what follows cannot be trusted)
+    flipped = bytearray(data)
+    flipped[last - 4] ^= 0x01  # the lowest byte of the previous record's last token
+    s.journal_path.write_bytes(bytes(flipped))
+    assert SuffixStore(tmp_path, FP, n_vocab=1000).load().history_requests == 3 + len(requests) - 2
+    # after a torn load, the next save does not append after the garbage: it writes a new snapshot
+    s.journal_path.write_bytes(data[: len(data) - 3])
+    st = SuffixStore(tmp_path, FP, n_vocab=1000)
+    back = st.load()
+    back.add_request([1, 2, 3])
+    assert st.save(back)
+    assert _files(tmp_path) == [s.path.name]
+    again = SuffixStore(tmp_path, FP, n_vocab=1000).load()
+    assert again.history_requests == 3 + len(requests) - 1 + 1
+    _same(back, again)
+    assert "Traceback" not in caplog.text
+
+
+def test_journal_of_a_replaced_snapshot_is_ignored(tmp_path):
+    """Killed after writing a new snapshot and before deleting the journal: the journal names the old
+    snapshot, and its requests (already in the new one) are not added twice."""
+    s, ix, requests = _journaled(tmp_path, n_appended=3)
+    old_journal = s.journal_path.read_bytes()
+    ix.set_corpus([[1, 2, 3, 4]])  # a new corpus: the next save writes a snapshot
+    assert s.save(ix) and not s.journal_path.exists()
+    s.journal_path.write_bytes(old_journal)
+    st = SuffixStore(tmp_path, FP, n_vocab=1000)
+    back = st.load()
+    assert st.problem is None and back.history_requests == 3 + len(requests)
+    _same(ix, back)
+    # and the next save replaces it
+    back.add_request([5, 6])
+    assert st.save(back)
+    assert SuffixStore(tmp_path, FP, n_vocab=1000).load().history_requests == 3 + len(requests) + 1
+
+
+@pytest.mark.parametrize("damage", ["magic", "header-crc", "other-namespace", "version"])
+def test_damaged_journal_header_is_reported_and_the_snapshot_loads(tmp_path, damage):
+    s, ix, requests = _journaled(tmp_path, n_appended=2)
+    data = bytearray(s.journal_path.read_bytes())
+    if damage == "magic":
+        data[0:8] = b"NOTAJRNL"
+    elif damage == "header-crc":
+        data[_PREAMBLE_SIZE + 3] ^= 0x01
+    elif damage == "version":
+        data[8] = 9
+    else:
+        blob = json.dumps({"fingerprint": FP, "namespace": "other", "snapshot_id": "x"}).encode()
+        data = bytearray(
+            storemod._PREAMBLE.pack(storemod.JOURNAL_MAGIC, 1, len(blob), zlib.crc32(blob)) + blob
+        )
+    s.journal_path.write_bytes(bytes(data))
+    st = SuffixStore(tmp_path, FP, n_vocab=1000)
+    back = st.load()
+    assert back.history_requests == 3  # the snapshot's
+    assert st.problem and "journal" in st.problem and "\n" not in st.problem
+    back.add_request([4, 4, 4])
+    assert st.save(back) and st.problem is None
+    assert SuffixStore(tmp_path, FP, n_vocab=1000).load().history_requests == 4
+
+
+_PREAMBLE_SIZE = storemod._PREAMBLE.size
+
+
+def test_journal_is_folded_into_the_snapshot_and_eviction_bounds_the_files(tmp_path, monkeypatch):
+    """Appends until the journal would pass its share of the snapshot, then a new snapshot; with a
+    history cap, eviction writes a new snapshot too: the files stay bounded however many requests."""
+    monkeypatch.setattr(storemod, "JOURNAL_MIN_TOKENS", 500)
+    s = SuffixStore(tmp_path, FP, max_tokens=3000)
+    ix = s.load()
+    rng = np.random.default_rng(2)
+    snapshots = set()
+    largest = 0
+    for i in range(300):
+        ix.add_request(rng.integers(0, 30000, int(rng.integers(20, 120))).tolist())
+        assert s.save(ix) and s.problem is None
+        snapshots.add((os.stat(s.path).st_ino, os.stat(s.path).st_mtime_ns))
+        total = sum(p.stat().st_size for p in tmp_path.iterdir())
+        largest = max(largest, total)
+        journal = s.journal_path.stat().st_size if s.journal_path.exists() else 0
+        assert journal <= 200 + 8 * 50 + 4 * 500  # header, records: never past JOURNAL_MIN_TOKENS
+        for p in tmp_path.iterdir():
+            assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+        if i % 50 == 49:
+            back = SuffixStore(tmp_path, FP, max_tokens=3000).load()
+            _same(ix, back)
+    assert ix.history_tokens <= 3000 and len(snapshots) > 5
+    one = storemod.store_path(tmp_path, FP)
+    assert largest < 2 * 60 * 3000 + 10_000  # ~60 bytes a token in the snapshot, at most the cap
+    assert one == s.path
+
+
+def test_a_store_never_appends_to_files_it_did_not_write(tmp_path):
+    """Two writers on one store (two processes): each appends only while the files are the ones it
+    wrote or loaded; otherwise it writes a snapshot of its own. The last writer wins; the store loads."""
+    a, ix_a, _ = _journaled(tmp_path, n_appended=1)
+    b = SuffixStore(tmp_path, FP, n_vocab=1000)
+    ix_b = b.load()
+    ix_a.add_request([1, 1, 1])
+    assert a.save(ix_a)  # appended: a's journal grew
+    ix_b.add_request([2, 2, 2, 2])
+    assert b.save(ix_b)  # the journal is not the size b loaded: b writes a snapshot
+    back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
+    _same(ix_b, back)
+    ix_a.add_request([3])
+    assert a.save(ix_a)  # the snapshot is not the one a wrote: a writes its own
+    _same(ix_a, SuffixStore(tmp_path, FP, n_vocab=1000).load())
+    # a cleared cache is written again whole
+    storemod.clear(tmp_path)
+    ix_a.add_request([4, 4])
+    assert a.save(ix_a)
+    _same(ix_a, SuffixStore(tmp_path, FP, n_vocab=1000).load())
+
+
+def test_writer_dying_mid_append_leaves_a_store_that_loads(tmp_path, monkeypatch):
+    """Deterministic: the append writes half its bytes, then the process dies."""
+    s, ix, requests = _journaled(tmp_path, n_appended=2)
+    real_write = os.write
+
+    def dying_write(fd, data):
+        real_write(fd, bytes(data)[: len(data) // 2])
+        raise _Killed
+
+    ix.add_request(list(range(100)))
+    monkeypatch.setattr(os, "write", dying_write)
+    with pytest.raises(_Killed):
+        s.save(ix)
+    monkeypatch.undo()
+    st = SuffixStore(tmp_path, FP, n_vocab=1000)
+    assert st.load().history_requests == 3 + 2 and st.problem is None
+
+
+def test_version_1_store_is_ignored_with_a_clear_reason(tmp_path):
+    s = SuffixStore(tmp_path, FP)
+    s.save(_index())
+    raw = bytearray(s.path.read_bytes())
+    raw[8:12] = (1).to_bytes(4, "little")  # what localspec wrote before the journal
+    s.path.write_bytes(bytes(raw))
+    ix = s.load()
+    assert ix.history_tokens == 0
+    assert s.problem and "format version 1" in s.problem and "reads version 2" in s.problem
+    assert s.save(_index(seed=1)) and s.load().history_tokens > 0 and s.problem is None
 
 
 _WRITER = textwrap.dedent(
