@@ -419,15 +419,17 @@ def test_version_1_store_is_ignored_with_a_clear_reason(tmp_path):
 _WRITER = textwrap.dedent(
     """
     import sys, numpy as np
+    from localspec import store
     from localspec.store import SuffixStore
     from localspec.suffix import SuffixIndex
+    store.JOURNAL_MIN_TOKENS = 2000  # a new 15 MB snapshot every 20 saves, appends to the journal between
     s = SuffixStore(sys.argv[1], sys.argv[2])
     rng = np.random.default_rng(0)
     ix = SuffixIndex()
     for _ in range(8):
         ix.add_request(rng.integers(0, 30000, 30000).tolist())
     print("ready", flush=True)
-    while True:  # most of the time is now spent writing a 15 MB file
+    while True:  # most of the time is spent writing snapshots; kills land in appends too
         ix.add_request(rng.integers(0, 30000, 100).tolist())
         s.save(ix)
     """
