@@ -717,7 +717,15 @@ class Saver(Protocol):
 
 
 _BUCKETS = 10
-_CALIBRATION_WEIGHT = 4.0  # pseudo-trials at the smoothed frequency before measured acceptance dominates
+_CALIBRATION_WEIGHT = 4.0  # pseudo-trials before measured acceptance dominates
+#: The pseudo-trials sit at this fraction of the smoothed frequency: a source and confidence bucket
+#: with no measured acceptance is trusted less than its counts say. One earlier occurrence scores ~0.95,
+#: but on the Qwen agent sessions such drafts were accepted 31% of the time, and on a machine whose
+#: 2-token pass costs two single ones each wrong draft costs a whole token per drafted token. Evidence
+#: comes free: while the drafter holds back, its best proposal is scored against what the target emits
+#: (a *shadow* draft, :meth:`SuffixDrafter._settle_shadow`), so a source earns its drafts without
+#: paying for wrong ones. Where verifying is cheap (a flat V(b)) the discounted prior still drafts at once.
+PRIOR_TRUST = 0.75
 #: Each request's drafts start at most this long and double after every draft accepted whole; a rejection
 #: brings the cap back to just past what was accepted (as llama.cpp's ngram-map sizes a draft from what was
 #: accepted last time). A long draft is a wide verify pass: on a machine where a 2-token pass costs two
@@ -746,9 +754,11 @@ class SuffixDrafter:
         learn: bool = True,
         margin: float = DRAFT_MARGIN,
         first_cap: int = FIRST_CAP,
+        prior_trust: float = PRIOR_TRUST,
     ) -> None:
         self.index = index if index is not None else SuffixIndex()
         self.margin = margin
+        self.prior_trust = prior_trust
         self.first_cap = first_cap
         self._cap = first_cap  # the longest draft this request has earned so far (see FIRST_CAP)
         self.verify_cost = verify_cost
@@ -757,11 +767,12 @@ class SuffixDrafter:
         # per (source, bucket): [trials, accepted]
         self.calibration: dict[tuple[str, int], list[int]] = {}
         self._pending: tuple[int, list[int], list[str], list[float]] | None = None
+        self._shadow: tuple[int, list[int], list[str], list[float]] | None = None  # a proposal not drafted
         self._costs: list[float] = []  # verify_cost(b) by b, read once per width
         self._costs_of: Callable[[int], float] | None = None
 
     def begin(self, context: list[int]) -> None:
-        self._pending = None
+        self._pending = self._shadow = None
         self._cap = self.first_cap
         self.index.begin(context)
 
@@ -771,14 +782,21 @@ class SuffixDrafter:
         if n <= 0:
             return out
         best: tuple[float, int, Proposal, list[float], int] | None = None
+        held: tuple[float, int, Proposal] | None = None  # the best proposal held back (for the shadow)
         for prop in self.index.propose(context, min(n, self._cap)):
             conf, k, value = self._calibrated_best(prop)
             if k == 0 or value < 1.0 + self.margin:
-                continue  # a draft that promises less than the margin is mostly estimation noise
+                # a draft that promises less than the margin is mostly estimation noise
+                if held is None or (value, prop.match_length) > held[:2]:
+                    held = (value, prop.match_length, prop)
+                continue
             key = (value, prop.match_length)
             if best is None or key > best[:2]:
                 best = (value, prop.match_length, prop, conf, k)
         if best is None:
+            if held is not None and self._shadow is None:
+                prop = held[2]
+                self._shadow = (len(context), prop.tokens, [prop.source] * len(prop.tokens), prop.confidence)
             return out
         _, _, prop, conf, k = best
         out.tokens = prop.tokens[:k]
@@ -801,6 +819,7 @@ class SuffixDrafter:
     def finish(self, context: list[int]) -> None:
         """Remember the finished request (prompt and output) and persist it when a store is attached."""
         self._settle(context)
+        self._settle_shadow(context, final=True)
         self._pending = None
         if not self.learn or not context:
             return
@@ -824,13 +843,14 @@ class SuffixDrafter:
         if len(costs) < len(confidence) + 2:
             costs.extend(self.verify_cost(b) for b in range(len(costs) + 1, len(confidence) + 3))
         cells, weight, source, top = self.calibration, _CALIBRATION_WEIGHT, prop.source, _BUCKETS - 1
+        trust = weight * self.prior_trust
         conf: list[float] = []
         best_k, best = 0, 1.0 / costs[0]
         expected, run = 1.0, 1.0
         for i, c in enumerate(confidence):
             bucket = int(c * _BUCKETS)  # _bucket(c)
             trials, accepted = cells.get((source, bucket if bucket < top else top), (0, 0))
-            x = (accepted + weight * c) / (trials + weight)
+            x = (accepted + trust * c) / (trials + weight)
             conf.append(x)
             run *= x if 0.0 <= x <= 1.0 else min(max(float(x), 0.0), 1.0)
             expected += run
@@ -843,15 +863,11 @@ class SuffixDrafter:
     def calibrated(self, source: str, c: float) -> float:
         """The smoothed frequency ``c`` pulled towards the acceptance measured for its source and bucket."""
         trials, accepted = self.calibration.get((source, _bucket(c)), (0, 0))
-        return (accepted + _CALIBRATION_WEIGHT * c) / (trials + _CALIBRATION_WEIGHT)
+        return (accepted + _CALIBRATION_WEIGHT * self.prior_trust * c) / (trials + _CALIBRATION_WEIGHT)
 
-    def _settle(self, context: Sequence[int]) -> None:
-        """Score the previous draft against what the engine emitted since: accepted tokens form a prefix."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        at, tokens, sources, raw = pending
-        emitted = context[at : at + len(tokens) + 1]
+    def _score(self, tokens: list[int], sources: list[str], raw: list[float], emitted: Sequence[int]) -> int:
+        """Count a draft's tokens as trials of their (source, bucket) up to the first one the target did not
+        emit (included); returns how many matched. ``emitted`` may be shorter than the draft."""
         accepted = 0
         cells = self.calibration
         # zip stops where the generation did (it may stop before reaching the last drafted tokens)
@@ -865,9 +881,34 @@ class SuffixDrafter:
                 break  # rejected: the target emitted its own token here
             cell[1] += 1
             accepted += 1
+        return accepted
+
+    def _settle(self, context: Sequence[int]) -> None:
+        """Score the previous draft against what the engine emitted since: accepted tokens form a prefix."""
+        self._settle_shadow(context)
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        at, tokens, sources, raw = pending
+        emitted = context[at : at + len(tokens) + 1]
+        accepted = self._score(tokens, sources, raw, emitted)
         if emitted:  # the round was verified (the context grew past the draft's start)
             whole = accepted == len(tokens)
             self._cap = min(self._cap * 2, MAX_DRAFT) if whole else max(2, accepted + 1)
+
+    def _settle_shadow(self, context: Sequence[int], *, final: bool = False) -> None:
+        """Score the proposal held back (see :data:`PRIOR_TRUST`) once the target's own tokens decide it:
+        at its first token the target did not emit, or when all of it was emitted (or the request ended)."""
+        shadow = self._shadow
+        if shadow is None:
+            return
+        at, tokens, sources, raw = shadow
+        emitted = context[at : at + len(tokens)]
+        n = len(emitted)
+        if not final and n < len(tokens) and tokens[:n] == list(emitted):
+            return  # every token so far agrees: not decided yet
+        self._shadow = None
+        self._score(tokens, sources, raw, emitted)
 
 
 def _bucket(c: float) -> int:

@@ -370,7 +370,7 @@ def test_overlap_is_the_fraction_of_recent_ngrams_seen_before():
 
 # The drafter ---------------------------------------------------------------------------------------
 def test_drafter_fills_sources_confidence_and_sampling_probs():
-    d = SuffixDrafter(first_cap=64)  # the length cap has its own test
+    d = SuffixDrafter(first_cap=64, prior_trust=1.0)  # the length cap and the prior have their own tests
     rng = np.random.default_rng(0)
     d.finish(list(range(10, 60)))
     ctx = [1, 2, *range(10, 26)]  # a 16-token match: sure enough for a long draft
@@ -391,7 +391,7 @@ def test_drafter_fills_sources_confidence_and_sampling_probs():
 
 
 def test_drafter_learns_acceptance_per_source_and_bucket():
-    d = SuffixDrafter(first_cap=64)  # the length cap has its own test
+    d = SuffixDrafter(first_cap=64, prior_trust=1.0)  # the length cap and the prior have their own tests
     rng = np.random.default_rng(0)
     d.finish(list(range(10, 60)))
     ctx = [1, *range(10, 26)]
@@ -420,6 +420,84 @@ def test_choose_length_decides_the_draft_length():
     cheap.finish(list(range(10, 40)))
     cheap.begin([10, 11, 12])
     assert len(cheap.draft([10, 11, 12, 13], 8, GREEDY, np.random.default_rng(0)).tokens) == 8
+
+
+# This machine's measured verify curve (Qwen 1.5B, 2 threads): a 2-token pass costs two single ones.
+STEEP = {1: 1.0, 2: 2.01, 3: 2.79, 4: 3.47, 5: 4.17, 6: 4.85, 7: 6.0, 8: 7.19}
+
+
+def _steep(b: int) -> float:
+    return STEEP.get(b, 1.0 + 0.9 * (b - 1))
+
+
+def _run_rounds(d: SuffixDrafter, ctx: list[int], target: list[int], rounds: int) -> list[int]:
+    """Drive ``d`` like the engine does with a greedy target that emits ``target`` in order: the accepted
+    draft prefix plus the target's own next token each round. Returns the draft length of each round."""
+    lengths = []
+    rng = np.random.default_rng(0)
+    ctx = list(ctx)
+    for _ in range(rounds):
+        done = len(ctx)
+        if done >= len(target):
+            break
+        got = d.draft(ctx, 8, GREEDY, rng).tokens
+        lengths.append(len(got))
+        m = 0
+        while m < len(got) and done + m < len(target) and got[m] == target[done + m]:
+            m += 1
+        ctx = target[: done + m + 1]
+    return lengths
+
+
+def test_an_unproven_source_drafts_only_after_free_shadow_evidence():
+    """On a steep verify curve one earlier occurrence is not enough to pay a wide pass: the drafter holds
+    back, scores its proposals against the target's own tokens for free, and drafts once they were right."""
+    text = list(range(100, 400))
+    d = SuffixDrafter(verify_cost=_steep)
+    d.finish(text)  # the target will write the same text again: every proposal is right
+    d.begin(text[:20])
+    lengths = _run_rounds(d, text[:21], text, 120)
+    assert lengths[0] == 0, "drafted on the raw count alone"
+    first = next(i for i, n in enumerate(lengths) if n)
+    assert 3 <= first <= 40, lengths
+    assert sum(lengths[first:]) > 0.5 * (len(text) - 21 - first)  # then it drafts most of the rest
+    trials = sum(t for t, _ in d.calibration.values())
+    assert trials >= first  # the held-back rounds were scored
+
+
+def test_a_source_that_is_wrong_never_drafts_on_a_steep_curve():
+    history = list(range(100, 400))
+    d = SuffixDrafter(verify_cost=_steep)
+    d.finish(history)
+    # every pair of tokens was seen before, followed by another token than the target writes now
+    target = [t for i in range(0, 240, 3) for t in (history[i], history[i + 1], 5000 + i)]
+    d.begin(target[:20])
+    # the proposals held back are scored (and fail); nothing is drafted
+    assert sum(_run_rounds(d, target[:21], target, 150)) == 0
+    assert sum(a for _, a in d.calibration.values()) < sum(t for t, _ in d.calibration.values())
+
+
+def test_the_shadow_is_scored_when_the_target_decides_it_or_the_request_ends():
+    d = SuffixDrafter(verify_cost=_steep)
+    d.finish(list(range(10, 60)))
+    ctx = [1, 2, *range(10, 20)]
+    d.begin(ctx[:-1])
+    assert d.draft(ctx, 4, GREEDY, np.random.default_rng(0)).tokens == []  # held back
+    assert d._shadow is not None and d._shadow[1] == [20, 21, 22, 23]
+    d.draft([*ctx, 20], 4, GREEDY, np.random.default_rng(0))  # agrees so far: undecided
+    assert d.calibration == {} and d._shadow[1] == [20, 21, 22, 23]
+    d.draft([*ctx, 20, 21, 99], 4, GREEDY, np.random.default_rng(0))  # the third token differs
+    assert sum(t for t, _ in d.calibration.values()) == 3
+    assert sum(a for _, a in d.calibration.values()) == 2
+    d.finish([*ctx, 20, 21, 99, 5])  # a request that ends scores what it emitted of a pending shadow
+    assert d._shadow is None
+
+
+def test_a_flat_verify_curve_drafts_at_once_despite_the_discounted_prior():
+    d = SuffixDrafter(verify_cost=lambda b: 1.0)
+    d.finish(list(range(10, 60)))
+    d.begin([1, 2, 10, 11, 12])
+    assert d.draft([1, 2, 10, 11, 12, 13], 4, GREEDY, np.random.default_rng(0)).tokens == [14, 15, 16, 17]
 
 
 # Through the real engine on the embedded pair ----------------------------------------------------------
