@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,21 @@ def _number(page, elem_id: str) -> float:
     value = float(raw)
     assert math.isfinite(value)
     return value
+
+
+def _settled_text(page, selector: str, quiet: float = 0.6, timeout: float = 30.0) -> str:
+    """The text of ``selector`` once it has not changed for ``quiet`` seconds (Gradio updates the output and
+    the stats panel separately: the panel may change first)."""
+    deadline = time.monotonic() + timeout
+    text, since = page.inner_text(selector), time.monotonic()
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+        now = page.inner_text(selector)
+        if now != text:
+            text, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return text
 
 
 def _run(page, prompt: str) -> None:
@@ -419,7 +435,7 @@ def test_browser_stop_in_another_tab_leaves_this_run_alone(ui):
         page.wait_for_function(  # the run is over when its stats reach the panel
             "(b) => document.querySelector('#ls-result-box').innerHTML !== b", arg=before, timeout=180_000
         )
-        return page.inner_text("#ls-output")
+        return _settled_text(page, "#ls-output")  # its last text may reach the page a moment later
 
     assert "[stopped]" not in run_and_stop(other, 200)  # the other tab's Stop: this run goes on to its end
     # this tab's own Stop ends it (1800 tokens: usually still running when Stop arrives; prompt + 1800 fit in
