@@ -626,14 +626,15 @@ def _read(path: Path) -> tuple[bytes, os.stat_result]:
         return fh.read(), os.fstat(fh.fileno())
 
 
-def _parse_header(data: bytes, size: int, path: Path) -> dict:
+def _header(data: bytes, magic: bytes, version: int, kind: str) -> tuple[dict, int]:
+    """The checked JSON header of a store file or journal (``kind`` names it in errors), and where it ends."""
     if len(data) < _PREAMBLE.size:
         raise _Bad("it is truncated (no header)")
-    magic, version, n, crc = _PREAMBLE.unpack_from(data)
-    if magic != MAGIC:
-        raise _Bad("it is not a localspec suffix cache")
-    if version != VERSION:
-        raise _Bad(f"it has format version {version}, this localspec reads version {VERSION}")
+    found, found_version, n, crc = _PREAMBLE.unpack_from(data)
+    if found != magic:
+        raise _Bad(f"it is not a localspec {kind}")
+    if found_version != version:
+        raise _Bad(f"it has format version {found_version}, this localspec reads version {version}")
     if n > MAX_HEADER or _PREAMBLE.size + n > len(data):
         raise _Bad("it is truncated (header cut short)")
     blob = data[_PREAMBLE.size : _PREAMBLE.size + n]
@@ -645,7 +646,12 @@ def _parse_header(data: bytes, size: int, path: Path) -> dict:
         raise _Bad("its header is not valid JSON") from exc
     if not isinstance(header, dict):
         raise _Bad("its header is not an object")
-    header["_payload_at"] = _aligned(_PREAMBLE.size + n)
+    return header, _PREAMBLE.size + n
+
+
+def _parse_header(data: bytes, size: int, path: Path) -> dict:
+    header, end = _header(data, MAGIC, VERSION, "suffix cache")
+    header["_payload_at"] = _aligned(end)
     return header
 
 
@@ -738,24 +744,7 @@ def _parse_journal(
     """The complete records of a journal (up to the first incomplete, corrupt or out-of-vocabulary one)
     and where they end. Raises :class:`_Bad` for an unusable header, :class:`_Stale` for a journal of
     another snapshot (``snapshot_id`` None: any)."""
-    if len(data) < _PREAMBLE.size:
-        raise _Bad("it is truncated (no header)")
-    magic, version, n, crc = _PREAMBLE.unpack_from(data)
-    if magic != JOURNAL_MAGIC:
-        raise _Bad("it is not a localspec suffix cache journal")
-    if version != JOURNAL_VERSION:
-        raise _Bad(f"it has format version {version}, this localspec reads version {JOURNAL_VERSION}")
-    if n > MAX_HEADER or _PREAMBLE.size + n > len(data):
-        raise _Bad("it is truncated (header cut short)")
-    blob = data[_PREAMBLE.size : _PREAMBLE.size + n]
-    if zlib.crc32(blob) != crc:
-        raise _Bad("its header is corrupted (checksum mismatch)")
-    try:
-        header = json.loads(blob)
-    except ValueError as exc:
-        raise _Bad("its header is not valid JSON") from exc
-    if not isinstance(header, dict):
-        raise _Bad("its header is not an object")
+    header, at = _header(data, JOURNAL_MAGIC, JOURNAL_VERSION, "suffix cache journal")
     if header.get("fingerprint") != fingerprint:
         raise _Bad("it belongs to another vocabulary")
     if header.get("namespace") != namespace:
@@ -764,7 +753,6 @@ def _parse_journal(
         raise _Stale
     view = memoryview(data)
     records: list[np.ndarray] = []
-    at = _PREAMBLE.size + n
     while at + _RECORD.size <= len(data):
         count, crc = _RECORD.unpack_from(data, at)
         end = at + _RECORD.size + 4 * count
