@@ -1,0 +1,301 @@
+"""Record the multi-request workloads once with the target alone, then replay free drafters on them offline.
+
+Usage:
+  python scripts/replay_sessions.py record -t TARGET.gguf --out trace.json [--workload NAME ...] [--threads 2]
+  python scripts/replay_sessions.py replay trace.json [--workload NAME ...] [--n-max 32]
+
+``record`` runs every warm-up and measured session of each workload (localspec/data/sessions) with the
+target alone, greedy, and keeps each request's prompt tokens and reply tokens, the corpus tokens, this
+machine's V(b) and its seconds per target token. ``replay`` plays fixed-length prompt lookup and the
+suffix cache (cold, warm) over the measured requests and prints what their rounds would cost
+(:mod:`localspec.replay`): a design tool, in seconds; published figures come from ``bench_sessions.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from localspec.costs import MachineCosts
+from localspec.drafters import Draft, NgramDrafter
+from localspec.replay import Recorded, Replayed, matched, recorded, replay, replay_request
+from localspec.sessions import SESSION_WORKLOADS, load_session_workload, run_session
+from localspec.suffix import SuffixDrafter, SuffixIndex
+
+
+def record(a: argparse.Namespace) -> int:
+    import localspec
+
+    pipe = localspec.load(
+        target=a.target, draft="none", n_threads=a.threads, n_ctx=a.n_ctx, suffix_store=False
+    )
+    costs = pipe.machine_costs()
+    out: dict[str, Any] = {
+        "verify": {str(b): v for b, v in costs.verify.items()},
+        "target_token_seconds": costs.target_token_seconds,
+        "workloads": {},
+    }
+    for name in [] if a.only_single else a.workload or SESSION_WORKLOADS:
+        wl = load_session_workload(name)
+        corpus: list[list[int]] = []
+        if wl.corpus is not None:
+            pipe.set_corpus(wl.corpus)
+            buf = pipe.suffix_drafter().index.corpus.tokens.tolist()
+            doc: list[int] = []
+            for t in buf:
+                if t < 0:
+                    corpus.append(doc)
+                    doc = []
+                else:
+                    doc.append(t)
+        parts: dict[str, list[list[dict[str, list[int]]]]] = {"warm": [], "measured": []}
+        for part, sessions in (("warm", wl.warm), ("measured", wl.measured)):
+            for session in sessions:
+                rows: list[dict[str, list[int]]] = []
+
+                def send(messages: list[dict[str, str]], rows: list = rows, cap: int = wl.max_tokens) -> Any:
+                    reply = pipe.chat(messages, max_tokens=cap, strategy="none")
+                    rows.append({"prompt": pipe.format_chat(messages)[0], "output": list(reply.tokens)})
+                    return reply
+
+                run_session(wl, session, send, clock=time.perf_counter)
+                parts[part].append(rows)
+                print(f"{name} {part} {session.id}: {sum(len(r['output']) for r in rows)} tokens", flush=True)
+        out["workloads"][name] = {**parts, "corpus": corpus}
+    if a.single or a.only_single:
+        from localspec.bench import render
+        from localspec.workloads import select_workloads
+
+        out["single"] = {}
+        for w in select_workloads(limit=a.limit):
+            rows = []
+            for prompt in w.prompts:
+                tokens, stops = render(pipe, prompt)
+                stream = pipe.stream_tokens(
+                    tokens, max_tokens=a.max_tokens, stop=stops or None, baseline=True
+                )
+                rows.append({"prompt": tokens, "output": [r.token for r in stream]})
+            out["single"][w.name] = rows
+            print(f"single {w.name}: {sum(len(r['output']) for r in rows)} tokens", flush=True)
+    with open(a.out, "w") as f:
+        json.dump(out, f)
+    pipe.close()
+    return 0
+
+
+class NgramModLike:
+    """llama.cpp's ``ngram-mod`` as the session bench runs it (n_match 12, n_min 4, n_max 16): a table from
+    every 12 tokens seen (prompts and outputs of every request, shared across requests) to the token that
+    followed them last; a draft rolls forward through it. Exact keys instead of its 4M-entry hash table, and
+    no reset after a streak of low acceptance: a reference for the replay, not a drafter of localspec."""
+
+    name = "ngram-mod"
+    free = True
+
+    def __init__(self, n_match: int = 12, n_min: int = 4, n_max: int = 16) -> None:
+        self.n, self.n_min, self.n_max = n_match, n_min, n_max
+        self.table: dict[tuple[int, ...], int] = {}
+        self.last = 0
+
+    def _add(self, ctx: list[int], upto: int) -> None:
+        for i in range(self.last, upto - self.n):
+            self.table[tuple(ctx[i : i + self.n])] = ctx[i + self.n]
+
+    def begin(self, context: list[int]) -> None:
+        self.last = 0
+        self._add(context, len(context))
+        self.last = max(0, len(context) - self.n)
+
+    def draft(self, context: list[int], n: int, params: Any, rng: Any) -> Draft:
+        if self.last + 32 < len(context):
+            self._add(context, len(context))
+            self.last = len(context) - self.n
+        out: list[int] = list(context[-self.n :])
+        for i in range(min(n, self.n_max)):
+            tok = self.table.get(tuple(out[-self.n :]))
+            if tok is None:
+                if i < self.n_min:
+                    return Draft(source="prompt")
+                break
+            out.append(tok)
+        return Draft(tokens=out[self.n :], source="prompt")
+
+    def lookup(self, context: list[int], n: int, params: Any, rng: Any) -> Draft:
+        return self.draft(context, n, params, rng)
+
+    def finish(self, context: list[int]) -> None:
+        """The table is kept for the next request (llama.cpp's pool is shared across requests)."""
+
+
+class OracleLength:
+    """The suffix index's proposals, each cut at exactly the length the target will accept (it reads the
+    recording): the ceiling of any length rule for these proposals on this curve."""
+
+    name = "oracle"
+    free = True
+
+    def __init__(
+        self, index: SuffixIndex, requests: list[Recorded], verify_cost: Callable[[int], float]
+    ) -> None:
+        self.index = index
+        self.outputs = {r.prompt[:-1]: r for r in requests}
+        self.V = verify_cost
+        self.req: Recorded | None = None
+
+    def begin(self, context: list[int]) -> None:
+        self.req = self.outputs[tuple(context)]
+        self.index.begin(context)
+
+    def draft(self, context: list[int], n: int, params: Any, rng: Any) -> Draft:
+        assert self.req is not None
+        truth = self.req.output[len(context) - len(self.req.prompt) :]
+        best, value = 0, 1.0
+        for prop in self.index.propose(context, n):
+            r = matched(prop.tokens, truth)
+            if r and (r + 1) / self.V(r + 1) > value:
+                best, value = r, (r + 1) / self.V(r + 1)
+        return Draft(tokens=list(truth[:best]), source="history")
+
+    def lookup(self, context: list[int], n: int, params: Any, rng: Any) -> Draft:
+        return self.draft(context, n, params, rng)
+
+    def finish(self, context: list[int]) -> None:
+        self.index.add_request(context)
+
+
+_BAND_NAMES = ((4, "2-3"), (8, "4-7"), (12, "8-11"), (16, "12-15"))
+
+
+def runs_by_match(index: SuffixIndex, requests: list[Recorded], k: int = 32) -> None:
+    """How far each source's proposal runs along what the target emitted, by match length (every token
+    position, as if a proposal were asked for there): does a long match predict a long run?"""
+    stats: dict[tuple[str, str], list[int]] = {}
+    for req in requests:
+        ctx = list(req.prompt)
+        index.begin(ctx[:-1])
+        for g in range(len(req.output)):
+            truth = req.output[g:]
+            for prop in index.propose(ctx, k):
+                lm = prop.match_length
+                band = next((b for edge, b in _BAND_NAMES if lm < edge), "16+")
+                uni = "unanimous" if prop.counts and prop.counts[0][0] == prop.counts[0][1] else "split"
+                stats.setdefault((prop.source, f"{band} {uni}"), []).append(matched(prop.tokens, truth))
+            ctx.append(req.output[g])
+        index.add_request(ctx)
+    print("| source | match | n | P(r>=1) | P(r>=4) | P(r>=8) | P(r>=16) | P(r>=16 given r>=1) | mean r |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (src, band), rs in sorted(stats.items()):
+        n = len(rs)
+        p = [sum(r >= j for r in rs) / n for j in (1, 4, 8, 16)]
+        g1 = sum(r >= 16 for r in rs) / max(1, sum(r >= 1 for r in rs))
+        cells = " | ".join(f"{x:.2f}" for x in p)
+        print(f"| {src} | {band} | {n} | {cells} | {g1:.2f} | {sum(rs) / n:.1f} |")
+
+
+def _row(label: str, r: Replayed, token_seconds: float) -> str:
+    acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "-"
+    return (
+        f"| {label} | {r.speedup(token_seconds):.3f} | {acc} | {r.accepted_per_round:.2f} | "
+        f"{r.drafted} | {1e6 * r.drafter_seconds / max(r.rounds, 1):.0f} |"
+    )
+
+
+def replay_cmd(a: argparse.Namespace) -> int:
+    data = json.load(open(a.trace))
+    costs = MachineCosts(data["target_token_seconds"], {int(b): v for b, v in data["verify"].items()})
+    V: Callable[[int], float] = costs.V
+    T = costs.target_token_seconds
+    if not a.workload:
+        replay_single(data, V, T, a.n_max)
+    for name, wl in data["workloads"].items():
+        if a.workload and name not in a.workload:
+            continue
+        measured = [recorded(s) for s in wl["measured"]]
+        flat: list[Recorded] = [r for s in measured for r in s]
+        warm = [r for s in wl["warm"] for r in recorded(s)]
+        print(f"\n{name}: {len(flat)} requests, {sum(len(r.output) for r in flat)} tokens")
+        print("| drafter | replayed speedup | acceptance | accepted/round | drafted | drafter us/round |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for k in (4, 8, 16, 32):
+            print(_row(f"ngram k={k}", replay(NgramDrafter(), flat, n_max=k, verify_cost=V), T))
+        print(
+            _row("llama.cpp ngram-mod (emulated)", replay(NgramModLike(), flat, n_max=16, verify_cost=V), T)
+        )
+        for warm_start in (False, True):
+            index = SuffixIndex()
+            if wl["corpus"]:
+                index.set_corpus(wl["corpus"])
+            if warm_start:
+                for r in warm:
+                    index.add_request([*r.prompt, *r.output])
+            drafter = SuffixDrafter(index, verify_cost=V)
+            label = f"suffix k={a.n_max} ({'warm' if warm_start else 'cold'})"
+            print(_row(label, replay(drafter, flat, n_max=a.n_max, verify_cost=V), T))
+        index = SuffixIndex()
+        if wl["corpus"]:
+            index.set_corpus(wl["corpus"])
+        for r in warm:
+            index.add_request([*r.prompt, *r.output])
+        oracle = OracleLength(index, flat, V)
+        print(
+            _row(
+                f"suffix k={a.n_max}, oracle length (warm)",
+                replay(oracle, flat, n_max=a.n_max, verify_cost=V),
+                T,
+            )
+        )
+        if a.runs:
+            index = SuffixIndex()
+            if wl["corpus"]:
+                index.set_corpus(wl["corpus"])
+            for r in warm:
+                index.add_request([*r.prompt, *r.output])
+            print()
+            runs_by_match(index, flat)
+    return 0
+
+
+def replay_single(data: dict, V: Callable[[int], float], T: float, n_max: int) -> None:
+    """Single prompts as ``localspec bench`` runs them: every suffix run starts from an empty cache."""
+    print("\n| single-prompt workload | ngram k=4 | suffix (empty cache per prompt) |")
+    print("| --- | --- | --- |")
+    for name, rows in data.get("single", {}).items():
+        ng, sx = Replayed(), Replayed()
+        for req in recorded(rows):
+            replay_request(NgramDrafter(), req, n_max=4, verify_cost=V, into=ng)
+            replay_request(
+                SuffixDrafter(SuffixIndex(), verify_cost=V), req, n_max=n_max, verify_cost=V, into=sx
+            )
+        print(f"| {name} | {ng.speedup(T):.3f} | {sx.speedup(T):.3f} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    rec = sub.add_parser("record", help="run the workloads with the target alone and keep their tokens")
+    rec.add_argument("-t", "--target", required=True)
+    rec.add_argument("--out", required=True)
+    rec.add_argument("--workload", action="append", choices=SESSION_WORKLOADS)
+    rec.add_argument("--threads", type=int, default=2)
+    rec.add_argument("--n-ctx", type=int, default=4096)
+    rec.add_argument(
+        "--single", action="store_true", help="also the single-prompt workloads, each prompt alone"
+    )
+    rec.add_argument("--only-single", action="store_true", help="only the single-prompt workloads")
+    rec.add_argument("--limit", type=int, help="single prompts: at most this many per workload")
+    rec.add_argument("--max-tokens", type=int, default=96, help="single prompts: tokens per answer")
+    rep = sub.add_parser("replay", help="replay free drafters on a recording")
+    rep.add_argument("trace")
+    rep.add_argument("--workload", action="append", choices=SESSION_WORKLOADS)
+    rep.add_argument("--n-max", type=int, default=32)
+    rep.add_argument("--runs", action="store_true", help="also: run lengths of proposals by match length")
+    a = ap.parse_args()
+    return record(a) if a.cmd == "record" else replay_cmd(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
