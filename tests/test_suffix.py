@@ -334,17 +334,29 @@ def test_drafter_calibration_and_length_equal_the_public_functions():
     :func:`best_length` give, and a new cost curve assigned to ``verify_cost`` is read afresh."""
     rng = np.random.default_rng(3)
     d = SuffixDrafter()
-    for source in ("prompt", "history"):
-        for b in range(10):
-            trials = int(rng.integers(0, 50))
-            d.calibration[(source, b)] = [trials, int(rng.integers(0, trials + 1))]
+    kinds = [("prompt", 4, True, 0), ("history", 2, False, 1), ("history", 4, True, 2)]
+    for kind in kinds:
+        for b in range(7):
+            reached = int(rng.integers(0, 50))
+            d.calibration[(kind, b)] = [reached, int(rng.integers(0, reached + 1))]
     for curve in (linear_verify_cost, lambda b: 1.0 + 0.05 * (b - 1) ** 1.5, lambda b: float(b)):
         d.verify_cost = curve
         for _ in range(200):
             conf = rng.uniform(0, 1, int(rng.integers(0, 40))).tolist()
-            prop = suffix.Proposal("history" if rng.random() < 0.5 else "prompt", 4, [1] * len(conf), conf)
-            want = [d.calibrated(prop.source, c) for c in conf]
-            assert d._calibrated_best(prop) == (want, *suffix.best_length(want, curve))
+            kind = kinds[int(rng.integers(0, 3))]
+            prop = suffix.Proposal(kind[0], 4, [1] * len(conf), conf)
+            want = [d.calibrated(kind, i, c) for i, c in enumerate(conf)]
+            assert d._calibrated_best(prop, kind) == (want, *suffix.best_length(want, curve))
+
+
+def test_kind_of_a_proposal():
+    p = suffix.Proposal("history", 16, [5, 6], [0.9, 0.9], [(3, 3), (3, 3)])
+    assert suffix.kind_of(p) == ("history", 4, True, 1)
+    p = suffix.Proposal("prompt", 2, [5], [0.5], [(1, 2)])
+    assert suffix.kind_of(p) == ("prompt", 0, False, 1)
+    p = suffix.Proposal("corpus", 9, [5], [0.5], [(5, 5)])
+    assert suffix.kind_of(p) == ("corpus", 2, True, 2)
+    assert suffix._POSITION[:9] == (0, 1, 2, 2, 3, 3, 3, 3, 4) and suffix._POSITION[-1] == 6
 
 
 def test_tokens_outside_the_vocabulary_are_never_proposed():
@@ -370,7 +382,7 @@ def test_overlap_is_the_fraction_of_recent_ngrams_seen_before():
 
 # The drafter ---------------------------------------------------------------------------------------
 def test_drafter_fills_sources_confidence_and_sampling_probs():
-    d = SuffixDrafter(first_cap=64, prior_trust=1.0)  # the length cap and the prior have their own tests
+    d = SuffixDrafter(prior_trust=1.0)  # the discounted prior has its own tests
     rng = np.random.default_rng(0)
     d.finish(list(range(10, 60)))
     ctx = [1, 2, *range(10, 26)]  # a 16-token match: sure enough for a long draft
@@ -390,33 +402,31 @@ def test_drafter_fills_sources_confidence_and_sampling_probs():
     assert d.draft([1, 2, 77, 78, 79], 8, GREEDY, rng).tokens == []
 
 
-def test_drafter_learns_acceptance_per_source_and_bucket():
-    d = SuffixDrafter(first_cap=64, prior_trust=1.0)  # the length cap and the prior have their own tests
+def test_drafter_learns_acceptance_per_kind_and_position():
+    d = SuffixDrafter(prior_trust=1.0)  # the discounted prior has its own tests
     rng = np.random.default_rng(0)
     d.finish(list(range(10, 60)))
     ctx = [1, *range(10, 26)]
     d.begin(ctx[:-1])
     draft = d.draft(ctx, 6, GREEDY, rng)
     assert draft.tokens == [26, 27, 28, 29, 30, 31]
-    # the target accepted two drafts and emitted its own third token
+    kind = ("history", 4, True, 0)
+    # the target accepted two drafts and emitted its own third token: positions 0 and 1 were reached and
+    # accepted, position 2 reached and rejected (the watch of this round's proposal then ends)
     d.draft([*ctx, 26, 27, 99], 6, GREEDY, rng)
-    trials = sum(t for t, _ in d.calibration.values())
-    accepted = sum(a for _, a in d.calibration.values())
-    assert (trials, accepted) == (3, 2)
-    assert all(src == "history" for src, _ in d.calibration)
-    # many rejections pull that bucket's confidence down
-    bucket = next(iter(d.calibration))
-    d.calibration[bucket] = [100, 0]
+    assert d.calibration == {(kind, 0): [1, 1], (kind, 1): [1, 1], (kind, 2): [1, 0]}
+    # many rejections at the first position pull its acceptance down; later positions keep theirs
+    d.calibration[(kind, 0)] = [100, 0]
     raw = draft.confidence[0]
-    assert d.calibrated("history", raw) < 0.2
+    assert d.calibrated(kind, 0, raw) < 0.2 < 0.8 < d.calibrated(kind, 1, raw)
 
 
 def test_choose_length_decides_the_draft_length():
-    d = SuffixDrafter(verify_cost=lambda b: 1.0 + 5.0 * (b - 1), first_cap=64)  # width never pays
+    d = SuffixDrafter(verify_cost=lambda b: 1.0 + 5.0 * (b - 1))  # width never pays
     d.finish(list(range(10, 40)))
     d.begin([10, 11, 12])
     assert d.draft([10, 11, 12, 13], 8, GREEDY, np.random.default_rng(0)).tokens == []
-    cheap = SuffixDrafter(verify_cost=lambda b: 1.0, first_cap=64)  # free width: take everything offered
+    cheap = SuffixDrafter(verify_cost=lambda b: 1.0)  # free width: take everything offered
     cheap.finish(list(range(10, 40)))
     cheap.begin([10, 11, 12])
     assert len(cheap.draft([10, 11, 12, 13], 8, GREEDY, np.random.default_rng(0)).tokens) == 8
@@ -430,7 +440,7 @@ def _steep(b: int) -> float:
     return STEEP.get(b, 1.0 + 0.9 * (b - 1))
 
 
-def _run_rounds(d: SuffixDrafter, ctx: list[int], target: list[int], rounds: int) -> list[int]:
+def _run_rounds(d: SuffixDrafter, ctx: list[int], target: list[int], rounds: int, n: int = 8) -> list[int]:
     """Drive ``d`` like the engine does with a greedy target that emits ``target`` in order: the accepted
     draft prefix plus the target's own next token each round. Returns the draft length of each round."""
     lengths = []
@@ -440,7 +450,7 @@ def _run_rounds(d: SuffixDrafter, ctx: list[int], target: list[int], rounds: int
         done = len(ctx)
         if done >= len(target):
             break
-        got = d.draft(ctx, 8, GREEDY, rng).tokens
+        got = d.draft(ctx, n, GREEDY, rng).tokens
         lengths.append(len(got))
         m = 0
         while m < len(got) and done + m < len(target) and got[m] == target[done + m]:
@@ -449,7 +459,7 @@ def _run_rounds(d: SuffixDrafter, ctx: list[int], target: list[int], rounds: int
     return lengths
 
 
-def test_an_unproven_source_drafts_only_after_free_shadow_evidence():
+def test_an_unproven_source_drafts_only_after_free_evidence():
     """On a steep verify curve one earlier occurrence is not enough to pay a wide pass: the drafter holds
     back, scores its proposals against the target's own tokens for free, and drafts once they were right."""
     text = list(range(100, 400))
@@ -477,20 +487,43 @@ def test_a_source_that_is_wrong_never_drafts_on_a_steep_curve():
     assert sum(a for _, a in d.calibration.values()) < sum(t for t, _ in d.calibration.values())
 
 
-def test_the_shadow_is_scored_when_the_target_decides_it_or_the_request_ends():
+def test_watched_proposals_are_scored_token_by_token_as_the_target_emits():
     d = SuffixDrafter(verify_cost=_steep)
     d.finish(list(range(10, 60)))
     ctx = [1, 2, *range(10, 20)]
     d.begin(ctx[:-1])
-    assert d.draft(ctx, 4, GREEDY, np.random.default_rng(0)).tokens == []  # held back
-    assert d._shadow is not None and d._shadow[1] == [20, 21, 22, 23]
-    d.draft([*ctx, 20], 4, GREEDY, np.random.default_rng(0))  # agrees so far: undecided
-    assert d.calibration == {} and d._shadow[1] == [20, 21, 22, 23]
-    d.draft([*ctx, 20, 21, 99], 4, GREEDY, np.random.default_rng(0))  # the third token differs
-    assert sum(t for t, _ in d.calibration.values()) == 3
-    assert sum(a for _, a in d.calibration.values()) == 2
-    d.finish([*ctx, 20, 21, 99, 5])  # a request that ends scores what it emitted of a pending shadow
-    assert d._shadow is None
+    assert d.draft(ctx, 4, GREEDY, np.random.default_rng(0)).tokens == []  # held back, watched
+    kind = ("history", 2, True, 0)  # a 10-token match seen once
+    d.draft([*ctx, 20], 4, GREEDY, np.random.default_rng(0))  # its first token came true; a second watch
+    assert d.calibration == {(kind, 0): [1, 1]}
+    d.draft([*ctx, 20, 21, 99], 4, GREEDY, np.random.default_rng(0))  # then 21 right, 99 instead of 22
+    # first watch [20, 21, 22, 23]: positions 1 (right) and 2 (wrong); second [21, 22, ...]: 0 and 1
+    assert d.calibration == {(kind, 0): [2, 2], (kind, 1): [2, 1], (kind, 2): [1, 0]}
+    assert len(d._watches) <= 1  # only the proposal of the last round is still open
+    # a watch whose context is gone (another generation ran in between) is dropped unscored
+    d.draft([*ctx, 20, 21, 99], 4, GREEDY, np.random.default_rng(0))
+    before = {k: list(v) for k, v in d.calibration.items()}
+    d.draft([7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7], 4, GREEDY, np.random.default_rng(0))
+    assert d.calibration == before and all(w.at == 16 for w in d._watches)  # only its own new ones
+    d.finish([*ctx, 20, 21, 99, 5])
+    assert d._watches == []
+
+
+def test_copies_that_run_long_are_drafted_long():
+    """A target that copies an earlier answer but changes a token every 80: the proposal made right after a
+    change is often wrong, while one that has started copying runs to the next change. Learnt per position,
+    the drafter drafts long once a copy has started (a per-token rate would average the two)."""
+    history = list(range(1000, 1600))
+    target = [t if (i + 1) % 80 else 5000 + i for i, t in enumerate(history)]
+    d = SuffixDrafter(verify_cost=lambda b: 1.0 + 0.25 * (b - 1))
+    d.finish(history)
+    d.begin(target[:20])
+    lengths = _run_rounds(d, target[:21], target, 600, n=32)
+    late = [n for n in lengths[len(lengths) // 2 :] if n]
+    assert late and max(late) >= 14 and sum(late) / len(late) >= 8, lengths
+    # what it learnt: a proposal after a long match runs on; the first tokens after a change are unproven
+    long_match = [v for (kind, pos), v in d.calibration.items() if kind[1] == 4 and pos >= 3]
+    assert sum(a for _, a in long_match) / sum(t for t, _ in long_match) > 0.95
 
 
 def test_a_flat_verify_curve_drafts_at_once_despite_the_discounted_prior():
@@ -544,7 +577,7 @@ def test_greedy_is_lossless_with_suffix_drafts(embedded_pipe):
         assert spec.stats.drafted > 0, "no draft was proposed: the test would prove nothing"
         from_history += spec.stats.accepted
     assert from_history > 0
-    assert any(src == "history" for src, _ in drafter.calibration)
+    assert any(kind[0] == "history" for kind, _ in drafter.calibration)
 
 
 def _first_two(pipe, tokens, n, drafter=None):
@@ -580,23 +613,3 @@ def test_sampling_distribution_matches_target_with_suffix_drafts(embedded_pipe, 
     monkeypatch.setattr("localspec.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
     biased = _first_two(embedded_pipe, tokens, n, d)
     assert chi2_pvalue(base, biased) < 1e-3
-
-
-def test_a_request_earns_long_drafts():
-    """Drafts start at FIRST_CAP tokens, double after each draft accepted whole, fall back on a rejection."""
-    from localspec.suffix import FIRST_CAP
-
-    d = SuffixDrafter(verify_cost=lambda b: 1.0)
-    d.finish(list(range(10, 200)))
-    ctx = [10, 11, 12]
-    d.begin(ctx)
-    got = d.draft(ctx, 64, GREEDY, np.random.default_rng(0)).tokens
-    assert len(got) == FIRST_CAP
-    ctx = ctx + got + [ctx[-1] + len(got) + 1]  # all accepted, plus the target's own next token
-    got = d.draft(ctx, 64, GREEDY, np.random.default_rng(0)).tokens
-    assert len(got) == 2 * FIRST_CAP
-    ctx = ctx + got[:1] + [999]  # one accepted, then the target disagreed
-    d.draft(ctx, 64, GREEDY, np.random.default_rng(0))
-    assert d._cap == 2
-    d.begin([10, 11, 12])  # a new request starts over
-    assert d._cap == FIRST_CAP
