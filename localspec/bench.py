@@ -251,8 +251,9 @@ def benchmark(
             )
             peer_note = (
                 f"llama-server from llama-cpp-python {peer_mod.installed_version()}'s vendored llama.cpp "
-                f"({peer_mod.server_binary()}); draft model: --spec-type draft-simple, n-gram: ngram-simple "
-                "(lookup n-gram min(3, k), draft k); same token ids, threads, context, k and p_min"
+                f"({peer_mod.server_binary()}), built with this wheel's CPU features; draft model: "
+                "--spec-type draft-simple, n-gram: ngram-simple (lookup n-gram min(3, k), draft k); same "
+                "token ids, threads, context, k and p_min"
             )
         records = run_interleaved(
             engine_runner(pipe, temperature=temperature),

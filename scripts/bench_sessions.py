@@ -52,7 +52,16 @@ def main() -> int:
     print("V(b):", {b: round(v, 2) for b, v in sorted(costs.verify.items())}, flush=True)
     print(f"draft/target token cost: {costs.draft_ratio}", flush=True)
     setup = None
+    builds: dict[str, object] = {}
     if a.peer:
+        from localspec import peer
+
+        builds = {
+            "localspec": peer.installed_system_info(),
+            "llama.cpp peer": peer.cpu_flags(peer.installed_system_info()),
+        }
+        print(f"localspec's llama.cpp: {builds['localspec']}", flush=True)
+        print(f"the peer is built with: {' '.join(peer.build_flags())}", flush=True)
         modes = tuple(m for m in a.peer_modes.split(",") if m and (m != "draft-simple" or a.draft))
         setup = PeerSetup(
             target=pipe.info.target_path,
@@ -73,7 +82,12 @@ def main() -> int:
     print(markdown(results))
     if a.out:
         with open(a.out, "w") as f:
-            out = {"verify": costs.verify, "draft_ratio": costs.draft_ratio, "results": results}
+            out = {
+                "verify": costs.verify,
+                "draft_ratio": costs.draft_ratio,
+                "builds": builds,
+                "results": results,
+            }
             json.dump(out, f, indent=1)
     pipe.close()
     return 0

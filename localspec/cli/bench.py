@@ -193,6 +193,11 @@ def _bench_sessions(names, target, draft, preset, threads, n_ctx, repeats, out_d
     ) as pipe:
         setup = None
         if peer:
+            from localspec import peer as peer_mod
+
+            # the same kernels on both sides: a native peer next to an AVX2 wheel compares builds
+            flags = peer_mod.cpu_flags(peer_mod.installed_system_info())
+            log(f"the llama.cpp peer is built with: {' '.join(flags) or 'the native CPU features'}")
             setup = PeerSetup(
                 target=pipe.info.target_path,
                 draft=pipe.info.draft_path,
