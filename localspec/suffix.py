@@ -820,8 +820,8 @@ class SuffixDrafter:
     the proposal and position bucket (:data:`_POSITION`): a run-length survival curve per kind. Evidence
     is free and plentiful: every round's proposals (drafted or not) are *watched*, compared token by token
     with what the target emits until one differs or the proposal ends (:data:`WATCHES_PER_KIND` at once).
-    Replayed on recorded sessions (``scripts/replay_sessions.py``) this drafted 2-3x as many tokens per
-    round as a per-token calibration at the same acceptance.
+    Replayed on the recorded edit session (``scripts/replay_sessions.py``) rounds accepted 2.6 tokens
+    instead of 1.6 (at 86% acceptance instead of 93%); measured, the session ran 1.29x instead of 1.25x.
     """
 
     name = "suffix"
