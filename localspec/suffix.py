@@ -651,7 +651,8 @@ class SuffixIndex:
 def _extent(hits: list[int], seq: Sequence[int] | np.ndarray, context: Sequence[int]) -> int:
     """The longest of :data:`EXTENTS` that the last tokens of ``context`` match before some position of
     ``hits`` in ``seq`` (all of them already match the longest level); the longest level if none. Newest
-    occurrences first, at most :data:`MAX_HITS` token comparisons per extent and occurrence."""
+    occurrences first, stopping at the first that matches: per extent at most ``len(hits)`` (<=
+    :data:`MAX_HITS`) comparisons of ``extent - 16`` tokens, and only when the longest level matched."""
     best = LEVELS[-1]
     n = len(context)
     array = isinstance(seq, np.ndarray)
@@ -918,12 +919,17 @@ class SuffixDrafter:
         conf: list[float] = []
         best_k, best = 0, 1.0 / costs[0]
         expected, run = 1.0, 1.0
+        bucket = -1
+        p_reached = p_accepted = reached = accepted = 0
         for i, c in enumerate(confidence):
+            if positions[i] != bucket:  # the cells change only at bucket edges (7 over 64 positions)
+                bucket = positions[i]
+                if parent is not None:
+                    p_reached, p_accepted = cells.get((parent, bucket), (0, 0))
+                reached, accepted = cells.get((kind, bucket), (0, 0))
             x = trust * c
             if parent is not None:
-                reached, accepted = cells.get((parent, positions[i]), (0, 0))
-                x = (accepted + weight * x) / (reached + weight)
-            reached, accepted = cells.get((kind, positions[i]), (0, 0))
+                x = (p_accepted + weight * x) / (p_reached + weight)
             x = (accepted + weight * x) / (reached + weight)
             conf.append(x)
             run *= x if 0.0 <= x <= 1.0 else min(max(float(x), 0.0), 1.0)
