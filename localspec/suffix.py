@@ -789,21 +789,26 @@ def kind_of(prop: Proposal) -> Kind:
 _COARSE_BAND = 4  # kinds of longer matches (by extent) learn from the 16-token band's evidence too
 
 
-def parent_of(kind: Kind) -> Kind | None:
-    """The coarser kind whose evidence a kind of long extent starts from: the same, banded at 16+ (a kind
-    seen rarely borrows what its neighbours measured rather than the raw prior)."""
+def lineage_of(kind: Kind) -> tuple[Kind, ...]:
+    """The coarser kinds whose evidence a kind starts from, coarsest first (a kind seen rarely borrows
+    what its neighbours measured rather than the raw prior): kinds of long extent start from the same
+    kind banded at 16+."""
     source, band, unanimous, occurrences = kind
-    return (source, _COARSE_BAND, unanimous, occurrences) if band > _COARSE_BAND else None
+    return ((source, _COARSE_BAND, unanimous, occurrences),) if band > _COARSE_BAND else ()
 
 
 class _Watch:
     """A proposal being compared with what the target emits, from context position ``at`` on."""
 
-    __slots__ = ("kind", "parent", "at", "anchor", "tokens", "done")
+    __slots__ = ("kinds", "at", "anchor", "tokens", "done")
 
     def __init__(self, kind: Kind, at: int, anchor: int, tokens: list[int]) -> None:
-        self.kind, self.at, self.anchor, self.tokens, self.done = kind, at, anchor, tokens, 0
-        self.parent = parent_of(kind)
+        self.kinds = (*lineage_of(kind), kind)  # every kind whose cells this proposal's tokens count in
+        self.at, self.anchor, self.tokens, self.done = at, anchor, tokens, 0
+
+    @property
+    def kind(self) -> Kind:
+        return self.kinds[-1]
 
 
 class SuffixDrafter:
@@ -915,22 +920,19 @@ class SuffixDrafter:
             costs.extend(self.verify_cost(b) for b in range(len(costs) + 1, len(confidence) + 3))
         cells, weight, positions = self.calibration, _CALIBRATION_WEIGHT, _POSITION
         trust = self.prior_trust
-        parent = parent_of(kind)
+        chain = (*lineage_of(kind), kind)
         conf: list[float] = []
         best_k, best = 0, 1.0 / costs[0]
         expected, run = 1.0, 1.0
         bucket = -1
-        p_reached = p_accepted = reached = accepted = 0
+        measured: list[Sequence[int]] = []
         for i, c in enumerate(confidence):
             if positions[i] != bucket:  # the cells change only at bucket edges (7 over 64 positions)
                 bucket = positions[i]
-                if parent is not None:
-                    p_reached, p_accepted = cells.get((parent, bucket), (0, 0))
-                reached, accepted = cells.get((kind, bucket), (0, 0))
+                measured = [cells.get((k, bucket), (0, 0)) for k in chain]
             x = trust * c
-            if parent is not None:
-                x = (p_accepted + weight * x) / (p_reached + weight)
-            x = (accepted + weight * x) / (reached + weight)
+            for reached, accepted in measured:
+                x = (accepted + weight * x) / (reached + weight)
             conf.append(x)
             run *= x if 0.0 <= x <= 1.0 else min(max(float(x), 0.0), 1.0)
             expected += run
@@ -943,14 +945,13 @@ class SuffixDrafter:
     def calibrated(self, kind: Kind, position: int, c: float) -> float:
         """The acceptance of a proposal's token at ``position`` given the ones before it were accepted: its
         smoothed frequency ``c`` (discounted by :attr:`prior_trust`) pulled towards what was measured for
-        its kind's :func:`parent_of` (if any), then towards what was measured for its kind, at that
-        position bucket."""
+        each kind of its :func:`lineage_of` in turn (coarsest first), then towards what was measured for
+        its kind, at that position bucket."""
         bucket = _POSITION[min(position, MAX_DRAFT)]
         x = self.prior_trust * c
-        for k in (parent_of(kind), kind):
-            if k is not None:
-                reached, accepted = self.calibration.get((k, bucket), (0, 0))
-                x = (accepted + _CALIBRATION_WEIGHT * x) / (reached + _CALIBRATION_WEIGHT)
+        for k in (*lineage_of(kind), kind):
+            reached, accepted = self.calibration.get((k, bucket), (0, 0))
+            x = (accepted + _CALIBRATION_WEIGHT * x) / (reached + _CALIBRATION_WEIGHT)
         return x
 
     def _settle(self, context: Sequence[int]) -> None:
@@ -970,7 +971,7 @@ class SuffixDrafter:
             tokens, i = w.tokens, w.done
             end = min(len(tokens), n - at)
             alive = True
-            kinds = (w.kind,) if w.parent is None else (w.kind, w.parent)
+            kinds = w.kinds
             while i < end:
                 hit = tokens[i] == context[at + i]
                 for kind in kinds:
