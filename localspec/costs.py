@@ -6,9 +6,17 @@ the build and the model, not a law: on a Xeon VM it was about ``1 + 0.42 (b - 1)
 flat from 12 to 16 tokens (a kernel switch). A draft of ``k`` tokens that all pass yields ``k + 1``
 tokens for ``V(k + 1)`` passes, so the curve says how long a draft must be, and how sure, to pay.
 
-Measuring it takes a few seconds (widths up to 32, interleaved, twice), so :func:`machine_costs` keeps
-the result per (machine, build, model file, threads, offload) under ``$LOCALSPEC_HOME/costs/`` and a new
-process reads it instead of paying probing rounds again. A stale or unreadable file is measured again.
+The curve is not smooth: on the 2-core EPYC VM of docs/bench.md a 16-token pass costs less than a 15-token
+one and 17 tokens cost 2.3 passes more (V(15), V(16), V(17) = 10.9, 9.9, 12.2; the same dips at 32 and,
+smaller, at every multiple of 4: llama.cpp's repacked CPU kernels multiply four rows of the batch at a time
+and each row left over alone), so
+every width from 1 to 33 (a verify pass of up to :data:`localspec.settings.LOOKUP_N_MAX` drafts) is
+measured rather than interpolated: interpolating between even widths made the suffix drafter choose
+17-token passes it thought cheap (replayed on the recorded sessions: 1-5% slower).
+
+Measuring it takes 10-30 seconds on a CPU (33 widths, interleaved, median of 3), so :func:`machine_costs`
+keeps the result per (machine, build, model file, threads, offload) under ``$LOCALSPEC_HOME/costs/`` and a
+new process reads it instead of paying probing rounds again. A stale or unreadable file is measured again.
 """
 
 from __future__ import annotations
@@ -29,9 +37,9 @@ from localspec import constants
 if TYPE_CHECKING:
     from localspec.runtime import Model
 
-#: The widths measured; others are interpolated linearly (the curve is smooth between these).
-WIDTHS: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32)
-_VERSION = 1
+#: The widths measured (every one: the curve has dips, see above); wider passes are extrapolated.
+WIDTHS: tuple[int, ...] = tuple(range(1, 34))
+_VERSION = 2  # 2: every width from 1 to 33 (version 1 measured 15 widths and interpolated)
 
 
 @dataclass
@@ -54,9 +62,10 @@ class MachineCosts:
             return self.verify[b]
         lo = max((w for w in widths if w < b), default=widths[0])
         hi = min((w for w in widths if w > b), default=None)
-        if hi is None:  # past the widest measured: extend the last segment's slope
-            w1, w2 = widths[-2], widths[-1]
-            slope = (self.verify[w2] - self.verify[w1]) / (w2 - w1)
+        if hi is None:  # past the widest measured: the slope over the upper half of the measured widths
+            w2 = widths[-1]  # (one segment's slope may end in a dip or start from one)
+            w1 = min(widths, key=lambda w: abs(w - w2 / 2)) if len(widths) > 1 else w2
+            slope = (self.verify[w2] - self.verify[w1]) / (w2 - w1) if w2 != w1 else 0.0
             return self.verify[w2] + max(0.0, slope) * (b - w2)
         frac = (b - lo) / (hi - lo)
         return self.verify[lo] + frac * (self.verify[hi] - self.verify[lo])
