@@ -106,6 +106,8 @@ class Pipeline:
         self._model_acceptance: float | None = None  # measured by generations that ran the draft model
         self.route: Route | None = None  # the last "auto" decision and its reason
         self.store_problem: str | None = None  # why the suffix store on disk could not be used, if so
+        #: told (a line of text) before a one-time wait: measuring this machine's costs (the CLI prints it)
+        self.notify: Callable[[str], None] | None = None
         if settings is None:
             settings = DraftSettings(strategy="model" if info.draft_path is not None else "none")
         if settings.uses_model and info.draft_path is None:
@@ -251,7 +253,12 @@ class Pipeline:
         if self._costs is None:
             threads, gpu, draft_gpu = self._load_facts
             self._costs = machine_costs(
-                self._target, self._draft, threads=threads, gpu_layers=gpu, draft_gpu_layers=draft_gpu
+                self._target,
+                self._draft,
+                threads=threads,
+                gpu_layers=gpu,
+                draft_gpu_layers=draft_gpu,
+                notify=self.notify,
             )
         return self._costs
 

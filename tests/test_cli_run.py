@@ -165,3 +165,15 @@ def test_run_end_to_end_on_the_embedded_pair():
     res = invoke("run", "-n", "8", "--threads", "2", "--n-ctx", "256", "def fib(n):")
     assert res.exit_code == 0, res.output
     assert "[embedded default pair]" in res.output and "8 tokens" in res.output
+
+
+def test_the_one_time_cost_measurement_is_announced_once(monkeypatch, tmp_path):
+    """The suffix cache sizes drafts from this machine's measured verify curve: the first run measures it
+    (a pause of seconds, more on a big model) and says so; the next run reads it from the cache, silently."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    args = ("run", "-n", "4", "--threads", "2", "--n-ctx", "256", "--strategy", "suffix", "--no-store", "x=1")
+    first, second = invoke(*args), invoke(*args)
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    said = "localspec: measuring this machine's decoding costs once"
+    assert said in first.output and said not in second.output
+    assert len(list((tmp_path / "home" / "costs").glob("*.json"))) == 1

@@ -97,7 +97,7 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
         raise click.BadParameter(f"{n_min} is more than --n-max ({n_max}).", param_hint="'--n-min'")
     # GPU layers only when given: None lets the library decide (all layers on a GPU build of llama.cpp).
     gpu = {"n_gpu_layers": opts["gpu_layers"], "draft_n_gpu_layers": opts["draft_gpu_layers"]}
-    return localspec.load(
+    pipe = localspec.load(
         target=opts["target"],
         draft=None if opts["draft"] in (None, "auto") else opts["draft"],
         preset=opts["preset"],
@@ -114,3 +114,5 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
         store_namespace=store_namespace,
         **{k: v for k, v in gpu.items() if v is not None},
     )
+    pipe.notify = lambda line: click.echo(f"localspec: {line}", err=True)
+    return pipe
