@@ -14,9 +14,10 @@ every width from 1 to 33 (a verify pass of up to :data:`localspec.settings.LOOKU
 measured rather than interpolated: interpolating between even widths made the suffix drafter choose
 17-token passes it thought cheap (replayed on the recorded sessions: 1-5% slower).
 
-Measuring it takes 10-30 seconds on a CPU (33 widths, interleaved, median of 3), so :func:`machine_costs`
-keeps the result per (machine, build, model file, threads, offload) under ``$LOCALSPEC_HOME/costs/`` and a
-new process reads it instead of paying probing rounds again. A stale or unreadable file is measured again.
+Measuring it takes 20-30 seconds for a 1.5B model on two CPU cores (33 widths, interleaved, median of 3), so
+:func:`machine_costs` keeps the result per (machine, build, model file, threads, offload) under
+``$LOCALSPEC_HOME/costs/`` and a new process reads it instead of paying probing rounds again. A stale or
+unreadable file is measured again.
 """
 
 from __future__ import annotations
@@ -251,7 +252,7 @@ def machine_costs(
     if notify is not None:
         notify(
             f"measuring this machine's decoding costs once ({len(WIDTHS)} pass widths, 3 times each: "
-            "about 20 s for a 1.5B model on two CPU cores; kept for next time)"
+            "20-30 s for a 1.5B model on two CPU cores; kept for next time)"
         )
     costs = measure(target, draft)
     costs.key = key
