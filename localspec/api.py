@@ -15,7 +15,7 @@ from pathlib import Path
 
 from localspec import constants
 from localspec.chat_tokens import ChatTokenizer, chat_segments
-from localspec.costs import MachineCosts, machine_costs
+from localspec.costs import MachineCosts, machine_costs, stored_costs
 from localspec.drafters import CombinedDrafter, Drafter, ModelDrafter, NgramDrafter
 from localspec.engine import Engine, TokenResponse
 from localspec.errors import (
@@ -261,6 +261,19 @@ class Pipeline:
                 notify=self.notify,
             )
         return self._costs
+
+    def costs_pending(self, strategy: str | None = None) -> bool:
+        """True when a generation with ``strategy`` (default: the pipeline's) will first measure this
+        machine's costs (:meth:`machine_costs`: 20-30 s for a 1.5B model on two CPU cores): the suffix
+        cache and ``auto`` need them, and they are neither loaded nor stored yet. A caller that shows
+        progress (the web UI) says so and calls :meth:`machine_costs` itself first."""
+        if (strategy or self.settings.strategy) not in SUFFIX_STRATEGIES or self._costs is not None:
+            return False
+        threads, gpu, draft_gpu = self._load_facts
+        found = stored_costs(
+            self._target, self._draft, threads=threads, gpu_layers=gpu, draft_gpu_layers=draft_gpu
+        )
+        return found is None
 
     def suffix_drafter(self) -> SuffixDrafter:
         """The pipeline's suffix cache: earlier requests, the store on disk (unless off), the corpus."""

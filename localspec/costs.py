@@ -227,6 +227,27 @@ def measure(
     )
 
 
+def _key_of(
+    target: Model, draft: Model | None, *, threads: int, gpu_layers: int, draft_gpu_layers: int
+) -> str:
+    return costs_key(
+        target.path,
+        draft.path if draft else None,
+        threads=threads,
+        gpu_layers=gpu_layers,
+        draft_gpu_layers=draft_gpu_layers,
+    )
+
+
+def stored_costs(
+    target: Model, draft: Model | None, *, threads: int, gpu_layers: int = 0, draft_gpu_layers: int = 0
+) -> MachineCosts | None:
+    """What :func:`machine_costs` would read without measuring; None when it would have to measure."""
+    return read_costs(
+        _key_of(target, draft, threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers)
+    )
+
+
 def machine_costs(
     target: Model,
     draft: Model | None,
@@ -238,13 +259,7 @@ def machine_costs(
     notify: Callable[[str], None] | None = None,
 ) -> MachineCosts:
     """The stored costs for this machine, models and settings, measuring (and storing) them the first time."""
-    key = costs_key(
-        target.path,
-        draft.path if draft else None,
-        threads=threads,
-        gpu_layers=gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
-    )
+    key = _key_of(target, draft, threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers)
     if not remeasure:
         found = read_costs(key)
         if found is not None:

@@ -123,3 +123,13 @@ def test_verify_curve_interpolates_and_survives_a_bad_file(home):
     assert read_costs("k1").verify == c.verify
     Path(path).write_text("{not json")
     assert read_costs("k1") is None  # measured again, never a crash
+
+
+def test_costs_pending_says_when_the_next_generation_will_measure_first(home):
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix", suffix_store=False) as pipe:
+        assert not pipe.costs_pending("none") and not pipe.costs_pending("model")  # they never need them
+        assert pipe.costs_pending() and pipe.costs_pending("auto")
+        pipe.machine_costs()
+        assert not pipe.costs_pending()
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix", suffix_store=False) as again:
+        assert not again.costs_pending()  # stored under LOCALSPEC_HOME/costs: a new process reads them

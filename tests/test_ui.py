@@ -267,6 +267,15 @@ class _FakePipe:
 
     def __init__(self) -> None:
         self.during = None
+        self.pending = False  # costs_pending(): the next run measures this machine's costs first
+        self.measured = 0
+
+    def costs_pending(self, strategy=None) -> bool:
+        return self.pending
+
+    def machine_costs(self) -> None:
+        self.measured += 1
+        self.pending = False
 
     def stream(self, prompt, **opts):
         for i in range(10):
@@ -446,3 +455,15 @@ def test_browser_stop_in_another_tab_leaves_this_run_alone(ui):
         outputs.append(run_and_stop(page, 1800))
     assert "[stopped]" in outputs[-1], f"Stop never landed while running in {len(outputs)} tries"
     other.close()
+
+
+def test_a_first_run_that_measures_this_machines_costs_says_so_first(app):
+    """The suffix cache and auto need the measured verify curve; the first run measures it (20-30 s on a
+    CPU) and the page says so before the pause, not a silent 'loading' that seems to hang."""
+    app.fake.pending = True
+    updates = list(app.on_run(_values(app), _session("A"), progress=lambda *a, **k: None))
+    said = [u.get(app.c["output"], "") for u in updates]
+    at = next(i for i, o in enumerate(said) if "measuring this machine" in o)
+    assert 0 < at < len(said) - 1 and "t9" not in said[at] and app.fake.measured == 1
+    list(app.on_run(_values(app), _session("A"), progress=lambda *a, **k: None))
+    assert app.fake.measured == 1  # kept: the next run goes straight to generating

@@ -223,6 +223,10 @@ class App:
             opts = self.gen_opts(v)  # every value checked before anything is loaded
             yield {err: "", out: tokens_html([], prefix=prefix, status="loading the pair...")}
             pipe = self._pipe(v, progress)
+            if pipe.costs_pending(opts["strategy"]):
+                status = "measuring this machine's decoding costs once (20-30 s on two CPU cores; kept)..."
+                yield {out: tokens_html([], prefix=prefix, status=status)}
+                pipe.machine_costs()
             if is_chat:
                 messages = history + [{"role": "user", "content": prompt}]
 
