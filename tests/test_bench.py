@@ -550,3 +550,25 @@ def test_peer_on_embedded_pair(tmp_path):
     pc = rep["peer"]["cells"]
     assert {c["strategy"] for c in pc} == {"model", "ngram"}
     assert all(c["speculative_tps"] > 0 for c in pc)
+
+
+def test_a_build_without_this_cpus_features_is_named_after_a_speed_report(monkeypatch, tmp_path):
+    """A prebuilt or AVX2-only llama-cpp-python on an AVX-512 CPU makes wide verify passes ~1.5x dearer
+    (measured here): the bench names the features the build leaves out, never AMX (it dies on some VMs)."""
+    from localspec import peer
+
+    avx2_build = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | OPENMP = 1 |"
+    cpu = "processor : 0\nflags\t\t: fpu sse3 avx avx2 fma f16c bmi2 avx512f avx512_vnni amx_tile amx_int8\n"
+    assert peer.unused_cpu_features(avx2_build, cpu) == ["AVX512", "AVX512_VNNI"]
+    native = avx2_build + " AVX512 = 1 | AVX512_VNNI = 1 |"
+    assert peer.unused_cpu_features(native, cpu) == []
+    assert peer.unused_cpu_features(avx2_build, "processor : 0\nFeatures : neon\n") == []  # not x86
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(cpu)
+    monkeypatch.setattr(peer, "installed_system_info", lambda: avx2_build)
+    note = peer.build_note(cpuinfo)
+    assert note is not None and "AVX512, AVX512_VNNI," in note and "AMX" not in note
+    assert "Troubleshooting" in note
+    monkeypatch.setattr(peer, "installed_system_info", lambda: native)
+    assert peer.build_note(cpuinfo) is None
+    assert peer.build_note(tmp_path / "missing") is None  # not Linux: no note, no error

@@ -166,6 +166,7 @@ def bench(
         click.echo(json.dumps(json.loads(files["json"].read_text()), indent=1))
         return
     click.echo(rep.format_text(result))
+    _say_build_note()
     for path in result.get("tuning", {}).get("saved", []):
         click.echo(f"saved preset {path}")
     click.echo(f"\nwrote {files['json']}, {files['markdown']}, {files['png']}")
@@ -213,6 +214,16 @@ def _bench_sessions(names, target, draft, preset, threads, n_ctx, repeats, out_d
     table = markdown(results)
     (out / "sessions.md").write_text(table, encoding="utf-8")
     click.echo(table)
+    _say_build_note()
+
+
+def _say_build_note() -> None:
+    """After a speed report: say so when llama.cpp was built without CPU features this machine has."""
+    from localspec.peer import build_note
+
+    note = build_note()
+    if note:
+        click.echo(note, err=True)
 
 
 COMMANDS = [bench]
