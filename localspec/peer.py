@@ -49,60 +49,57 @@ CMAKE_FLAGS = [
 ]
 
 
-#: The x86 CPU features ``llama_print_system_info`` reports, and the cmake options that switch them on.
-#: A native build of the peer next to an AVX2 wheel would compare builds, not engines: measured on this
-#: project's AVX-512 machine, llama-server built with -march=native ran the 1.5B target 1.066x as fast as
-#: the same source built for AVX2 (46.8 against 43.9 tok/s, 2 threads).
-CPU_FEATURES: dict[str, tuple[str, ...]] = {
-    "AVX": ("GGML_AVX",),
-    "AVX_VNNI": ("GGML_AVX_VNNI",),
-    "AVX2": ("GGML_AVX2",),
-    "F16C": ("GGML_F16C",),
-    "FMA": ("GGML_FMA",),
-    "BMI2": ("GGML_BMI2",),
-    "AVX512": ("GGML_AVX512",),
-    "AVX512_VBMI": ("GGML_AVX512_VBMI",),
-    "AVX512_VNNI": ("GGML_AVX512_VNNI",),
-    "AVX512_BF16": ("GGML_AVX512_BF16",),
-    "AMX_INT8": ("GGML_AMX_TILE", "GGML_AMX_INT8"),
+#: The x86 CPU features ``llama_print_system_info`` reports: the ``/proc/cpuinfo`` flag that says a CPU has
+#: one, and the cmake options that switch it on. A native build of the peer next to an AVX2 wheel would
+#: compare builds, not engines: measured on this project's AVX-512 machine, llama-server built with
+#: -march=native ran the 1.5B target 1.066x as fast as the same source built for AVX2 (46.8 against 43.9
+#: tok/s, 2 threads).
+CPU_FEATURES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "AVX": ("avx", ("GGML_AVX",)),
+    "AVX_VNNI": ("avx_vnni", ("GGML_AVX_VNNI",)),
+    "AVX2": ("avx2", ("GGML_AVX2",)),
+    "F16C": ("f16c", ("GGML_F16C",)),
+    "FMA": ("fma", ("GGML_FMA",)),
+    "BMI2": ("bmi2", ("GGML_BMI2",)),
+    "AVX512": ("avx512f", ("GGML_AVX512",)),
+    "AVX512_VBMI": ("avx512vbmi", ("GGML_AVX512_VBMI",)),
+    "AVX512_VNNI": ("avx512_vnni", ("GGML_AVX512_VNNI",)),
+    "AVX512_BF16": ("avx512_bf16", ("GGML_AVX512_BF16",)),
+    "AMX_INT8": ("amx_int8", ("GGML_AMX_TILE", "GGML_AMX_INT8")),
 }
+#: Never advised as a rebuild: llama.cpp's AMX kernels die with SIGILL on some VMs (README, Troubleshooting).
+NOT_ADVISED = frozenset({"AMX_INT8"})
+
+
+def features_of(system_info: str) -> set[str]:
+    """The features a llama.cpp build reports as on (``AVX2 = 1 | ...`` from ``llama_print_system_info``)."""
+    return set(re.findall(r"\b([A-Z0-9_]+) = 1\b", system_info))
 
 
 def cpu_flags(system_info: str) -> list[str]:
     """cmake flags that build llama.cpp with exactly the x86 features named in ``system_info`` (the
     installed llama-cpp-python's ``llama_print_system_info()``); [] when it names none (not x86: a native
     build there matches the wheel's default)."""
-    present = set(re.findall(r"\b([A-Z0-9_]+) = 1\b", system_info))
+    present = features_of(system_info)
     if not present & {"AVX", "AVX2", "SSE3"}:
         return []
     flags = ["-DGGML_NATIVE=OFF"]
-    for feature, options in CPU_FEATURES.items():
+    for feature, (_, options) in CPU_FEATURES.items():
         flags += [f"-D{opt}={'ON' if feature in present else 'OFF'}" for opt in options]
     return flags
 
 
-#: ``/proc/cpuinfo`` flag -> the :data:`CPU_FEATURES` name, for the features worth a rebuild. AMX is left
-#: out: its kernels die with SIGILL on some VMs (README, Troubleshooting).
-_CPUINFO_FLAGS = {
-    "avx2": "AVX2",
-    "fma": "FMA",
-    "f16c": "F16C",
-    "avx_vnni": "AVX_VNNI",
-    "avx512f": "AVX512",
-    "avx512vbmi": "AVX512_VBMI",
-    "avx512_vnni": "AVX512_VNNI",
-    "avx512_bf16": "AVX512_BF16",
-}
-
-
 def unused_cpu_features(system_info: str, cpuinfo: str) -> list[str]:
     """The features this CPU has (``cpuinfo``: the text of ``/proc/cpuinfo``) that the llama.cpp build
-    described by ``system_info`` does not use; [] off x86 or when nothing is missing."""
-    flags = next(
-        (line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), []
-    )
-    used = set(re.findall(r"\b([A-Z0-9_]+) = 1\b", system_info))
-    return [name for flag, name in _CPUINFO_FLAGS.items() if flag in flags and name not in used]
+    described by ``system_info`` does not use, AMX never included; [] off x86 or when nothing is missing."""
+    lines = (line for line in cpuinfo.splitlines() if line.startswith("flags") and ":" in line)
+    has = set(next((line.split(":", 1)[1].split() for line in lines), []))
+    used = features_of(system_info)
+    return [
+        name
+        for name, (flag, _) in CPU_FEATURES.items()
+        if flag in has and name not in used and name not in NOT_ADVISED
+    ]
 
 
 def build_note(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
