@@ -125,6 +125,48 @@ def replay(
     return out
 
 
+def any_copy_ceiling(
+    seen: list[list[int]], requests: list[Recorded], verify_cost: Callable[[int], float], n_max: int = 32
+) -> Replayed:
+    """How far any drafter that copies text it has seen could go: each round drafts the longest prefix of
+    what the target will emit that occurs anywhere in ``seen`` (corpus, warm-up requests), in the earlier
+    requests or in this request so far, whatever precedes it there, cut where (r + 1) / V(r + 1) is best.
+
+    It knows the recording, so no drafter gets there; and each round takes its own best cut, so it is a
+    per-round ceiling rather than a bound proven over a whole session (on a curve with dips a shorter cut
+    now can, rarely, pay later). ``requests`` are played in order, each one seen by the next.
+    """
+    out = Replayed()
+
+    def text(tokens: Sequence[int]) -> str:  # one character per token: str.find keeps token boundaries
+        return "".join(chr(0x100 + t) for t in tokens)
+
+    base = "\x00".join(text(doc) for doc in seen)
+    for req in requests:
+        truth = req.output
+        g = 0
+        while g < len(truth):
+            here = text([*req.prompt, *truth[:g]])
+            room = len(truth) - g
+            lo, hi = 0, min(n_max, room - 1)
+            while lo < hi:  # a prefix that occurs has every shorter prefix occurring too
+                mid = (lo + hi + 1) // 2
+                want = text(truth[g : g + mid])
+                if want in here or want in base:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            r = max(range(lo + 1), key=lambda x: (x + 1) / verify_cost(x + 1))
+            out.rounds += 1
+            out.passes += verify_cost(r + 1)
+            out.tokens += r + 1
+            out.drafted += r
+            out.accepted += r
+            g += r + 1
+        base += "\x00" + text([*req.prompt, *truth])
+    return out
+
+
 def recorded(rows: Sequence[dict[str, Any]]) -> list[Recorded]:
     """Requests from their JSON form (``{"prompt": [...], "output": [...]}``)."""
     return [Recorded(tuple(int(t) for t in r["prompt"]), tuple(int(t) for t in r["output"])) for r in rows]

@@ -2,7 +2,8 @@
 
 Usage:
   python scripts/replay_sessions.py record -t TARGET.gguf --out trace.json [--workload NAME ...] [--threads 2]
-  python scripts/replay_sessions.py replay trace.json [--workload NAME ...] [--n-max 32]
+  python scripts/replay_sessions.py replay trace.json [--workload NAME ...] [--n-max 32] [--ceilings]
+         [--costs $LOCALSPEC_HOME/costs/KEY.json]
 
 ``record`` runs every warm-up and measured session of each workload (localspec/data/sessions) with the
 target alone, greedy, and keeps each request's prompt tokens and reply tokens, the corpus tokens, this
@@ -22,7 +23,15 @@ from typing import Any
 
 from localspec.costs import MachineCosts
 from localspec.drafters import Draft, NgramDrafter
-from localspec.replay import Recorded, Replayed, matched, recorded, replay, replay_request
+from localspec.replay import (
+    Recorded,
+    Replayed,
+    any_copy_ceiling,
+    matched,
+    recorded,
+    replay,
+    replay_request,
+)
 from localspec.sessions import SESSION_WORKLOADS, load_session_workload, run_session
 from localspec.suffix import SuffixDrafter, SuffixIndex
 
@@ -167,6 +176,25 @@ class OracleLength:
         self.index.add_request(context)
 
 
+class EveryOccurrence(OracleLength):
+    """Every earlier occurrence of the longest matched suffix in every source (not only the most frequent
+    path), the best one chosen and cut with knowledge of the recording: the ceiling of choosing among the
+    index's candidates, e.g. by verifying several of them in one tree-shaped pass (a tree costs more rows)."""
+
+    name = "every-occurrence"
+
+    def draft(self, context: list[int], n: int, params: Any, rng: Any) -> Draft:
+        assert self.req is not None
+        truth = self.req.output[len(context) - len(self.req.prompt) :]
+        best, value = 0, 1.0
+        for match in self.index.matches(context, n):
+            for window in match.windows:
+                r = matched(window, truth)
+                if r and (r + 1) / self.V(r + 1) > value:
+                    best, value = r, (r + 1) / self.V(r + 1)
+        return Draft(tokens=list(truth[:best]), source="history")
+
+
 _BAND_NAMES = ((4, "2-3"), (8, "4-7"), (12, "8-11"), (16, "12-15"))
 
 
@@ -207,6 +235,8 @@ def _row(label: str, r: Replayed, token_seconds: float) -> str:
 def replay_cmd(a: argparse.Namespace) -> int:
     data = json.load(open(a.trace))
     costs = MachineCosts(data["target_token_seconds"], {int(b): v for b, v in data["verify"].items()})
+    if a.costs:  # another curve: a stored measurement (``$LOCALSPEC_HOME/costs/*.json``)
+        costs = MachineCosts.from_json(json.load(open(a.costs)))
     V: Callable[[int], float] = costs.V
     T = costs.target_token_seconds
     if not a.workload:
@@ -248,6 +278,18 @@ def replay_cmd(a: argparse.Namespace) -> int:
                 T,
             )
         )
+        if a.ceilings:
+            index = SuffixIndex()
+            if wl["corpus"]:
+                index.set_corpus(wl["corpus"])
+            for r in warm:
+                index.add_request([*r.prompt, *r.output])
+            every = replay(EveryOccurrence(index, flat, V), flat, n_max=a.n_max, verify_cost=V)
+            print(_row("every occurrence, oracle choice and length (warm)", every, T))
+            seen = [list(doc) for doc in wl["corpus"]]
+            for label, docs in (("cold", seen), ("warm", [*seen, *([*r.prompt, *r.output] for r in warm)])):
+                ceiling = any_copy_ceiling(docs, flat, V, n_max=a.n_max)
+                print(_row(f"any copy of seen text, oracle ({label})", ceiling, T))
         if a.runs:
             index = SuffixIndex()
             if wl["corpus"]:
@@ -293,6 +335,12 @@ def main() -> int:
     rep.add_argument("--workload", action="append", choices=SESSION_WORKLOADS)
     rep.add_argument("--n-max", type=int, default=32)
     rep.add_argument("--runs", action="store_true", help="also: run lengths of proposals by match length")
+    rep.add_argument(
+        "--ceilings",
+        action="store_true",
+        help="also: the best choice among every occurrence, and the best copy of any seen text (oracles)",
+    )
+    rep.add_argument("--costs", help="a stored cost measurement (JSON) to use instead of the recording's")
     a = ap.parse_args()
     return record(a) if a.cmd == "record" else replay_cmd(a)
 

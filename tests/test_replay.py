@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from localspec.drafters import Draft, NgramDrafter
-from localspec.replay import Recorded, matched, recorded, replay, replay_request
+from localspec.replay import Recorded, any_copy_ceiling, matched, recorded, replay, replay_request
 from localspec.suffix import SuffixDrafter, SuffixIndex
 
 
@@ -74,3 +75,23 @@ def test_replay_keeps_what_the_suffix_cache_learns_across_requests():
     assert first.accepted == 0  # random tokens: nothing to copy within the first request
     assert both.accepted >= 100  # the second request copies the first
     assert replay(NgramDrafter(), reqs, n_max=16, verify_cost=flat).accepted == 0  # prompt lookup forgets
+
+
+def test_any_copy_ceiling_copies_the_longest_seen_prefix_and_cuts_where_the_curve_pays():
+    def linear(b: int) -> float:
+        return 1.0 + 0.1 * (b - 1)
+
+    # 1 2 3 4 was seen (then 5, not the 7 the target emits): one round of 4 drafts, then [1] seen again
+    out = any_copy_ceiling([[1, 2, 3, 4, 5, 6]], [Recorded((9,), (1, 2, 3, 4, 7, 1, 2))], linear)
+    assert (out.rounds, out.tokens, out.drafted) == (2, 7, 5)
+    assert out.passes == pytest.approx(linear(5) + linear(2))
+    # nothing seen: only the request's own text; 8 9 repeats from its third token on
+    own = any_copy_ceiling([], [Recorded((5,), (8, 9, 8, 9, 8, 9))], linear)
+    assert (own.rounds, own.tokens, own.drafted) == (4, 6, 2)
+    # a later request copies an earlier one whole (less the last token, which a round always adds)
+    both = any_copy_ceiling([], [Recorded((5,), (3, 1, 4, 1)), Recorded((6,), (3, 1, 4, 1))], linear)
+    assert both.rounds == 4 + 1 and both.tokens == 8
+    # a dearer 5-token pass: the best cut of a 4-token copy is 2 drafts (3 tokens for 2.5 passes)
+    dear = {1: 1.0, 2: 2.0, 3: 2.5, 4: 3.5, 5: 6.0}
+    cut = any_copy_ceiling([[1, 2, 3, 4, 5]], [Recorded((9,), (1, 2, 3, 4, 7))], lambda b: dear[b])
+    assert cut.drafted == 2 and cut.passes == pytest.approx(2.5 + 1.0 + 1.0)
