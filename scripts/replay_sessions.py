@@ -232,6 +232,16 @@ def _row(label: str, r: Replayed, token_seconds: float) -> str:
     )
 
 
+def _index(corpus: list[list[int]], warm: list[Recorded]) -> SuffixIndex:
+    """A suffix index over a recording's corpus and (prompt and reply of) the given warm-up requests."""
+    index = SuffixIndex()
+    if corpus:
+        index.set_corpus(corpus)
+    for r in warm:
+        index.add_request([*r.prompt, *r.output])
+    return index
+
+
 def replay_cmd(a: argparse.Namespace) -> int:
     data = json.load(open(a.trace))
     costs = MachineCosts(data["target_token_seconds"], {int(b): v for b, v in data["verify"].items()})
@@ -256,21 +266,10 @@ def replay_cmd(a: argparse.Namespace) -> int:
             _row("llama.cpp ngram-mod (emulated)", replay(NgramModLike(), flat, n_max=16, verify_cost=V), T)
         )
         for warm_start in (False, True):
-            index = SuffixIndex()
-            if wl["corpus"]:
-                index.set_corpus(wl["corpus"])
-            if warm_start:
-                for r in warm:
-                    index.add_request([*r.prompt, *r.output])
-            drafter = SuffixDrafter(index, verify_cost=V)
+            drafter = SuffixDrafter(_index(wl["corpus"], warm if warm_start else []), verify_cost=V)
             label = f"suffix k={a.n_max} ({'warm' if warm_start else 'cold'})"
             print(_row(label, replay(drafter, flat, n_max=a.n_max, verify_cost=V), T))
-        index = SuffixIndex()
-        if wl["corpus"]:
-            index.set_corpus(wl["corpus"])
-        for r in warm:
-            index.add_request([*r.prompt, *r.output])
-        oracle = OracleLength(index, flat, V)
+        oracle = OracleLength(_index(wl["corpus"], warm), flat, V)
         print(
             _row(
                 f"suffix k={a.n_max}, oracle length (warm)",
@@ -279,25 +278,16 @@ def replay_cmd(a: argparse.Namespace) -> int:
             )
         )
         if a.ceilings:
-            index = SuffixIndex()
-            if wl["corpus"]:
-                index.set_corpus(wl["corpus"])
-            for r in warm:
-                index.add_request([*r.prompt, *r.output])
-            every = replay(EveryOccurrence(index, flat, V), flat, n_max=a.n_max, verify_cost=V)
+            every_occurrence = EveryOccurrence(_index(wl["corpus"], warm), flat, V)
+            every = replay(every_occurrence, flat, n_max=a.n_max, verify_cost=V)
             print(_row("every occurrence, oracle choice and length (warm)", every, T))
             seen = [list(doc) for doc in wl["corpus"]]
             for label, docs in (("cold", seen), ("warm", [*seen, *([*r.prompt, *r.output] for r in warm)])):
                 ceiling = any_copy_ceiling(docs, flat, V, n_max=a.n_max)
                 print(_row(f"any copy of seen text, oracle ({label})", ceiling, T))
         if a.runs:
-            index = SuffixIndex()
-            if wl["corpus"]:
-                index.set_corpus(wl["corpus"])
-            for r in warm:
-                index.add_request([*r.prompt, *r.output])
             print()
-            runs_by_match(index, flat)
+            runs_by_match(_index(wl["corpus"], warm), flat)
     return 0
 
 
