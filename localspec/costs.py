@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -93,17 +94,24 @@ class MachineCosts:
         if d.get("version") != _VERSION:
             raise ValueError("another version")
         verify = {int(k): float(v) for k, v in d["verify"].items()}
-        if 1 not in verify or len(verify) < 2 or not all(v > 0 for v in verify.values()):
+        if 1 not in verify or len(verify) < 2 or not all(_usable(v) for v in verify.values()):
             raise ValueError("incomplete curve")
-        draft = d.get("draft_token_seconds")
+        target, draft = float(d["target_token_seconds"]), d.get("draft_token_seconds")
+        if not _usable(target) or (draft is not None and not _usable(float(draft))):
+            raise ValueError("unusable timing")
         return cls(
-            target_token_seconds=float(d["target_token_seconds"]),
+            target_token_seconds=target,
             verify=verify,
             draft_token_seconds=float(draft) if draft is not None else None,
             key=str(d.get("key", "")),
             measured=str(d.get("measured", "")),
             details=dict(d.get("details") or {}),
         )
+
+
+def _usable(x: float) -> bool:
+    """A measured cost: positive and finite (JSON may hold Infinity or NaN, and a file may be edited)."""
+    return math.isfinite(x) and x > 0
 
 
 def linear_costs(slope: float = 0.42, widths: tuple[int, ...] = WIDTHS) -> MachineCosts:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -123,6 +124,12 @@ def test_verify_curve_interpolates_and_survives_a_bad_file(home):
     assert read_costs("k1").verify == c.verify
     Path(path).write_text("{not json")
     assert read_costs("k1") is None  # measured again, never a crash
+    for field, bad in (("verify", {"1": 1.0, "2": "Infinity"}), ("verify", {"1": 1.0, "2": -2.0})) + tuple(
+        ("target_token_seconds", x) for x in (0, -1.0, float("nan"), float("inf"))
+    ):
+        stored = c.as_json() | {field: bad}
+        Path(path).write_text(json.dumps(stored).replace('"Infinity"', "Infinity"))
+        assert read_costs("k1") is None, (field, bad)  # a curve that would silently stop every draft
 
 
 def test_costs_pending_says_when_the_next_generation_will_measure_first(home):
