@@ -295,12 +295,15 @@ class Pipeline:
                 index.set_corpus(self._corpus_tokens(corpus))
             with self._engine.lock:  # measuring uses the target's cache
                 costs = self.machine_costs()
-            self._suffix = SuffixDrafter(index, verify_cost=costs.V, store=self._store)
+            # the calibration the last process saved with the store: drafting starts where it left off
+            carried = self._store.calibration if self._store is not None else []
+            self._suffix = SuffixDrafter(index, verify_cost=costs.V, store=self._store, calibration=carried)
         return self._suffix
 
     def reset_suffix(self, state: dict | None = None) -> None:
         """Start the suffix cache over: empty, or from an index :meth:`SuffixIndex.state` snapshot (the
-        corpus is kept). For benchmarks; the store on disk is not touched unless the next request saves."""
+        corpus is kept), with a calibration learnt afresh. For benchmarks; the store on disk is not touched
+        unless the next request saves."""
         drafter = self.suffix_drafter()
         corpus = drafter.index.corpus
         index = (

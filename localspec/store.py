@@ -32,6 +32,13 @@ saved, the cache was cleared, a torn record): the last writer wins, and nothing 
 file it did not check. So the files stay bounded: the snapshot by the history cap, the journal by a
 fraction of it (4 bytes per token).
 
+The calibration (``<fingerprint>-<namespace>.lscal``, JSON) keeps what the drafter learnt about how far
+its kinds of proposal run (:attr:`localspec.suffix.SuffixDrafter.calibration`, each cell scaled down to
+:data:`localspec.suffix.CARRIED_TRIALS` trials), so that a new process (every ``localspec run`` is one)
+drafts where the last one would have, instead of learning again while long copies go by undrafted. It is
+rewritten whole after every request (a few kilobytes, 0.5 ms), the same crash-safe way; anything wrong with
+it (damaged, hostile, another vocabulary) is reported in one line and drafting learns afresh.
+
 A snapshot that is truncated, corrupted, of another version (version 1 had no journal; it is ignored
 and replaced), of another vocabulary or namespace, or whose arrays are out of bounds is reported in one
 line (:attr:`SuffixStore.problem`, and a logged warning) and ignored: the cache starts empty and the
@@ -60,7 +67,7 @@ import tempfile
 import time
 import weakref
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +75,7 @@ import numpy as np
 
 from localspec import constants
 from localspec.errors import CacheError
-from localspec.suffix import SuffixIndex
+from localspec.suffix import Cell, SuffixIndex, cells_from
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +86,11 @@ SUFFIX = ".lsstore"
 JOURNAL_MAGIC = b"LSJOURNL"
 JOURNAL_VERSION = 1
 JOURNAL_SUFFIX = ".lsjournal"
+CALIBRATION_FORMAT = "localspec suffix calibration"
+CALIBRATION_VERSION = 1
+CALIBRATION_SUFFIX = ".lscal"
+#: A calibration file is a few kilobytes (at most a few hundred cells); a larger one is not read.
+MAX_CALIBRATION_BYTES = 1 << 20
 #: A save writes a new snapshot instead of appending once the journal would hold more than this share of
 #: the snapshot's history tokens (or :data:`JOURNAL_MIN_TOKENS`, whichever is more).
 JOURNAL_FRACTION = 0.125
@@ -115,6 +127,11 @@ def namespace_for_key(secret: str) -> str:
 def journal_path(path: str | os.PathLike[str]) -> Path:
     """The journal next to a snapshot file."""
     return Path(path).with_suffix(JOURNAL_SUFFIX)
+
+
+def calibration_path(path: str | os.PathLike[str]) -> Path:
+    """The drafter's calibration next to a snapshot file."""
+    return Path(path).with_suffix(CALIBRATION_SUFFIX)
 
 
 def store_path(directory: str | os.PathLike[str], fingerprint: str, namespace: str = "default") -> Path:
@@ -196,11 +213,15 @@ class SuffixStore:
         self.directory = Path(directory) if directory is not None else default_dir()
         self.path = store_path(self.directory, fingerprint, namespace)
         self.journal_path = journal_path(self.path)
+        self.calibration_path = calibration_path(self.path)
         self.fingerprint = fingerprint
         self.namespace = namespace
         self.max_tokens = max_tokens
         self.n_vocab = n_vocab
         self.problem: str | None = None  # why the last load or save could not use the file
+        #: the drafter's calibration as the last process saved it (:meth:`load` reads it), for
+        #: :class:`localspec.suffix.SuffixDrafter`'s ``calibration``
+        self.calibration: list[Cell] = []
         self.corpus_root = ""
         self._synced: _Synced | None = None
 
@@ -209,6 +230,7 @@ class SuffixStore:
         """The stored index, or an empty one when the file is missing or unusable (see :attr:`problem`)."""
         self.problem = None
         self._synced = None
+        self.calibration = self._load_calibration()
         fresh = SuffixIndex(max_history_tokens=self.max_tokens, n_vocab=self.n_vocab)
         try:
             data, st = _read(self.path)
@@ -284,6 +306,50 @@ class SuffixStore:
         synced.journal_end = end
         synced.journal_tokens = sum(r.size for r in records)
 
+    def _load_calibration(self) -> list[Cell]:
+        """The saved calibration, or none when the file is missing or unusable (a warning says why)."""
+        try:
+            fd = os.open(self.calibration_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            self._warn_calibration(f"cannot read it ({exc.strerror or exc})")
+            return []
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(MAX_CALIBRATION_BYTES + 1)
+        try:
+            if len(data) > MAX_CALIBRATION_BYTES:
+                raise _Bad("it is larger than a calibration file can be")
+            try:
+                doc = json.loads(data)
+            except ValueError as exc:
+                raise _Bad("it is not valid JSON") from exc
+            if not isinstance(doc, dict) or doc.get("format") != CALIBRATION_FORMAT:
+                raise _Bad("it is not a localspec calibration file")
+            if doc.get("version") != CALIBRATION_VERSION:
+                raise _Bad(f"it has format version {doc.get('version')!r}, this localspec reads 1")
+            if doc.get("fingerprint") != self.fingerprint:
+                raise _Bad("it belongs to another vocabulary")
+            if doc.get("namespace") != self.namespace:
+                raise _Bad("it belongs to another namespace")
+            rows = doc.get("cells")
+            if not isinstance(rows, list):
+                raise _Bad("it has no list of cells")
+            try:
+                return cells_from(rows)
+            except ValueError as exc:
+                raise _Bad(str(exc)) from exc
+        except _Bad as exc:
+            self._warn_calibration(str(exc))
+            return []
+
+    def _warn_calibration(self, why: str) -> None:
+        self.problem = (
+            f"suffix cache calibration {self.calibration_path}: {why}; drafting learns afresh "
+            "(the next save replaces it)"
+        )
+        log.warning(self.problem)
+
     def _ignore(self, why: str, fresh: SuffixIndex) -> SuffixIndex:
         self.problem = f"suffix cache {self.path}: {why}; ignoring it (the next save replaces it)"
         log.warning(self.problem)
@@ -294,13 +360,24 @@ class SuffixStore:
         log.warning(self.problem)
 
     # Saving ----------------------------------------------------------------------------------------
-    def save(self, index: SuffixIndex) -> bool:
+    def save(self, index: SuffixIndex, calibration: Sequence[Cell] | None = None) -> bool:
         """Write ``index`` crash-safely: append the requests finished since the last load or save of it
-        to the journal, or write a new snapshot (see the module docstring). On a failure (disk full,
-        permissions) returns False and sets :attr:`problem`; generation goes on without persistence."""
+        to the journal, or write a new snapshot (see the module docstring); then ``calibration``, when
+        given, replaces the calibration file (a whole small file, written the same crash-safe way). On a
+        failure (disk full, permissions) returns False and sets :attr:`problem`; generation goes on
+        without persistence."""
         try:
             if not self._append(index):
                 self._write(index)
+            if calibration is not None:
+                doc = {
+                    "format": CALIBRATION_FORMAT,
+                    "version": CALIBRATION_VERSION,
+                    "fingerprint": self.fingerprint,
+                    "namespace": self.namespace,
+                    "cells": [list(cell) for cell in calibration],
+                }
+                self._replace(self.calibration_path, [json.dumps(doc, separators=(",", ":")).encode()])
         except OSError as exc:
             self.problem = f"suffix cache {self.path}: cannot save ({exc.strerror or exc})"
             log.warning(self.problem)
@@ -430,7 +507,7 @@ class SuffixStore:
 
     def _remove_stale_temps(self) -> None:
         now = time.time()
-        for name in (self.path.name, self.journal_path.name):
+        for name in (self.path.name, self.journal_path.name, self.calibration_path.name):
             for p in self.directory.glob(f".{name}.*.tmp"):
                 with contextlib.suppress(OSError):
                     if now - p.stat().st_mtime > STALE_TEMP_SECONDS:
@@ -469,6 +546,8 @@ def list_stores(directory: str | os.PathLike[str] | None = None) -> list[StoreIn
             saved_at=float(header.get("saved_at", 0.0)),
         )
         _count_journal(info, header)
+        with contextlib.suppress(OSError):
+            info.size_bytes += calibration_path(p).stat().st_size
         out.append(info)
     return out
 
@@ -494,12 +573,17 @@ def _count_journal(info: StoreInfo, header: dict) -> None:
 
 
 def clear(directory: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Delete every store file, journal and leftover temp file in ``directory``; returns what was deleted."""
+    """Delete every store file, journal, calibration and leftover temp file in ``directory``; returns what
+    was deleted."""
     d = Path(directory) if directory is not None else default_dir()
     if not d.is_dir():
         return []
     gone = []
-    kinds = (f"*{SUFFIX}", f"*{JOURNAL_SUFFIX}", f".*{SUFFIX}.*.tmp", f".*{JOURNAL_SUFFIX}.*.tmp")
+    kinds = [
+        pattern
+        for suffix in (SUFFIX, JOURNAL_SUFFIX, CALIBRATION_SUFFIX)
+        for pattern in (f"*{suffix}", f".*{suffix}.*.tmp")
+    ]
     for p in [path for kind in kinds for path in d.glob(kind)]:
         try:
             p.unlink()

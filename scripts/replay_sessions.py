@@ -3,7 +3,7 @@
 Usage:
   python scripts/replay_sessions.py record -t TARGET.gguf --out trace.json [--workload NAME ...] [--threads 2]
   python scripts/replay_sessions.py replay trace.json [--workload NAME ...] [--n-max 32] [--ceilings]
-         [--costs $LOCALSPEC_HOME/costs/KEY.json]
+         [--per-request] [--costs $LOCALSPEC_HOME/costs/KEY.json]
 
 ``record`` runs every warm-up and measured session of each workload (localspec/data/sessions) with the
 target alone, greedy, and keeps each request's prompt tokens and reply tokens, the corpus tokens, this
@@ -242,6 +242,21 @@ def _index(corpus: list[list[int]], warm: list[Recorded]) -> SuffixIndex:
     return index
 
 
+def per_request(
+    index: SuffixIndex, requests: list[Recorded], V: Callable[[int], float], n_max: int, carry: bool
+) -> Replayed:
+    """Every request through a new drafter over the same (growing) index, as a new process per request
+    (the command line) would run them; with ``carry``, each starts from the calibration the previous one
+    saved (:meth:`SuffixDrafter.carried_calibration`), else it learns afresh."""
+    out = Replayed()
+    calibration: list = []
+    for req in requests:
+        drafter = SuffixDrafter(index, verify_cost=V, calibration=calibration if carry else ())
+        replay_request(drafter, req, n_max=n_max, verify_cost=V, into=out)
+        calibration = drafter.carried_calibration()
+    return out
+
+
 def replay_cmd(a: argparse.Namespace) -> int:
     data = json.load(open(a.trace))
     costs = MachineCosts(data["target_token_seconds"], {int(b): v for b, v in data["verify"].items()})
@@ -285,6 +300,15 @@ def replay_cmd(a: argparse.Namespace) -> int:
             for label, docs in (("cold", seen), ("warm", [*seen, *([*r.prompt, *r.output] for r in warm)])):
                 ceiling = any_copy_ceiling(docs, flat, V, n_max=a.n_max)
                 print(_row(f"any copy of seen text, oracle ({label})", ceiling, T))
+        if a.per_request:
+            for label, carry in (("learnt again per request", False), ("kept with the store", True)):
+                print(
+                    _row(
+                        f"suffix warm, a new process per request, calibration {label}",
+                        per_request(_index(wl["corpus"], warm), flat, V, a.n_max, carry),
+                        T,
+                    )
+                )
         if a.runs:
             print()
             runs_by_match(_index(wl["corpus"], warm), flat)
@@ -329,6 +353,11 @@ def main() -> int:
         "--ceilings",
         action="store_true",
         help="also: the best choice among every occurrence, and the best copy of any seen text (oracles)",
+    )
+    rep.add_argument(
+        "--per-request",
+        action="store_true",
+        help="also: the warm cache with a new process per request, its calibration learnt again or kept",
     )
     rep.add_argument("--costs", help="a stored cost measurement (JSON) to use instead of the recording's")
     a = ap.parse_args()

@@ -19,7 +19,7 @@ import pytest
 from localspec import store as storemod
 from localspec.errors import CacheError
 from localspec.store import SuffixStore, list_stores, namespace_for_key, store_path
-from localspec.suffix import SuffixIndex
+from localspec.suffix import CARRIED_TRIALS, SuffixDrafter, SuffixIndex, cells_from
 
 FP = "0123456789abcdef" * 4
 OTHER = "fedcba9876543210" * 4
@@ -421,7 +421,7 @@ _WRITER = textwrap.dedent(
     import sys, numpy as np
     from localspec import store
     from localspec.store import SuffixStore
-    from localspec.suffix import SuffixIndex
+    from localspec.suffix import CARRIED_TRIALS, SuffixDrafter, SuffixIndex, cells_from
     store.JOURNAL_MIN_TOKENS = 2000  # a new 15 MB snapshot every 20 saves, appends to the journal between
     s = SuffixStore(sys.argv[1], sys.argv[2])
     rng = np.random.default_rng(0)
@@ -516,7 +516,7 @@ def test_stale_temp_files_of_killed_writers_are_cleaned(tmp_path):
 
 
 def test_list_and_clear(tmp_path):
-    SuffixStore(tmp_path, FP).save(_index())
+    SuffixStore(tmp_path, FP).save(_index(), CELLS)
     SuffixStore(tmp_path, OTHER, namespace="b").save(_index(n_requests=3))
     (tmp_path / "junk.lsstore").write_bytes(b"nope")
     infos = {i.path.name: i for i in list_stores(tmp_path)}
@@ -525,9 +525,105 @@ def test_list_and_clear(tmp_path):
     assert good.fingerprint == FP and good.history_requests == 20 and good.history_tokens == 6000
     assert good.corpus_documents == 3 and good.size_bytes > 0 and good.problem is None
     assert infos["junk.lsstore"].problem
+    assert good.size_bytes == good.path.stat().st_size + storemod.calibration_path(good.path).stat().st_size
     gone = storemod.clear(tmp_path)
-    assert len(gone) == 3 and list_stores(tmp_path) == []
+    assert len(gone) == 4 and list_stores(tmp_path) == [] and not list(tmp_path.iterdir())
     assert storemod.clear(tmp_path / "none") == []
+
+
+CELLS = [("history", 4, True, 0, 3, 12.0, 11.0), ("prompt", 0, False, 2, 0, 40.0, 9.0)]
+
+
+def test_calibration_round_trip_and_a_new_drafter_starts_from_it(tmp_path):
+    s = SuffixStore(tmp_path, FP, n_vocab=1000)
+    assert s.save(_index(), CELLS)
+    path = s.calibration_path
+    assert path.name.endswith(".lscal") and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    again = SuffixStore(tmp_path, FP, n_vocab=1000)
+    again.load()
+    assert again.problem is None and sorted(again.calibration) == sorted(CELLS)
+    drafter = SuffixDrafter(SuffixIndex(), calibration=again.calibration)
+    assert drafter.calibration[(("history", 4, True, 0), 3)] == [12.0, 11.0]
+    assert sorted(drafter.carried_calibration()) == sorted(CELLS)
+    # a save without a calibration (``localspec index``) leaves the saved one alone
+    assert again.save(_index(n_requests=2))
+    third = SuffixStore(tmp_path, FP)
+    third.load()
+    assert sorted(third.calibration) == sorted(CELLS)
+    # other namespaces and vocabularies have their own (none here)
+    other = SuffixStore(tmp_path, FP, namespace="b")
+    other.load()
+    assert other.calibration == [] and other.problem is None
+
+
+def test_carried_calibration_is_scaled_down_to_a_few_trials_keeping_acceptance():
+    d = SuffixDrafter(SuffixIndex())
+    d.calibration = {
+        (("history", 5, True, 1), 4): [1000, 900],
+        (("prompt", 1, True, 0), 0): [3, 1],
+        (("corpus", 0, True, 0), 1): [0, 0],
+    }
+    carried = {c[:5]: c[5:] for c in d.carried_calibration()}
+    assert carried == {
+        ("history", 5, True, 1, 4): (CARRIED_TRIALS, 0.9 * CARRIED_TRIALS),
+        ("prompt", 1, True, 0, 0): (3.0, 1.0),
+    }
+    assert cells_from(d.carried_calibration())  # what it saves, it can read
+
+
+def _calibration_file(**changes) -> bytes:
+    doc = {"format": storemod.CALIBRATION_FORMAT, "version": 1, "fingerprint": FP, "namespace": "default"}
+    return json.dumps(doc | {"cells": []} | changes).replace('"NaN"', "NaN").encode()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"[]",
+        _calibration_file(format="something else"),
+        _calibration_file(version=9),
+        _calibration_file(fingerprint=OTHER),
+        _calibration_file(namespace="x"),
+        _calibration_file(cells={}),
+        b" " * (storemod.MAX_CALIBRATION_BYTES + 1),
+    ]
+    + [
+        _calibration_file(cells=[cell])
+        for cell in (
+            ["history", 4, True, 0, 3, 5, 6],  # more accepted than reached
+            ["history", 4, True, 0, 3, 1e9, 1],  # more trials than a saved cell holds
+            ["history", 4, True, 0, 3, -1, 0],
+            ["history", 4, True, 0, 3, "NaN", 0],
+            ["model", 4, True, 0, 3, 5, 1],  # the draft model is never calibrated here
+            ["history", 99, True, 0, 3, 5, 1],
+            ["history", 4, 1, 0, 3, 5, 1],
+            ["history", 4, True, 0, 7, 5, 1],
+            ["history", 4, True, 0],
+            "history",
+        )
+    ],
+)
+def test_damaged_or_hostile_calibration_is_reported_and_drafting_learns_afresh(tmp_path, content, caplog):
+    s = SuffixStore(tmp_path, FP, n_vocab=1000)
+    assert s.save(_index(), CELLS)
+    s.calibration_path.write_bytes(content)
+    again = SuffixStore(tmp_path, FP, n_vocab=1000)
+    index = again.load()
+    assert again.calibration == [] and index.history_requests == 20  # the requests still load
+    assert again.problem and "calibration" in again.problem and "\n" not in again.problem
+    assert "learns afresh" in caplog.text
+
+
+def test_calibration_behind_a_symlink_is_not_followed(tmp_path):
+    s = SuffixStore(tmp_path / "c", FP)
+    assert s.save(_index(), CELLS)
+    target = tmp_path / "elsewhere.lscal"
+    s.calibration_path.rename(target)
+    s.calibration_path.symlink_to(target)
+    again = SuffixStore(tmp_path / "c", FP)
+    again.load()
+    assert again.calibration == [] and again.problem and "cannot read" in again.problem
 
 
 def test_save_failure_is_reported_not_raised(tmp_path):

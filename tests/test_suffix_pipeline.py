@@ -55,9 +55,12 @@ def test_the_second_request_drafts_from_the_first_and_stays_lossless(home):
 def test_the_store_outlives_the_process_and_can_be_switched_off(home):
     with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix") as pipe:
         pipe.generate(CODE, max_tokens=40)
-    stores = list((home / "suffix").glob("*"))
-    assert len(stores) == 1 and stores[0].stat().st_mode & 0o777 == 0o600
+        learnt = pipe.suffix_drafter().carried_calibration()
+    files = list((home / "suffix").glob("*"))
+    assert sorted(f.suffix for f in files) == [".lscal", ".lsstore"]  # the requests, and how drafts ran
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
     with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix") as pipe:  # a new pipeline: read from disk
+        assert learnt and sorted(pipe.suffix_drafter().carried_calibration()) == sorted(learnt)
         again = pipe.generate(CODE, max_tokens=40)
     assert again.stats.accepted_by_source.get("history", 0) >= 20
 
