@@ -952,8 +952,9 @@ class SuffixDrafter:
         for ((source, band, unanimous, occurrences), bucket), (reached, accepted) in self.calibration.items():
             if reached <= 0:
                 continue
-            scale = min(1.0, CARRIED_TRIALS / reached)
-            out.append((source, band, unanimous, occurrences, bucket, reached * scale, accepted * scale))
+            kept = min(float(reached), CARRIED_TRIALS)
+            share = min(max(accepted / reached, 0.0), 1.0)  # (rounding never pushes a cell out of range)
+            out.append((source, band, unanimous, occurrences, bucket, kept, kept * share))
         return out
 
     def overlap(self, context: list[int]) -> float:

@@ -569,6 +569,9 @@ def test_carried_calibration_is_scaled_down_to_a_few_trials_keeping_acceptance()
         ("prompt", 1, True, 0, 0): (3.0, 1.0),
     }
     assert cells_from(d.carried_calibration())  # what it saves, it can read
+    d.calibration = {(("history", 4, True, 0), b): [r, r - 1] for b, r in enumerate(range(65, 72))}
+    d.calibration |= {(("prompt", 4, True, 0), b): [r, r] for b, r in enumerate(range(3001, 3008))}
+    assert len(cells_from(d.carried_calibration())) == 14  # every count scales into what a load accepts
 
 
 def _calibration_file(**changes) -> bytes:
