@@ -778,10 +778,16 @@ Kind = tuple[str, int, bool, int]
 Cell = tuple[str, int, bool, int, int, float, float]
 #: A new process starts from the calibration the last one saved with the store, each cell scaled down to
 #: at most this many trials (its acceptance kept): enough to draft at once where copies ran before, few
-#: enough that this process's own evidence soon outweighs it. Replayed with a new process per request
-#: (the command line's case) on the recorded sessions, a warm store: the edit session 1.69x -> 1.75x
-#: (native build) and 1.22x -> 1.30x (AVX2), as one process for the whole session gets (docs/bench.md).
+#: enough that this process's own evidence soon outweighs it.
 CARRIED_TRIALS = 64
+#: Only these sources' cells are carried: how far a copy of the request's own prompt runs (an editor's
+#: file, the earlier turns of a chat) is a property of the model and the kind of work, and carries over;
+#: how closely a new request follows earlier ones or the corpus is not, and is learnt afresh. Measured with
+#: a new process per request from a warm store (docs/bench.md), carrying every source made the repository
+#: workload 0.91x instead of 0.98x on the native build (and the agent loop 0.98x instead of 1.02x on AVX2);
+#: replayed, carrying the prompt's cells alone kept the gains elsewhere (edit session 1.69x -> 1.83x native,
+#: 1.22x -> 1.33x AVX2) and lost nothing on the repository.
+CARRIED_SOURCES = ("prompt",)
 _CELL_SOURCES = ("prompt", "history", "corpus")
 
 
@@ -946,11 +952,12 @@ class SuffixDrafter:
             self.store.save(self.index, self.carried_calibration())
 
     def carried_calibration(self) -> list[Cell]:
-        """The calibration for the next process: every cell scaled down to at most :data:`CARRIED_TRIALS`
-        trials, its acceptance kept (what :class:`localspec.store.SuffixStore` saves after a request)."""
+        """The calibration for the next process: the cells of :data:`CARRIED_SOURCES`, each scaled down to at
+        most :data:`CARRIED_TRIALS` trials, its acceptance kept (what :class:`localspec.store.SuffixStore`
+        saves after a request)."""
         out: list[Cell] = []
         for ((source, band, unanimous, occurrences), bucket), (reached, accepted) in self.calibration.items():
-            if reached <= 0:
+            if reached <= 0 or source not in CARRIED_SOURCES:
                 continue
             kept = min(float(reached), CARRIED_TRIALS)
             share = min(max(accepted / reached, 0.0), 1.0)  # (rounding never pushes a cell out of range)

@@ -544,7 +544,7 @@ def test_calibration_round_trip_and_a_new_drafter_starts_from_it(tmp_path):
     assert again.problem is None and sorted(again.calibration) == sorted(CELLS)
     drafter = SuffixDrafter(SuffixIndex(), calibration=again.calibration)
     assert drafter.calibration[(("history", 4, True, 0), 3)] == [12.0, 11.0]
-    assert sorted(drafter.carried_calibration()) == sorted(CELLS)
+    assert drafter.carried_calibration() == [CELLS[1]]  # the prompt's cells carry on, see CARRIED_SOURCES
     # a save without a calibration (``localspec index``) leaves the saved one alone
     assert again.save(_index(n_requests=2))
     third = SuffixStore(tmp_path, FP)
@@ -556,21 +556,23 @@ def test_calibration_round_trip_and_a_new_drafter_starts_from_it(tmp_path):
     assert other.calibration == [] and other.problem is None
 
 
-def test_carried_calibration_is_scaled_down_to_a_few_trials_keeping_acceptance():
+def test_carried_calibration_is_the_prompts_scaled_down_to_a_few_trials_keeping_acceptance():
     d = SuffixDrafter(SuffixIndex())
     d.calibration = {
-        (("history", 5, True, 1), 4): [1000, 900],
+        (("prompt", 5, True, 1), 4): [1000, 900],
         (("prompt", 1, True, 0), 0): [3, 1],
-        (("corpus", 0, True, 0), 1): [0, 0],
+        (("prompt", 0, True, 0), 1): [0, 0],
+        (("history", 4, True, 0), 3): [40, 30],  # how related the next request is: learnt afresh
+        (("corpus", 0, True, 0), 1): [8, 2],
     }
     carried = {c[:5]: c[5:] for c in d.carried_calibration()}
     assert carried == {
-        ("history", 5, True, 1, 4): (CARRIED_TRIALS, 0.9 * CARRIED_TRIALS),
+        ("prompt", 5, True, 1, 4): (CARRIED_TRIALS, 0.9 * CARRIED_TRIALS),
         ("prompt", 1, True, 0, 0): (3.0, 1.0),
     }
     assert cells_from(d.carried_calibration())  # what it saves, it can read
-    d.calibration = {(("history", 4, True, 0), b): [r, r - 1] for b, r in enumerate(range(65, 72))}
-    d.calibration |= {(("prompt", 4, True, 0), b): [r, r] for b, r in enumerate(range(3001, 3008))}
+    d.calibration = {(("prompt", 4, True, 0), b): [r, r - 1] for b, r in enumerate(range(65, 72))}
+    d.calibration |= {(("prompt", 3, True, 0), b): [r, r] for b, r in enumerate(range(3001, 3008))}
     assert len(cells_from(d.carried_calibration())) == 14  # every count scales into what a load accepts
 
 
