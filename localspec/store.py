@@ -33,9 +33,9 @@ file it did not check. So the files stay bounded: the snapshot by the history ca
 fraction of it (4 bytes per token).
 
 The calibration (``<fingerprint>-<namespace>.lscal``, JSON) keeps what the drafter learnt about how far
-its kinds of proposal run (:attr:`localspec.suffix.SuffixDrafter.calibration`, each cell scaled down to
-:data:`localspec.suffix.CARRIED_TRIALS` trials), so that a new process (every ``localspec run`` is one)
-drafts where the last one would have, instead of learning again while long copies go by undrafted. It is
+copies of a request's own prompt run (:meth:`localspec.suffix.SuffixDrafter.carried_calibration`), so that
+a new process (every ``localspec run`` is one) drafts where the last one would have, instead of learning
+again while long copies go by undrafted. It is
 rewritten whole after every request (a few kilobytes, 0.5 ms), the same crash-safe way; anything wrong with
 it (damaged, hostile, another vocabulary) is reported in one line and drafting learns afresh.
 

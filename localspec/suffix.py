@@ -783,10 +783,9 @@ CARRIED_TRIALS = 64
 #: Only these sources' cells are carried: how far a copy of the request's own prompt runs (an editor's
 #: file, the earlier turns of a chat) is a property of the model and the kind of work, and carries over;
 #: how closely a new request follows earlier ones or the corpus is not, and is learnt afresh. Measured with
-#: a new process per request from a warm store (docs/bench.md), carrying every source made the repository
-#: workload 0.91x instead of 0.98x on the native build (and the agent loop 0.98x instead of 1.02x on AVX2);
-#: replayed, carrying the prompt's cells alone kept the gains elsewhere (edit session 1.69x -> 1.83x native,
-#: 1.22x -> 1.33x AVX2) and lost nothing on the repository.
+#: a new process per request from a warm store (docs/bench.md, native build), carrying every source made
+#: the edit session 1.77x instead of 1.66x but the repository workload 0.91x instead of 0.98x; carrying the
+#: prompt's cells alone, 1.71x and 0.97x (agent loop 1.12x, conversation 1.27x, against 1.08x and 1.23x).
 CARRIED_SOURCES = ("prompt",)
 _CELL_SOURCES = ("prompt", "history", "corpus")
 

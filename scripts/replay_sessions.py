@@ -243,17 +243,25 @@ def _index(corpus: list[list[int]], warm: list[Recorded]) -> SuffixIndex:
 
 
 def per_request(
-    index: SuffixIndex, requests: list[Recorded], V: Callable[[int], float], n_max: int, carry: bool
+    corpus: list[list[int]],
+    warm: list[Recorded],
+    requests: list[Recorded],
+    V: Callable[[int], float],
+    n_max: int,
+    carry: bool,
 ) -> Replayed:
-    """Every request through a new drafter over the same (growing) index, as a new process per request
-    (the command line) would run them; with ``carry``, each starts from the calibration the previous one
-    saved (:meth:`SuffixDrafter.carried_calibration`), else it learns afresh."""
-    out = Replayed()
+    """The warm-up requests, then ``requests``, each through a new drafter over one growing index, as a new
+    process per request (the command line) runs them (``scripts/bench_per_request.py`` measures the same);
+    with ``carry`` each starts from the calibration the previous one saved
+    (:meth:`SuffixDrafter.carried_calibration`), else it learns afresh. Only ``requests`` are counted."""
+    index = _index(corpus, [])
     calibration: list = []
-    for req in requests:
-        drafter = SuffixDrafter(index, verify_cost=V, calibration=calibration if carry else ())
-        replay_request(drafter, req, n_max=n_max, verify_cost=V, into=out)
-        calibration = drafter.carried_calibration()
+    out = Replayed()
+    for reqs, into in ((warm, Replayed()), (requests, out)):
+        for req in reqs:
+            drafter = SuffixDrafter(index, verify_cost=V, calibration=calibration if carry else ())
+            replay_request(drafter, req, n_max=n_max, verify_cost=V, into=into)
+            calibration = drafter.carried_calibration()
     return out
 
 
@@ -302,13 +310,8 @@ def replay_cmd(a: argparse.Namespace) -> int:
                 print(_row(f"any copy of seen text, oracle ({label})", ceiling, T))
         if a.per_request:
             for label, carry in (("learnt again per request", False), ("kept with the store", True)):
-                print(
-                    _row(
-                        f"suffix warm, a new process per request, calibration {label}",
-                        per_request(_index(wl["corpus"], warm), flat, V, a.n_max, carry),
-                        T,
-                    )
-                )
+                run = per_request(wl["corpus"], warm, flat, V, a.n_max, carry)
+                print(_row(f"suffix warm, a new process per request, calibration {label}", run, T))
         if a.runs:
             print()
             runs_by_match(_index(wl["corpus"], warm), flat)
@@ -357,7 +360,7 @@ def main() -> int:
     rep.add_argument(
         "--per-request",
         action="store_true",
-        help="also: the warm cache with a new process per request, its calibration learnt again or kept",
+        help="also: a new process per request (warm-up requests first), its calibration learnt again or kept",
     )
     rep.add_argument("--costs", help="a stored cost measurement (JSON) to use instead of the recording's")
     a = ap.parse_args()
