@@ -35,9 +35,9 @@ fraction of it (4 bytes per token).
 The calibration (``<fingerprint>-<namespace>.lscal``, JSON) keeps what the drafter learnt about how far
 copies of a request's own prompt run (:meth:`localspec.suffix.SuffixDrafter.carried_calibration`), so that
 a new process (every ``localspec run`` is one) drafts where the last one would have, instead of learning
-again while long copies go by undrafted. It is
-rewritten whole after every request (a few kilobytes, 0.5 ms), the same crash-safe way; anything wrong with
-it (damaged, hostile, another vocabulary) is reported in one line and drafting learns afresh.
+again while long copies go by undrafted. It is rewritten whole after every request (a few kilobytes, 0.5
+ms), the same crash-safe way; anything wrong with it (damaged, hostile, another vocabulary) is reported in
+one line and drafting learns afresh.
 
 A snapshot that is truncated, corrupted, of another version (version 1 had no journal; it is ignored
 and replaced), of another vocabulary or namespace, or whose arrays are out of bounds is reported in one
@@ -240,10 +240,7 @@ class SuffixStore:
             return self._ignore(f"cannot read it ({exc.strerror or exc})", fresh)
         try:
             header, arrays = _parse(data, self.path)
-            if header.get("fingerprint") != self.fingerprint:
-                raise _Bad("it belongs to another vocabulary")
-            if header.get("namespace") != self.namespace:
-                raise _Bad("it belongs to another namespace")
+            _check_owner(header, self.fingerprint, self.namespace)
             snapshot_id = header.get("snapshot_id")
             if not isinstance(snapshot_id, str) or not snapshot_id:
                 raise _Bad("its header lacks the snapshot id")
@@ -328,10 +325,7 @@ class SuffixStore:
                 raise _Bad("it is not a localspec calibration file")
             if doc.get("version") != CALIBRATION_VERSION:
                 raise _Bad(f"it has format version {doc.get('version')!r}, this localspec reads 1")
-            if doc.get("fingerprint") != self.fingerprint:
-                raise _Bad("it belongs to another vocabulary")
-            if doc.get("namespace") != self.namespace:
-                raise _Bad("it belongs to another namespace")
+            _check_owner(doc, self.fingerprint, self.namespace)
             rows = doc.get("cells")
             if not isinstance(rows, list):
                 raise _Bad("it has no list of cells")
@@ -733,6 +727,14 @@ def _header(data: bytes, magic: bytes, version: int, kind: str) -> tuple[dict, i
     return header, _PREAMBLE.size + n
 
 
+def _check_owner(header: dict, fingerprint: str, namespace: str) -> None:
+    """A file (snapshot, journal, calibration) is only ever used for the vocabulary and namespace it names."""
+    if header.get("fingerprint") != fingerprint:
+        raise _Bad("it belongs to another vocabulary")
+    if header.get("namespace") != namespace:
+        raise _Bad("it belongs to another namespace")
+
+
 def _parse_header(data: bytes, size: int, path: Path) -> dict:
     header, end = _header(data, MAGIC, VERSION, "suffix cache")
     header["_payload_at"] = _aligned(end)
@@ -829,10 +831,7 @@ def _parse_journal(
     and where they end. Raises :class:`_Bad` for an unusable header, :class:`_Stale` for a journal of
     another snapshot (``snapshot_id`` None: any)."""
     header, at = _header(data, JOURNAL_MAGIC, JOURNAL_VERSION, "suffix cache journal")
-    if header.get("fingerprint") != fingerprint:
-        raise _Bad("it belongs to another vocabulary")
-    if header.get("namespace") != namespace:
-        raise _Bad("it belongs to another namespace")
+    _check_owner(header, fingerprint, namespace)
     if snapshot_id is not None and header.get("snapshot_id") != snapshot_id:
         raise _Stale
     view = memoryview(data)

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from localspec.drafters import Draft
+from localspec.drafters import SOURCES, Draft
 from localspec.sampling import SamplingParams
 
 #: The match lengths (in tokens) the index knows; the longest one that matches wins.
@@ -787,7 +787,7 @@ CARRIED_TRIALS = 64
 #: the edit session 1.77x instead of 1.66x but the repository workload 0.91x instead of 0.98x; carrying the
 #: prompt's cells alone, 1.71x and 0.97x (agent loop 1.12x, conversation 1.27x, against 1.08x and 1.23x).
 CARRIED_SOURCES = ("prompt",)
-_CELL_SOURCES = ("prompt", "history", "corpus")
+_CELL_SOURCES = tuple(s for s in SOURCES if s != "model")  # what the suffix index proposes from
 
 
 def cells_from(rows: Iterable[Any]) -> list[Cell]:
