@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from localspec.sampling import SamplingParams
 from localspec.settings import LOOKUP_N_MAX, MODEL_STRATEGIES, SUFFIX_STRATEGIES, DraftSettings
 from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.store import SuffixStore
-from localspec.suffix import SuffixDrafter, SuffixIndex
+from localspec.suffix import Cell, SuffixDrafter, SuffixIndex
 
 
 class GenerationResult(str):
@@ -300,10 +300,11 @@ class Pipeline:
             self._suffix = SuffixDrafter(index, verify_cost=costs.V, store=self._store, calibration=carried)
         return self._suffix
 
-    def reset_suffix(self, state: dict | None = None) -> None:
+    def reset_suffix(self, state: dict | None = None, calibration: Iterable[Cell] = ()) -> None:
         """Start the suffix cache over: empty, or from an index :meth:`SuffixIndex.state` snapshot (the
-        corpus is kept), with a calibration learnt afresh. For benchmarks; the store on disk is not touched
-        unless the next request saves."""
+        corpus is kept), with the drafter's calibration learnt afresh or starting from ``calibration``
+        (what a store keeps: :meth:`SuffixDrafter.carried_calibration`). For benchmarks; the store on disk
+        is not touched unless the next request saves."""
         drafter = self.suffix_drafter()
         corpus = drafter.index.corpus
         index = (
@@ -312,7 +313,9 @@ class Pipeline:
             else SuffixIndex(n_vocab=self._target.n_vocab)
         )
         index.corpus = corpus
-        self._suffix = SuffixDrafter(index, verify_cost=drafter.verify_cost, store=drafter.store)
+        self._suffix = SuffixDrafter(
+            index, verify_cost=drafter.verify_cost, store=drafter.store, calibration=calibration
+        )
 
     def set_corpus(self, folder: str | os.PathLike) -> None:
         """Draft from the text files of ``folder`` too (replaces the corpus; tokenized now)."""

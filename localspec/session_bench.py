@@ -2,10 +2,12 @@
 
 Each drafting setting runs every measured session of a workload in order through one pipeline, the
 requests built from its own replies. The suffix cache is reset before each run: *cold* starts empty,
-*warm* starts from a snapshot taken after the workload's warm-up sessions (other sessions of the same
-kind, never the measured ones) ran once through the pipeline. The store on disk is not touched (the
-pipeline is loaded with ``suffix_store=False``). Runs of different settings alternate, repeat after
-repeat, and each figure is a median over repeats of the whole session's tokens per second:
+*warm* starts from what a store would hold after the workload's warm-up sessions (other sessions of
+the same kind, never the measured ones) ran once through the pipeline: the index, and the calibration
+of prompt copies that a store keeps for the next process (:meth:`SuffixDrafter.carried_calibration`).
+The store on disk is not touched (the pipeline is loaded with ``suffix_store=False``). Runs of
+different settings alternate, repeat after repeat, and each figure is a median over repeats of the
+whole session's tokens per second:
 
 - *generation*: emitted tokens / seconds from the first round to the last;
 - *end to end*: emitted tokens / wall seconds of the whole calls, prompt processing and the suffix
@@ -31,6 +33,7 @@ from typing import Any
 
 from localspec.sessions import SessionWorkload, corpus_files, load_session_workload, run_session
 from localspec.settings import DraftSettings
+from localspec.suffix import Cell
 
 BASELINE = DraftSettings(strategy="none")
 
@@ -171,8 +174,17 @@ def _run_peer_once(
     return run
 
 
-def warm_snapshot(pipe: Any, workload: SessionWorkload, max_tokens: int) -> tuple[dict, float]:
-    """Run the warm-up sessions once with the suffix cache; return its state and the seconds it took."""
+@dataclass(frozen=True)
+class WarmStore:
+    """What a store holds after the warm-up sessions: the index and the drafter's carried calibration."""
+
+    index: dict
+    calibration: list[Cell]
+
+
+def warm_snapshot(pipe: Any, workload: SessionWorkload, max_tokens: int) -> tuple[WarmStore, float]:
+    """Run the warm-up sessions once with the suffix cache; return what a store would then hold (the
+    index, and the calibration it keeps for the next process) and the seconds it took."""
     pipe.reset_suffix()
     t = time.perf_counter()
     for session in workload.warm:
@@ -182,7 +194,8 @@ def warm_snapshot(pipe: Any, workload: SessionWorkload, max_tokens: int) -> tupl
             lambda m: pipe.chat(m, max_tokens=max_tokens, strategy="suffix"),
             clock=time.perf_counter,
         )
-    return pipe.suffix_drafter().index.state(), time.perf_counter() - t
+    drafter = pipe.suffix_drafter()
+    return WarmStore(drafter.index.state(), drafter.carried_calibration()), time.perf_counter() - t
 
 
 def bench_workload(
@@ -200,9 +213,9 @@ def bench_workload(
     cap = min(workload.max_tokens, max_tokens or workload.max_tokens)
     if workload.corpus is not None:
         pipe.set_corpus(workload.corpus)
-    warm_state = None
+    warm: WarmStore | None = None
     if any(c.warm for c in configs):
-        warm_state, seconds = warm_snapshot(pipe, workload, cap)
+        warm, seconds = warm_snapshot(pipe, workload, cap)
         log(f"{workload.name}: warm-up sessions took {seconds:.0f} s")
     plan: list[SessionConfig | PeerConfig] = [
         SessionConfig(BASELINE),
@@ -221,7 +234,10 @@ def bench_workload(
                 assert peer is not None
                 run = _run_peer_once(pipe, workload, config, peer, cap)
             else:
-                pipe.reset_suffix(warm_state if config.warm else None)
+                if config.warm and warm is not None:
+                    pipe.reset_suffix(warm.index, warm.calibration)
+                else:
+                    pipe.reset_suffix()
                 run = _run_once(pipe, workload, config, cap)
             runs[config.label].append(run)
             log(

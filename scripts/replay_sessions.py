@@ -242,6 +242,16 @@ def _index(corpus: list[list[int]], warm: list[Recorded]) -> SuffixIndex:
     return index
 
 
+def warm_drafter(
+    corpus: list[list[int]], warm: list[Recorded], V: Callable[[int], float], n_max: int
+) -> SuffixDrafter:
+    """A drafter starting where the session bench's *warm* setting starts: the warm-up requests played
+    through one drafter, then a new one over that index with the calibration a store keeps."""
+    before = SuffixDrafter(_index(corpus, []), verify_cost=V)
+    replay(before, warm, n_max=n_max, verify_cost=V)
+    return SuffixDrafter(before.index, verify_cost=V, calibration=before.carried_calibration())
+
+
 def per_request(
     corpus: list[list[int]],
     warm: list[Recorded],
@@ -289,7 +299,11 @@ def replay_cmd(a: argparse.Namespace) -> int:
             _row("llama.cpp ngram-mod (emulated)", replay(NgramModLike(), flat, n_max=16, verify_cost=V), T)
         )
         for warm_start in (False, True):
-            drafter = SuffixDrafter(_index(wl["corpus"], warm if warm_start else []), verify_cost=V)
+            drafter = (
+                warm_drafter(wl["corpus"], warm, V, a.n_max)
+                if warm_start
+                else SuffixDrafter(_index(wl["corpus"], []), verify_cost=V)
+            )
             label = f"suffix k={a.n_max} ({'warm' if warm_start else 'cold'})"
             print(_row(label, replay(drafter, flat, n_max=a.n_max, verify_cost=V), T))
         oracle = OracleLength(_index(wl["corpus"], warm), flat, V)

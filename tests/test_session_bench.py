@@ -15,7 +15,7 @@ import pytest
 import localspec
 from localspec import peer
 from localspec.errors import BenchError
-from localspec.session_bench import PeerSetup, SessionConfig, bench_workload, markdown
+from localspec.session_bench import PeerSetup, SessionConfig, bench_workload, markdown, warm_snapshot
 from localspec.sessions import load_session_workload
 from localspec.settings import DraftSettings
 
@@ -54,6 +54,20 @@ def test_every_setting_runs_every_request_and_rows_compare_to_the_target_alone(p
         assert row["vs_llama_cpp_best"] is None and row["peer"] is False
     table = markdown([res])
     assert "llama.cpp" not in table and "| suffix k=8 (warm)" in table
+
+
+def test_a_warm_start_is_what_a_store_holds_after_the_warm_up_sessions(pipe, workload):
+    warm, seconds = warm_snapshot(pipe, workload, workload.max_tokens)
+    drafter = pipe.suffix_drafter()
+    assert seconds > 0 and warm.index["history_tokens"].size > 0
+    assert warm.calibration == drafter.carried_calibration()  # the prompt cells, scaled as a store keeps them
+    assert warm.calibration and {cell[0] for cell in warm.calibration} == {"prompt"}
+    pipe.reset_suffix(warm.index, warm.calibration)
+    fresh = pipe.suffix_drafter()
+    assert fresh is not drafter and fresh.index.history_tokens == drafter.index.history_tokens
+    assert fresh.carried_calibration() == warm.calibration
+    pipe.reset_suffix()
+    assert pipe.suffix_drafter().calibration == {} and pipe.suffix_drafter().index.history_tokens == 0
 
 
 def test_llama_cpp_session_modes_are_sized_for_a_cpu(tmp_path):
