@@ -40,15 +40,18 @@ BASELINE = DraftSettings(strategy="none")
 
 @dataclass(frozen=True)
 class SessionConfig:
-    """A drafting setting plus whether the suffix cache starts warm."""
+    """A drafting setting plus whether the suffix cache starts warm, and whether a warm start keeps the
+    calibration the store kept (``calibration=False``: learnt afresh, as before stores kept it)."""
 
     settings: DraftSettings
     warm: bool = False
+    calibration: bool = True
 
     @property
     def label(self) -> str:
         if self.settings.uses_suffix:
-            return f"{self.settings.label} ({'warm' if self.warm else 'cold'})"
+            start = "cold" if not self.warm else "warm" if self.calibration else "warm, calibration afresh"
+            return f"{self.settings.label} ({start})"
         return self.settings.label
 
 
@@ -235,7 +238,7 @@ def bench_workload(
                 run = _run_peer_once(pipe, workload, config, peer, cap)
             else:
                 if config.warm and warm is not None:
-                    pipe.reset_suffix(warm.index, warm.calibration)
+                    pipe.reset_suffix(warm.index, warm.calibration if config.calibration else ())
                 else:
                     pipe.reset_suffix()
                 run = _run_once(pipe, workload, config, cap)

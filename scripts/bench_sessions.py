@@ -1,7 +1,8 @@
 """Run the multi-request workloads (localspec/data/sessions) on a pair and print markdown tables + JSON.
 
 Usage: python scripts/bench_sessions.py -t TARGET.gguf [-d DRAFT.gguf] [--workload NAME ...] [--repeats N]
-           [--ngram 4,8,16,32] [--threads 2] [--peer] [--peer-modes none,ngram-mod,...] [--out F.json]
+           [--ngram 4,8,16,32] [--threads 2] [--warm-afresh] [--peer] [--peer-modes none,ngram-mod,...]
+           [--out F.json]
 The same as `localspec bench --sessions [--peer]`, with the n-gram lengths, llama.cpp's modes and the output
 file as options. ``--peer`` runs llama.cpp's own modes (localspec.peer.SESSION_MODES) in the same repeats.
 """
@@ -29,6 +30,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ngram", default="4,8,16,32")
     ap.add_argument("--model", action="store_true", help="also measure the draft model alone (k=4)")
+    ap.add_argument(
+        "--warm-afresh",
+        action="store_true",
+        help="also the suffix cache warm with its calibration learnt afresh (the store's index only)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--peer", action="store_true", help="also run llama.cpp's modes (llama-server)")
@@ -45,6 +51,9 @@ def main() -> int:
         SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True),
         SessionConfig(DraftSettings(strategy="auto", n_max=32), warm=True),
     ]
+    if a.warm_afresh:
+        afresh = SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True, calibration=False)
+        configs.append(afresh)
     if a.model and a.draft:
         configs.append(SessionConfig(DraftSettings(strategy="model", n_max=4)))
     t0 = time.time()

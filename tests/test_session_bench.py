@@ -44,10 +44,11 @@ def test_every_setting_runs_every_request_and_rows_compare_to_the_target_alone(p
     configs = [
         SessionConfig(DraftSettings(strategy="ngram", n_max=4)),
         SessionConfig(DraftSettings(strategy="suffix", n_max=8), warm=True),
+        SessionConfig(DraftSettings(strategy="suffix", n_max=8), warm=True, calibration=False),
     ]
     res = bench_workload(pipe, workload, configs, repeats=2)
     rows = {r["config"]: r for r in res["rows"]}
-    assert list(rows) == ["none", "ngram k=4", "suffix k=8 (warm)"]
+    assert list(rows) == ["none", "ngram k=4", "suffix k=8 (warm)", "suffix k=8 (warm, calibration afresh)"]
     assert rows["none"]["speedup_generation"] == pytest.approx(1.0)
     for row in rows.values():
         assert len(row["tokens"]) == 2 and all(t > 0 for t in row["tokens"])
