@@ -776,9 +776,9 @@ Kind = tuple[str, int, bool, int]
 #: One calibration cell as a store keeps it: a :data:`Kind`'s fields, the position bucket, then the trials
 #: that reached that position and how many of them were accepted.
 Cell = tuple[str, int, bool, int, int, float, float]
-#: A new process starts from the calibration the last one saved with the store, each cell scaled down to
-#: at most this many trials (its acceptance kept): enough to draft at once where copies ran before, few
-#: enough that this process's own evidence soon outweighs it.
+#: A request starts from the calibration the last one left (saved with the store, for a new process), each
+#: cell scaled down to at most this many trials (its acceptance kept): enough to draft at once where copies
+#: ran before, few enough that this request's own evidence soon outweighs it.
 CARRIED_TRIALS = 64
 #: Only these sources' cells are carried: how far a copy of the request's own prompt runs (an editor's
 #: file, the earlier turns of a chat) is a property of the model and the kind of work, and carries over;
@@ -786,6 +786,10 @@ CARRIED_TRIALS = 64
 #: a new process per request from a warm store (docs/bench.md, native build), carrying every source made
 #: the edit session 1.77x instead of 1.66x but the repository workload 0.91x instead of 0.98x; carrying the
 #: prompt's cells alone, 1.71x and 0.97x (agent loop 1.12x, conversation 1.27x, against 1.08x and 1.23x).
+#: The same holds between two requests of one process (a server, a bench session): keeping what one
+#: request learnt of history and corpus copies for the next made the repository workload draft at 13-20%
+#: acceptance in its later requests (replayed on the recorded sessions: 0.98x instead of 1.01x natively,
+#: 0.99x instead of 1.00x on AVX2), so :meth:`SuffixDrafter.begin` starts every request from this carry.
 CARRIED_SOURCES = ("prompt",)
 _CELL_SOURCES = tuple(s for s in SOURCES if s != "model")  # what the suffix index proposes from
 
@@ -813,6 +817,14 @@ def cells_from(rows: Iterable[Any]) -> list[Cell]:
             raise ValueError(f"cell {i} is out of range: {row!r}")
         out.append((str(source), band, unanimous, occurrences, bucket, float(reached), float(accepted)))
     return out
+
+
+def _cells_of(cells: Iterable[Cell]) -> dict[tuple[Kind, int], list[float]]:
+    """Cells as :attr:`SuffixDrafter.calibration` counts them: (kind, bucket) -> [reached, accepted]."""
+    return {
+        ((source, band, unanimous, occurrences), bucket): [reached, accepted]
+        for source, band, unanimous, occurrences, bucket, reached, accepted in cells
+    }
 
 
 def kind_of(prop: Proposal) -> Kind:
@@ -894,16 +906,17 @@ class SuffixDrafter:
         self.learn = learn
         #: per (kind, position bucket): [tokens that reached that position, of them accepted]; starts from
         #: ``calibration`` (what the store kept from the last process, see :data:`CARRIED_TRIALS`)
-        self.calibration: dict[tuple[Kind, int], list[float]] = {
-            ((source, band, unanimous, occurrences), bucket): [reached, accepted]
-            for source, band, unanimous, occurrences, bucket, reached, accepted in calibration
-        }
+        self.calibration: dict[tuple[Kind, int], list[float]] = _cells_of(calibration)
         self._watches: list[_Watch] = []
         self._costs: list[float] = []  # verify_cost(b) by b, read once per width
         self._costs_of: Callable[[int], float] | None = None
 
     def begin(self, context: list[int]) -> None:
+        """A new request: it starts from :meth:`carried_calibration`, what a new process would start from,
+        so a request drafts the same in a long-lived server as from the command line (see
+        :data:`CARRIED_SOURCES`)."""
         self._watches = []
+        self.calibration = _cells_of(self.carried_calibration())
         self.index.begin(context)
 
     def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:

@@ -613,3 +613,28 @@ def test_sampling_distribution_matches_target_with_suffix_drafts(embedded_pipe, 
     monkeypatch.setattr("localspec.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
     biased = _first_two(embedded_pipe, tokens, n, d)
     assert chi2_pvalue(base, biased) < 1e-3
+
+
+def test_every_request_starts_from_what_a_new_process_would():
+    """What one request learnt of history and corpus copies is not carried to the next request of the same
+    process, and the prompt's cells are scaled down as a store carries them: a server's second request
+    drafts like the command line's, which loads the store afresh."""
+    d = SuffixDrafter()
+    d.finish(list(range(10, 60)))
+    d.calibration = {
+        (("history", 4, True, 0), 0): [100.0, 90.0],
+        (("corpus", 3, False, 1), 2): [10.0, 1.0],
+        (("prompt", 4, True, 0), 0): [200.0, 150.0],
+        (("prompt", 2, True, 0), 1): [8.0, 8.0],
+    }
+    fresh = SuffixDrafter(d.index, calibration=d.carried_calibration())
+    d.begin([1, 2, 3])
+    fresh.begin([1, 2, 3])
+    assert (
+        d.calibration
+        == fresh.calibration
+        == {
+            (("prompt", 4, True, 0), 0): [64.0, 48.0],
+            (("prompt", 2, True, 0), 1): [8.0, 8.0],
+        }
+    )
