@@ -14,10 +14,18 @@ every width from 1 to 33 (a verify pass of up to :data:`localspec.settings.LOOKU
 measured rather than interpolated: interpolating between even widths made the suffix drafter choose
 17-token passes it thought cheap (replayed on the recorded sessions: 1-5% slower).
 
-Measuring it takes 20-30 seconds for a 1.5B model on two CPU cores (33 widths, interleaved, median of 3), so
+Measuring it takes 20-30 seconds for a 1.5B model on two CPU cores (33 widths, interleaved, 3 sweeps), so
 :func:`machine_costs` keeps the result per (machine, build, model file, threads, offload) under
 ``$LOCALSPEC_HOME/costs/`` and a new process reads it instead of paying probing rounds again. A stale or
-unreadable file is measured again.
+unreadable file is measured again; ``localspec cache info`` lists the kept curves and ``localspec cache clear
+--costs`` has them measured again.
+
+A curve is kept for good, so one taken while something else used the CPU would mis-size every later draft
+(seen here: two curves of the same model and build, one measured under load, 14% apart at b = 2 and 10% at
+b = 16). Another process can only slow a pass down, so each width's cost is near its fastest timing (the
+second-fastest, see :func:`typical`), and the sweeps go on (up to :data:`MAX_SWEEPS`) until the two fastest
+timings of a one-token pass, and of nearly every width, agree within :data:`AGREEMENT`. A curve that never
+settles is kept, marked unsteady, and said so.
 """
 
 from __future__ import annotations
@@ -27,7 +35,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -41,7 +48,15 @@ if TYPE_CHECKING:
 
 #: The widths measured (every one: the curve has dips, see above); wider passes are extrapolated.
 WIDTHS: tuple[int, ...] = tuple(range(1, 34))
-_VERSION = 2  # 2: every width from 1 to 33 (version 1 measured 15 widths and interpolated)
+#: Sweeps over every width: at least :data:`MIN_SWEEPS`, more while the timings disagree.
+MIN_SWEEPS, MAX_SWEEPS = 3, 6
+#: Two timings of one width agree when the slower is at most this fraction slower than the faster.
+AGREEMENT = 0.05
+#: A curve is steady when width 1 and all but this fraction of the widths agree (see :func:`unsteady_widths`).
+UNSTEADY_SHARE = 0.1
+_VERSION = (
+    3  # 3: the second-fastest timing of each width, sweeps until steady (2: the median of 3; 1: 15 widths)
+)
 
 
 @dataclass
@@ -79,6 +94,11 @@ class MachineCosts:
             return None
         return self.draft_token_seconds / self.target_token_seconds
 
+    @property
+    def steady(self) -> bool:
+        """False when the timings never agreed while measuring (something else was using the machine)."""
+        return bool(self.details.get("steady", True))
+
     def ceiling(self, k: int) -> float:
         """The speedup of perfect ``k``-token drafts that cost nothing: ``(k + 1) / V(k + 1)``."""
         return (k + 1) / self.V(k + 1)
@@ -92,7 +112,7 @@ class MachineCosts:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> MachineCosts:
         if d.get("version") != _VERSION:
-            raise ValueError("another version")
+            raise ValueError("measured by another version of localspec")
         verify = {int(k): float(v) for k, v in d["verify"].items()}
         if 1 not in verify or len(verify) < 2 or not all(_usable(v) for v in verify.values()):
             raise ValueError("incomplete curve")
@@ -158,7 +178,7 @@ def costs_key(
 
 
 def costs_path(key: str) -> Path:
-    return constants.localspec_home() / "costs" / f"{key}.json"
+    return costs_dir() / f"{key}.json"
 
 
 def read_costs(key: str) -> MachineCosts | None:
@@ -181,17 +201,45 @@ def write_costs(costs: MachineCosts) -> Path:
     return path
 
 
-def _time_pass(model: Model, base: list[int], tokens: list[int]) -> float:
+def _time_pass(
+    model: Model, base: list[int], tokens: list[int], timer: Callable[[], float] = time.perf_counter
+) -> float:
     """Seconds of one pass over ``tokens`` after ``base`` (logits for every position); cache put back."""
     todo = model.sync(base)
     if todo:
         model.decode(todo)  # the context itself is not timed
-    t = time.perf_counter()
+    t = timer()
     try:
         model.decode_logits(tokens, outputs=len(tokens))
-        return time.perf_counter() - t
+        return timer() - t
     finally:
         model.truncate(len(base))
+
+
+def typical(timings: list[float]) -> float:
+    """A width's cost: its second-fastest timing (the fastest when there is one). Another process only ever
+    slows a pass down, so the fast end is the machine's own cost; the second rather than the fastest, because
+    one pass now and then runs faster than the rest (seen here: a curve of fastest timings 9% low at b = 2,
+    from one quick one-token pass) and two agreeing timings are what :func:`is_steady` asks for."""
+    fastest = sorted(timings)[:2]
+    return fastest[-1]
+
+
+def unsteady_widths(times: dict[int, list[float]], agreement: float = AGREEMENT) -> list[int]:
+    """The widths whose two fastest timings differ by more than ``agreement`` (a fraction of the faster)."""
+    out = []
+    for w, ts in sorted(times.items()):
+        fastest = sorted(ts)[:2]
+        if len(fastest) < 2 or fastest[1] > fastest[0] * (1.0 + agreement):
+            out.append(w)
+    return out
+
+
+def is_steady(times: dict[int, list[float]], agreement: float = AGREEMENT) -> bool:
+    """Whether timings can be trusted: the narrowest width (every V(b) is a ratio to it) and all but
+    :data:`UNSTEADY_SHARE` of the widths agree (see :func:`unsteady_widths`)."""
+    bad = unsteady_widths(times, agreement)
+    return bool(times) and min(times) not in bad and len(bad) <= UNSTEADY_SHARE * len(times)
 
 
 def measure(
@@ -199,10 +247,14 @@ def measure(
     draft: Model | None = None,
     *,
     widths: tuple[int, ...] = WIDTHS,
-    repeats: int = 3,
+    min_sweeps: int = MIN_SWEEPS,
+    max_sweeps: int = MAX_SWEEPS,
     clock: Callable[[], str] = lambda: time.strftime("%Y-%m-%dT%H:%M:%S"),
+    timer: Callable[[], float] = time.perf_counter,
 ) -> MachineCosts:
-    """Measure V(b) on ``target`` (widths interleaved, median of ``repeats``) and the draft's token cost.
+    """Measure V(b) on ``target`` and the draft's token cost: sweeps over every width (interleaved, so a
+    slow spell touches all widths alike), at least ``min_sweeps`` and more up to ``max_sweeps`` until
+    :func:`is_steady`; each width costs its :func:`typical` timing (near the fastest: a load only slows).
 
     Uses a neutral context of repeated ordinary tokens after a short prefix; the caches are restored.
     """
@@ -210,20 +262,22 @@ def measure(
     base = target.tokenize("def f(x):\n    return x + 1\n" * 4, add_bos=True)[:48]
     filler = (base * (1 + max(widths) // max(1, len(base))))[: max(widths)]
     target.reset()
-    _time_pass(target, base, filler[:1])  # warm-up, uncounted
+    _time_pass(target, base, filler[:1], timer)  # warm-up, uncounted
     times: dict[int, list[float]] = {w: [] for w in widths}
-    for _ in range(max(1, repeats)):
+    sweeps = 0
+    while sweeps < max(1, min_sweeps) or (sweeps < max_sweeps and not is_steady(times)):
         for w in widths:
-            times[w].append(_time_pass(target, base, filler[:w]))
-    one = statistics.median(times[1]) if 1 in times else statistics.median(times[widths[0]]) / widths[0]
-    verify = {w: statistics.median(ts) / one for w, ts in times.items()}
+            times[w].append(_time_pass(target, base, filler[:w], timer))
+        sweeps += 1
+    one = typical(times[1]) if 1 in times else typical(times[widths[0]]) / widths[0]
+    verify = {w: typical(ts) / one for w, ts in times.items()}
     verify[1] = 1.0
     draft_s = None
     if draft is not None:
         draft.reset()
         dbase = base[:]
-        _time_pass(draft, dbase, filler[:1])
-        draft_s = statistics.median(_time_pass(draft, dbase, filler[:1]) for _ in range(max(3, repeats * 2)))
+        _time_pass(draft, dbase, filler[:1], timer)
+        draft_s = typical([_time_pass(draft, dbase, filler[:1], timer) for _ in range(2 * max(3, sweeps))])
         draft.reset()
     target.reset()
     return MachineCosts(
@@ -231,7 +285,12 @@ def measure(
         verify=verify,
         draft_token_seconds=draft_s,
         measured=clock(),
-        details={"repeats": repeats, "widths": list(widths)},
+        details={
+            "sweeps": sweeps,
+            "widths": list(widths),
+            "steady": is_steady(times),
+            "unsteady_widths": unsteady_widths(times),
+        },
     )
 
 
@@ -274,13 +333,75 @@ def machine_costs(
             return found
     if notify is not None:
         notify(
-            f"measuring this machine's decoding costs once ({len(WIDTHS)} pass widths, 3 times each: "
-            "20-30 s for a 1.5B model on two CPU cores; kept for next time)"
+            f"measuring this machine's decoding costs once ({len(WIDTHS)} pass widths, {MIN_SWEEPS} times "
+            "each, more if the machine is busy: 20-30 s for a 1.5B model on 2 CPU cores; kept for next time)"
         )
     costs = measure(target, draft)
     costs.key = key
+    costs.details |= {
+        "target": target.path.name,
+        "draft": draft.path.name if draft else None,
+        "threads": threads,
+        "gpu_layers": [gpu_layers, draft_gpu_layers],
+    }
+    if notify is not None and not costs.steady:
+        notify(
+            f"the machine was busy while measuring (timings of one pass width still differed by more than "
+            f"{AGREEMENT:.0%} after {costs.details['sweeps']} sweeps), so drafts may be sized for the wrong "
+            "costs: when it is idle, `localspec cache clear --costs` has them measured again"
+        )
     try:
         write_costs(costs)
     except OSError:
         pass  # a read-only cache still gets the measurement for this process
     return costs
+
+
+@dataclass
+class StoredCurve:
+    """A kept measurement (``localspec cache info``): its curve, or why it is not used."""
+
+    path: Path
+    size_bytes: int
+    costs: MachineCosts | None = None
+    problem: str = ""
+
+
+def costs_dir() -> Path:
+    return constants.localspec_home() / "costs"
+
+
+def list_costs() -> list[StoredCurve]:
+    """Every kept measurement, newest first; a file that cannot be used says why (it is measured again)."""
+    out: list[StoredCurve] = []
+    try:
+        paths = [p for p in costs_dir().glob("*.json") if p.is_file() and not p.is_symlink()]
+    except OSError:
+        return out
+    for path in paths:
+        try:
+            size, text = path.stat().st_size, path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            out.append(StoredCurve(path, 0, problem=f"cannot read it: {exc}"))
+            continue
+        try:
+            out.append(StoredCurve(path, size, MachineCosts.from_json(json.loads(text))))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            out.append(StoredCurve(path, size, problem=str(exc) or type(exc).__name__))
+    return sorted(out, key=lambda e: e.costs.measured if e.costs else "", reverse=True)
+
+
+def clear_costs() -> list[Path]:
+    """Delete every kept measurement (and leftover temporary files): the next run that needs one measures."""
+    gone: list[Path] = []
+    try:
+        paths = list(costs_dir().glob("*.json")) + list(costs_dir().glob(".*.tmp"))
+    except OSError:
+        return gone
+    for path in paths:
+        try:
+            path.unlink()
+            gone.append(path)
+        except FileNotFoundError:
+            pass
+    return gone

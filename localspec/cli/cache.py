@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from localspec import constants
+from localspec import costs as costsmod
 from localspec import store as storemod
 from localspec.errors import CacheError, LocalspecError, ModelNotFoundError
 from localspec.units import format_bytes
@@ -29,7 +30,6 @@ def info(directory: str | None) -> None:
     stores = storemod.list_stores(where)
     if not stores:
         click.echo(f"No suffix cache in {where}.")
-        return
     for s in stores:
         click.echo(str(s.path))
         if s.problem:
@@ -43,15 +43,61 @@ def info(directory: str | None) -> None:
             + (f" from {s.corpus_root}" if s.corpus_root else "")
         )
         click.echo(f"  {format_bytes(s.size_bytes)} on disk")
-    total = sum(s.size_bytes for s in stores)
-    click.echo(f"\n{len(stores)} store file(s), {format_bytes(total)}. `localspec cache clear` deletes them.")
+    if stores:
+        total = sum(s.size_bytes for s in stores)
+        click.echo(
+            f"\n{len(stores)} store file(s), {format_bytes(total)}: `localspec cache clear` deletes them."
+        )
+    _costs_info()
+
+
+def _costs_info() -> None:
+    """The measured decoding costs the suffix drafter sizes its drafts by (one per machine, build, models,
+    threads and offload)."""
+    curves = costsmod.list_costs()
+    if not curves:
+        return
+    click.echo(f"\nMeasured decoding costs in {costsmod.costs_dir()}:")
+    for c in curves:
+        click.echo(str(c.path))
+        if c.costs is None:
+            click.echo(f"  unusable ({c.problem}): measured again the next time it is needed")
+            continue
+        d, V = c.costs.details, c.costs.V
+        models = " + ".join(str(m) for m in (d.get("target"), d.get("draft")) if m) or "models not recorded"
+        threads = f", {d['threads']} threads" if d.get("threads") else ""
+        click.echo(f"  {models}{threads}, measured {c.costs.measured.replace('T', ' ')}")
+        draft = c.costs.draft_ratio
+        click.echo(
+            f"  {1000 * c.costs.target_token_seconds:.1f} ms per target token"
+            + (f", a draft-model token {draft:.2f} of it" if draft is not None else "")
+            + f"; a pass of 2 / 16 / 32 tokens costs {V(2):.2f} / {V(16):.2f} / {V(32):.2f} single passes"
+        )
+        if not c.costs.steady:
+            click.echo(
+                "  measured while the machine was busy (timings disagreed): "
+                "`localspec cache clear --costs` when it is idle"
+            )
+    click.echo(f"{len(curves)} curve(s). `localspec cache clear --costs` has them measured again.")
 
 
 @cache.command("clear")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), help=_DIR_HELP)
-def clear(yes: bool, directory: str | None) -> None:
+@click.option(
+    "--costs",
+    is_flag=True,
+    help="Delete the measured decoding costs instead (the store is kept); the next run measures again.",
+)
+def clear(yes: bool, directory: str | None, costs: bool) -> None:
     """Delete every store file (the history of earlier requests and indexed corpora)."""
+    if costs:
+        gone = costsmod.clear_costs()
+        click.echo(
+            f"Deleted {len(gone)} measured curve(s) from {costsmod.costs_dir()}; "
+            "the next run that needs one measures this machine again (20-30 s for a 1.5B model on two cores)."
+        )
+        return
     where = Path(directory) if directory else storemod.default_dir()
     stores = storemod.list_stores(where)
     if not stores:
