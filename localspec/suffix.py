@@ -787,9 +787,10 @@ CARRIED_TRIALS = 64
 #: the edit session 1.77x instead of 1.66x but the repository workload 0.91x instead of 0.98x; carrying the
 #: prompt's cells alone, 1.71x and 0.97x (agent loop 1.12x, conversation 1.27x, against 1.08x and 1.23x).
 #: The same holds between two requests of one process (a server, a bench session): keeping what one
-#: request learnt of history and corpus copies for the next made the repository workload draft at 13-20%
-#: acceptance in its later requests (replayed on the recorded sessions: 0.98x instead of 1.01x natively,
-#: 0.99x instead of 1.00x on AVX2), so :meth:`SuffixDrafter.begin` starts every request from this carry.
+#: request learnt of history and corpus copies for the next made the repository workload draft them at
+#: 13-20% acceptance in its later requests, so :meth:`SuffixDrafter.begin` starts every request from this
+#: carry. Side by side in one process (``scripts/ab_request_start.py``, native / AVX2): repository 0.95 ->
+#: 1.02x / 0.98 -> 0.99x, for the conversation 1.33 -> 1.29x / 1.16 -> 1.14x and the edit session -0.6%.
 CARRIED_SOURCES = ("prompt",)
 _CELL_SOURCES = tuple(s for s in SOURCES if s != "model")  # what the suffix index proposes from
 
