@@ -22,6 +22,7 @@ import argparse
 import json
 import statistics
 from collections.abc import Callable
+from typing import Any
 
 import localspec
 from localspec import suffix as sx
@@ -41,6 +42,11 @@ def _prompt_kept(self: sx.SuffixDrafter, context: list[int]) -> None:
     self._watches = []
     self.calibration = {k: v for k, v in self.calibration.items() if k[0][0] in sx.CARRIED_SOURCES}
     self.index.begin(context)
+
+
+def _use(begin: Any) -> None:
+    """Make ``begin`` what every suffix drafter runs at the start of a request."""
+    sx.SuffixDrafter.begin = begin  # type: ignore[method-assign]
 
 
 VARIANTS: dict[str, Callable[[sx.SuffixDrafter, list[int]], None]] = {
@@ -73,14 +79,14 @@ def main() -> int:
                 pipe.set_corpus(wl.corpus)
             warm = {}
             for label, begin in VARIANTS.items():
-                sx.SuffixDrafter.begin = begin  # type: ignore[method-assign]
+                _use(begin)
                 warm[label], seconds = warm_snapshot(pipe, wl, wl.max_tokens)
                 print(f"{name}: warm-up for {label}: {seconds:.0f} s", flush=True)
             runs: dict[str, list] = {k: [] for k in ["none", *VARIANTS]}
             for r in range(max(1, a.repeats)):
                 order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
                 for label in ["none", *order]:
-                    sx.SuffixDrafter.begin = VARIANTS.get(label, _CARRY)  # type: ignore[method-assign]
+                    _use(VARIANTS.get(label, _CARRY))
                     if label == "none":
                         pipe.reset_suffix()
                         run = _run_once(pipe, wl, SessionConfig(BASELINE), wl.max_tokens)
@@ -100,7 +106,7 @@ def main() -> int:
                 results[name][label] = {"median": statistics.median(ratios), "ratios": ratios}
                 print(f"{name}: {label}: {statistics.median(ratios):.3f}x {[round(x, 3) for x in ratios]}")
     finally:
-        sx.SuffixDrafter.begin = _CARRY  # type: ignore[method-assign]
+        _use(_CARRY)
         pipe.close()
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
