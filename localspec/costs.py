@@ -54,9 +54,8 @@ MIN_SWEEPS, MAX_SWEEPS = 3, 6
 AGREEMENT = 0.05
 #: A curve is steady when width 1 and all but this fraction of the widths agree (see :func:`unsteady_widths`).
 UNSTEADY_SHARE = 0.1
-_VERSION = (
-    3  # 3: the second-fastest timing of each width, sweeps until steady (2: the median of 3; 1: 15 widths)
-)
+#: 3: the second-fastest timing of each width, sweeps until steady (2: the median of 3; 1: 15 widths)
+_VERSION = 3
 
 
 @dataclass
@@ -216,20 +215,23 @@ def _time_pass(
         model.truncate(len(base))
 
 
+def _two_fastest(timings: list[float]) -> list[float]:
+    return sorted(timings)[:2]
+
+
 def typical(timings: list[float]) -> float:
     """A width's cost: its second-fastest timing (the fastest when there is one). Another process only ever
     slows a pass down, so the fast end is the machine's own cost; the second rather than the fastest, because
     one pass now and then runs faster than the rest (seen here: a curve of fastest timings 9% low at b = 2,
     from one quick one-token pass) and two agreeing timings are what :func:`is_steady` asks for."""
-    fastest = sorted(timings)[:2]
-    return fastest[-1]
+    return _two_fastest(timings)[-1]
 
 
 def unsteady_widths(times: dict[int, list[float]], agreement: float = AGREEMENT) -> list[int]:
     """The widths whose two fastest timings differ by more than ``agreement`` (a fraction of the faster)."""
     out = []
     for w, ts in sorted(times.items()):
-        fastest = sorted(ts)[:2]
+        fastest = _two_fastest(ts)
         if len(fastest) < 2 or fastest[1] > fastest[0] * (1.0 + agreement):
             out.append(w)
     return out
