@@ -1,8 +1,8 @@
 """Run the multi-request workloads (localspec/data/sessions) on a pair and print markdown tables + JSON.
 
 Usage: python scripts/bench_sessions.py -t TARGET.gguf [-d DRAFT.gguf] [--workload NAME ...] [--repeats N]
-           [--ngram 4,8,16,32] [--threads 2] [--warm-afresh] [--peer] [--peer-modes none,ngram-mod,...]
-           [--out F.json]
+           [--ngram 4,8,16,32] [--suffix cold,warm,auto] [--threads 2] [--warm-afresh] [--peer]
+           [--peer-modes none,ngram-mod,...] [--out F.json]
 The same as `localspec bench --sessions [--peer]`, with the n-gram lengths, llama.cpp's modes and the output
 file as options. ``--peer`` runs llama.cpp's own modes (localspec.peer.SESSION_MODES) in the same repeats.
 """
@@ -29,6 +29,11 @@ def main() -> int:
     ap.add_argument("--workload", action="append", choices=SESSION_WORKLOADS)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ngram", default="4,8,16,32")
+    ap.add_argument(
+        "--suffix",
+        default="cold,warm,auto",
+        help="which suffix-cache settings to run: cold, warm (suffix strategy), auto (warm); '' for none",
+    )
     ap.add_argument("--model", action="store_true", help="also measure the draft model alone (k=4)")
     ap.add_argument(
         "--warm-afresh",
@@ -46,11 +51,15 @@ def main() -> int:
         target=a.target, draft=a.draft or "none", n_threads=a.threads, n_ctx=a.n_ctx, suffix_store=False
     )
     configs = [SessionConfig(DraftSettings(strategy="ngram", n_max=int(k))) for k in a.ngram.split(",") if k]
-    configs += [
-        SessionConfig(DraftSettings(strategy="suffix", n_max=32)),
-        SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True),
-        SessionConfig(DraftSettings(strategy="auto", n_max=32), warm=True),
-    ]
+    suffix = {
+        "cold": SessionConfig(DraftSettings(strategy="suffix", n_max=32)),
+        "warm": SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True),
+        "auto": SessionConfig(DraftSettings(strategy="auto", n_max=32), warm=True),
+    }
+    chosen = [s for s in a.suffix.split(",") if s]
+    if unknown := sorted(set(chosen) - set(suffix)):
+        ap.error(f"--suffix: unknown setting {', '.join(unknown)} (choose from {', '.join(suffix)})")
+    configs += [suffix[s] for s in chosen]
     if a.warm_afresh:
         afresh = SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True, calibration=False)
         configs.append(afresh)
