@@ -14,6 +14,10 @@ Variable                    Effect (accessor)
                             (``:`` on Linux and macOS, ``;`` on Windows) (:func:`extra_model_dirs`)
 ``LOCALSPEC_PEER_DIR``      where ``bench --peer`` builds llama.cpp's server (:func:`peer_dir`)
 ``LOCALSPEC_VERBOSE``       any non-empty value: llama.cpp's own log is shown (:func:`verbose`)
+``LOCALSPEC_TRUST_AMX``     any non-empty value: load models without first checking that the llama.cpp
+                            build's AMX kernels survive here (:func:`trust_amx`, :mod:`localspec.llama_build`)
+``LLAMA_CPP_LIB_PATH``      read by llama-cpp-python: load another llama.cpp build; part of the key of a
+                            kept AMX verdict (:func:`llama_cpp_lib_path`)
 ``XDG_CACHE_HOME``          base of the default cache folders (localspec's and Hugging Face's)
 ``XDG_CONFIG_HOME``         base of the default config folder
 ``HF_HOME``                 Hugging Face home, default ``$XDG_CACHE_HOME/huggingface`` (:func:`hf_home`)
@@ -155,6 +159,16 @@ def hf_token() -> str | None:
 def verbose() -> bool:
     """``LOCALSPEC_VERBOSE`` set to anything non-empty: show llama.cpp's own log (runtime.py)."""
     return bool(os.environ.get("LOCALSPEC_VERBOSE"))
+
+
+def trust_amx() -> bool:
+    """``LOCALSPEC_TRUST_AMX`` set to anything non-empty: skip the AMX crash probe (llama_build.py)."""
+    return bool(os.environ.get("LOCALSPEC_TRUST_AMX"))
+
+
+def llama_cpp_lib_path() -> str | None:
+    """``LLAMA_CPP_LIB_PATH``: the folder llama-cpp-python loads llama.cpp's libraries from, if set."""
+    return os.environ.get("LLAMA_CPP_LIB_PATH") or None
 
 
 def cmake_args() -> str:

@@ -53,6 +53,10 @@ class UnusableModelError(LocalspecError, ValueError):
     """A file that is a GGUF but cannot serve as a model here (mmproj, vocab-only, shard, recurrent)."""
 
 
+class BuildError(LocalspecError, RuntimeError):
+    """The installed llama.cpp build cannot run a model on this machine (its AMX kernels crash here)."""
+
+
 class ContextOverflowError(LocalspecError, ValueError):
     """Prompt plus max_tokens does not fit the context window."""
 

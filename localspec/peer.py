@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import socket
@@ -30,6 +29,7 @@ from typing import Any
 
 from localspec import constants
 from localspec.errors import BenchError
+from localspec.llama_build import cpu_flags, installed_system_info, unused_cpu_features
 from localspec.settings import DraftSettings
 from localspec.workloads import Prompt, Runner
 
@@ -49,59 +49,6 @@ CMAKE_FLAGS = [
 ]
 
 
-#: The x86 CPU features ``llama_print_system_info`` reports: the ``/proc/cpuinfo`` flag that says a CPU has
-#: one, and the cmake options that switch it on. A native build of the peer next to an AVX2 wheel would
-#: compare builds, not engines: measured on this project's AVX-512 machine, llama-server built with
-#: -march=native ran the 1.5B target 1.066x as fast as the same source built for AVX2 (46.8 against 43.9
-#: tok/s, 2 threads).
-CPU_FEATURES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "AVX": ("avx", ("GGML_AVX",)),
-    "AVX_VNNI": ("avx_vnni", ("GGML_AVX_VNNI",)),
-    "AVX2": ("avx2", ("GGML_AVX2",)),
-    "F16C": ("f16c", ("GGML_F16C",)),
-    "FMA": ("fma", ("GGML_FMA",)),
-    "BMI2": ("bmi2", ("GGML_BMI2",)),
-    "AVX512": ("avx512f", ("GGML_AVX512",)),
-    "AVX512_VBMI": ("avx512vbmi", ("GGML_AVX512_VBMI",)),
-    "AVX512_VNNI": ("avx512_vnni", ("GGML_AVX512_VNNI",)),
-    "AVX512_BF16": ("avx512_bf16", ("GGML_AVX512_BF16",)),
-    "AMX_INT8": ("amx_int8", ("GGML_AMX_TILE", "GGML_AMX_INT8")),
-}
-#: Never advised as a rebuild: llama.cpp's AMX kernels die with SIGILL on some VMs (README, Troubleshooting).
-NOT_ADVISED = frozenset({"AMX_INT8"})
-
-
-def features_of(system_info: str) -> set[str]:
-    """The features a llama.cpp build reports as on (``AVX2 = 1 | ...`` from ``llama_print_system_info``)."""
-    return set(re.findall(r"\b([A-Z0-9_]+) = 1\b", system_info))
-
-
-def cpu_flags(system_info: str) -> list[str]:
-    """cmake flags that build llama.cpp with exactly the x86 features named in ``system_info`` (the
-    installed llama-cpp-python's ``llama_print_system_info()``); [] when it names none (not x86: a native
-    build there matches the wheel's default)."""
-    present = features_of(system_info)
-    if not present & {"AVX", "AVX2", "SSE3"}:
-        return []
-    flags = ["-DGGML_NATIVE=OFF"]
-    for feature, (_, options) in CPU_FEATURES.items():
-        flags += [f"-D{opt}={'ON' if feature in present else 'OFF'}" for opt in options]
-    return flags
-
-
-def unused_cpu_features(system_info: str, cpuinfo: str) -> list[str]:
-    """The features this CPU has (``cpuinfo``: the text of ``/proc/cpuinfo``) that the llama.cpp build
-    described by ``system_info`` does not use, AMX never included; [] off x86 or when nothing is missing."""
-    lines = (line for line in cpuinfo.splitlines() if line.startswith("flags") and ":" in line)
-    has = set(next((line.split(":", 1)[1].split() for line in lines), []))
-    used = features_of(system_info)
-    return [
-        name
-        for name, (flag, _) in CPU_FEATURES.items()
-        if flag in has and name not in used and name not in NOT_ADVISED
-    ]
-
-
 def build_note(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """A line for speed reports when the installed llama-cpp-python leaves out CPU features this machine
     has (a prebuilt wheel, or a build for AVX2 only): measured on this project's AVX-512 VM, the AVX2 build
@@ -119,13 +66,6 @@ def build_note(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
         "passes cost more than they need to, and speculation pays less. Rebuild llama-cpp-python for this "
         "CPU (README: Troubleshooting)."
     )
-
-
-def installed_system_info() -> str:
-    """What the installed llama-cpp-python's llama.cpp was built with (``CPU : AVX = 1 | ...``)."""
-    import llama_cpp
-
-    return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
 
 
 def build_flags() -> list[str]:

@@ -33,6 +33,7 @@ from localspec.errors import (
     ModelNotFoundError,
     SettingsError,
 )
+from localspec.llama_build import check_amx
 
 #: The smallest context a model is loaded with (a prompt and a few tokens must fit).
 N_CTX_MIN = 16
@@ -113,6 +114,7 @@ class Model:
                 f"{self.path}: no such model file",
                 hint="check the path, or run `localspec scan` to list the models on this machine",
             )
+        check_amx(self.path, n_threads=n_threads, n_gpu_layers=n_gpu_layers)  # a crash there kills us
         try:
             with _quiet_stderr():
                 self._llama = llama_cpp.Llama(

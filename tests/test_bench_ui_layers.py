@@ -137,6 +137,7 @@ LOWER_LAYERS = {
     "localspec.suffix",
     "localspec.store",
     "localspec.costs",
+    "localspec.llama_build",
     "localspec.runtime",
     "localspec.chat_tokens",
     "localspec.engine",
