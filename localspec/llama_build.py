@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import signal
@@ -196,7 +197,7 @@ def _read_verdict(path: Path) -> dict | None:
 def _write_verdict(path: Path, verdict: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # two processes probing at once never share one
         tmp.write_text(json.dumps(verdict), encoding="utf-8")
         tmp.replace(path)
     except OSError:
