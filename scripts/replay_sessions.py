@@ -33,7 +33,7 @@ from localspec.replay import (
     replay_request,
 )
 from localspec.sessions import SESSION_WORKLOADS, load_session_workload, run_session
-from localspec.suffix import SuffixDrafter, SuffixIndex
+from localspec.suffix import DRAFT_MARGIN, PRIOR_TRUST, SuffixDrafter, SuffixIndex
 
 
 def record(a: argparse.Namespace) -> int:
@@ -243,13 +243,18 @@ def _index(corpus: list[list[int]], warm: list[Recorded]) -> SuffixIndex:
 
 
 def warm_drafter(
-    corpus: list[list[int]], warm: list[Recorded], V: Callable[[int], float], n_max: int
+    corpus: list[list[int]],
+    warm: list[Recorded],
+    V: Callable[[int], float],
+    n_max: int,
+    **settings: float,
 ) -> SuffixDrafter:
     """A drafter starting where the session bench's *warm* setting starts: the warm-up requests played
-    through one drafter, then a new one over that index with the calibration a store keeps."""
-    before = SuffixDrafter(_index(corpus, []), verify_cost=V)
+    through one drafter, then a new one over that index with the calibration a store keeps.
+    ``settings``: :class:`SuffixDrafter`'s ``margin`` and ``prior_trust``, for both."""
+    before = SuffixDrafter(_index(corpus, []), verify_cost=V, **settings)
     replay(before, warm, n_max=n_max, verify_cost=V)
-    return SuffixDrafter(before.index, verify_cost=V, calibration=before.carried_calibration())
+    return SuffixDrafter(before.index, verify_cost=V, calibration=before.carried_calibration(), **settings)
 
 
 def per_request(
@@ -306,6 +311,11 @@ def replay_cmd(a: argparse.Namespace) -> int:
             )
             label = f"suffix k={a.n_max} ({'warm' if warm_start else 'cold'})"
             print(_row(label, replay(drafter, flat, n_max=a.n_max, verify_cost=V), T))
+        for margin in a.margin or ():
+            for trust in a.trust or (PRIOR_TRUST,):
+                drafter = warm_drafter(wl["corpus"], warm, V, a.n_max, margin=margin, prior_trust=trust)
+                label = f"suffix k={a.n_max} (warm), margin {margin}, prior trust {trust}"
+                print(_row(label, replay(drafter, flat, n_max=a.n_max, verify_cost=V), T))
         oracle = OracleLength(_index(wl["corpus"], warm), flat, V)
         print(
             _row(
@@ -375,6 +385,18 @@ def main() -> int:
         "--per-request",
         action="store_true",
         help="also: a new process per request (warm-up requests first), its calibration learnt again or kept",
+    )
+    rep.add_argument(
+        "--margin",
+        type=float,
+        action="append",
+        help=f"also: the warm suffix cache with this draft margin (default {DRAFT_MARGIN}; repeatable)",
+    )
+    rep.add_argument(
+        "--trust",
+        type=float,
+        action="append",
+        help=f"with --margin: each of these prior trusts (default {PRIOR_TRUST}; repeatable)",
     )
     rep.add_argument("--costs", help="a stored cost measurement (JSON) to use instead of the recording's")
     a = ap.parse_args()
