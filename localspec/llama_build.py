@@ -136,7 +136,37 @@ def _verdict_path(model: Path, system_info: str) -> Path:
     lib = constants.llama_cpp_lib_path() or ""
     parts = (llama_cpp.__version__, system_info, lib, model.resolve(), st.st_size, st.st_mtime_ns)
     ident = "\0".join(map(str, parts))
-    return constants.localspec_home() / "amx" / f"{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+    return verdicts_dir() / f"{hashlib.sha256(ident.encode()).hexdigest()[:16]}.json"
+
+
+def verdicts_dir() -> Path:
+    """Where the AMX check keeps its verdicts (one file per build and model file)."""
+    return constants.localspec_home() / "amx"
+
+
+def list_verdicts() -> list[Path]:
+    """The kept verdicts (``localspec cache info``)."""
+    try:
+        return sorted(verdicts_dir().glob("*.json"))
+    except OSError:
+        return []
+
+
+def clear_verdicts() -> list[Path]:
+    """Delete every kept verdict (and leftover temporary files): the next load of a quantized model with an
+    AMX build probes again (``localspec cache clear --costs``, after a rebuild or a llama.cpp fix)."""
+    gone: list[Path] = []
+    try:
+        paths = [*verdicts_dir().glob("*.json"), *verdicts_dir().glob("*.tmp")]
+    except OSError:
+        return gone
+    for path in paths:
+        try:
+            path.unlink()
+            gone.append(path)
+        except FileNotFoundError:
+            pass
+    return gone
 
 
 def check_amx(model: Path, *, n_threads: int, n_gpu_layers: int) -> None:
@@ -165,7 +195,7 @@ def check_amx(model: Path, *, n_threads: int, n_gpu_layers: int) -> None:
             f"({verdict.get('signal', 'a signal')} in a test decode, llama.cpp issue 20824)",
             hint=f"rebuild llama-cpp-python without AMX: {rebuild_without_amx(system_info)} "
             f"(README: Troubleshooting); to load it anyway, set LOCALSPEC_TRUST_AMX=1 "
-            f"(the verdict is kept in {path})",
+            f"(the verdict is kept in {path}; `localspec cache clear --costs` has the check run again)",
         )
 
 

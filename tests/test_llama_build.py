@@ -147,3 +147,19 @@ def test_the_probe_child_loads_and_decodes_a_real_model():
         check=False,
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+
+
+def test_cache_info_lists_the_verdicts_and_clear_costs_has_the_check_run_again(probes, tmp_path):
+    model = _model(tmp_path)
+    with pytest.raises(BuildError) as err:
+        llama_build.check_amx(model, n_threads=2, n_gpu_layers=0)
+    assert "localspec cache clear --costs" in str(err.value)
+    runner = CliRunner()
+    out = runner.invoke(main, ["cache", "info"]).output
+    assert "AMX check: 1 verdict(s)" in out and str(llama_build.verdicts_dir()) in out
+    res = runner.invoke(main, ["cache", "clear", "--costs"])
+    assert res.exit_code == 0 and "Deleted 1 AMX check verdict(s)" in res.output
+    assert _verdicts() == [] and "AMX check" not in runner.invoke(main, ["cache", "info"]).output
+    probes.command = SURVIVES  # the check runs again and now lets the load go ahead
+    llama_build.check_amx(model, n_threads=2, n_gpu_layers=0)
+    assert probes.runs == 2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from localspec import constants
+from localspec import constants, llama_build
 from localspec import costs as costsmod
 from localspec import store as storemod
 from localspec.errors import CacheError, LocalspecError, ModelNotFoundError
@@ -49,6 +49,17 @@ def info(directory: str | None) -> None:
             f"\n{len(stores)} store file(s), {format_bytes(total)}: `localspec cache clear` deletes them."
         )
     _costs_info()
+    _amx_info()
+
+
+def _amx_info() -> None:
+    """The AMX check's kept verdicts (:mod:`localspec.llama_build`): what it found for this build."""
+    verdicts = llama_build.list_verdicts()
+    if verdicts:
+        click.echo(
+            f"\nAMX check: {len(verdicts)} verdict(s) on this llama.cpp build and a model file in "
+            f"{llama_build.verdicts_dir()}. `localspec cache clear --costs` has the check run again."
+        )
 
 
 def _costs_info() -> None:
@@ -87,7 +98,8 @@ def _costs_info() -> None:
 @click.option(
     "--costs",
     is_flag=True,
-    help="Delete the measured decoding costs instead (the store is kept); the next run measures again.",
+    help="Delete what was measured about this machine and build instead (decoding costs, the AMX check's "
+    "verdicts; the store is kept): the next run measures again.",
 )
 def clear(yes: bool, directory: str | None, costs: bool) -> None:
     """Delete every store file (the history of earlier requests and indexed corpora)."""
@@ -97,6 +109,11 @@ def clear(yes: bool, directory: str | None, costs: bool) -> None:
             f"Deleted {len(gone)} measured curve(s) from {costsmod.costs_dir()}; "
             "the next run that needs one measures this machine again (20-30 s for a 1.5B model on two cores)."
         )
+        if verdicts := llama_build.clear_verdicts():
+            click.echo(
+                f"Deleted {len(verdicts)} AMX check verdict(s) from {llama_build.verdicts_dir()}; "
+                "the next load of a quantized model with this build runs the check again."
+            )
         return
     where = Path(directory) if directory else storemod.default_dir()
     stores = storemod.list_stores(where)
