@@ -247,14 +247,18 @@ def warm_drafter(
     warm: list[Recorded],
     V: Callable[[int], float],
     n_max: int,
-    **settings: float,
+    margin: float = DRAFT_MARGIN,
+    prior_trust: float = PRIOR_TRUST,
 ) -> SuffixDrafter:
     """A drafter starting where the session bench's *warm* setting starts: the warm-up requests played
-    through one drafter, then a new one over that index with the calibration a store keeps.
-    ``settings``: :class:`SuffixDrafter`'s ``margin`` and ``prior_trust``, for both."""
-    before = SuffixDrafter(_index(corpus, []), verify_cost=V, **settings)
+    through one drafter, then a new one over that index with the calibration a store keeps; ``margin``
+    and ``prior_trust`` are :class:`SuffixDrafter`'s, for both."""
+    before = SuffixDrafter(_index(corpus, []), verify_cost=V, margin=margin, prior_trust=prior_trust)
     replay(before, warm, n_max=n_max, verify_cost=V)
-    return SuffixDrafter(before.index, verify_cost=V, calibration=before.carried_calibration(), **settings)
+    calibration = before.carried_calibration()
+    return SuffixDrafter(
+        before.index, verify_cost=V, margin=margin, prior_trust=prior_trust, calibration=calibration
+    )
 
 
 def per_request(
