@@ -24,7 +24,8 @@ level first (usually the answer: one key instead of seven) and verifies the newe
 with byte comparisons in Python, only until it has :data:`MAX_HITS`. The current request (it changes
 every round) uses a plain dict from each pair of tokens to the positions that follow it; a lookup
 extends the candidates of the last pair backwards to their match lengths. Every round costs about
-40 us at a million stored tokens (``scripts/bench_suffix_store.py``), and the answers are the plain
+40 us at a million stored tokens on the EPYC VM and 64 us on the slower Xeon VM
+(``scripts/bench_suffix_store.py``), and the answers are the plain
 search's, bit for bit (``tests/test_suffix.py`` compares them).
 
 Confidence of the i-th drafted token after a match of length L:
@@ -660,13 +661,15 @@ def _extent(hits: list[int], seq: Sequence[int] | np.ndarray, context: Sequence[
     for extent in EXTENTS:
         if n < extent:
             break
-        want = list(context[n - extent : n - best])
+        want: Any = list(context[n - extent : n - best])
+        if array:  # the bytes of an int32 slice compare in C, without a temporary array per candidate
+            want = np.asarray(want, dtype=np.int32).tobytes()
         found = False
         for p in reversed(hits):
             if p < extent:
                 continue
-            part = seq[p - extent : p - best]
-            if np.array_equal(part, want) if array else part == want:
+            part: Any = seq[p - extent : p - best]
+            if (part.tobytes() if array else part) == want:
                 found = True
                 break
         if not found:
