@@ -66,6 +66,23 @@ def localspec_home() -> Path:
     )
 
 
+def delete_files(folder: Path, *patterns: str) -> list[Path]:
+    """Delete the files in ``folder`` (of localspec's cache folder) whose names match ``patterns``; returns
+    them. A folder that does not exist, or a file another process removed first, is no error."""
+    gone: list[Path] = []
+    try:
+        paths = [path for pattern in patterns for path in folder.glob(pattern)]
+    except OSError:
+        return gone
+    for path in paths:
+        try:
+            path.unlink()
+            gone.append(path)
+        except FileNotFoundError:
+            pass
+    return gone
+
+
 def config_dir() -> Path:
     """User config folder (user presets live in ``presets/`` under it)."""
     return (

@@ -395,15 +395,4 @@ def list_costs() -> list[StoredCurve]:
 
 def clear_costs() -> list[Path]:
     """Delete every kept measurement (and leftover temporary files): the next run that needs one measures."""
-    gone: list[Path] = []
-    try:
-        paths = list(costs_dir().glob("*.json")) + list(costs_dir().glob(".*.tmp"))
-    except OSError:
-        return gone
-    for path in paths:
-        try:
-            path.unlink()
-            gone.append(path)
-        except FileNotFoundError:
-            pass
-    return gone
+    return constants.delete_files(costs_dir(), "*.json", ".*.tmp")

@@ -155,18 +155,7 @@ def list_verdicts() -> list[Path]:
 def clear_verdicts() -> list[Path]:
     """Delete every kept verdict (and leftover temporary files): the next load of a quantized model with an
     AMX build probes again (``localspec cache clear --costs``, after a rebuild or a llama.cpp fix)."""
-    gone: list[Path] = []
-    try:
-        paths = [*verdicts_dir().glob("*.json"), *verdicts_dir().glob("*.tmp")]
-    except OSError:
-        return gone
-    for path in paths:
-        try:
-            path.unlink()
-            gone.append(path)
-        except FileNotFoundError:
-            pass
-    return gone
+    return constants.delete_files(verdicts_dir(), "*.json", "*.tmp")
 
 
 def check_amx(model: Path, *, n_threads: int, n_gpu_layers: int) -> None:
