@@ -17,16 +17,19 @@ request, a 32-bit hash of ``tokens[p-n:p]`` (salted by n) is stored; all levels 
 array with a parallel int32 array of positions, so one ``np.searchsorted`` call answers every level at
 once. Occurrences are verified token by token (a hash collision never proposes a wrong continuation).
 Memory: 4 bytes per token plus 8 bytes per (token, level): about 60 MB per million tokens with seven
-levels. New requests go into a small *recent* part (sorted merge of two sorted runs, linear), which is
-merged into the *base* part when it grows past a quarter of it; the oldest requests are evicted when
-the history passes its token cap (a filter of sorted arrays, no re-sort). A lookup searches the longest
-level first (usually the answer: one key instead of seven) and verifies the newest candidates first,
-with byte comparisons in Python, only until it has :data:`MAX_HITS`. The current request (it changes
-every round) uses a plain dict from each pair of tokens to the positions that follow it; a lookup
-extends the candidates of the last pair backwards to their match lengths. Every round costs about
-40 us at a million stored tokens on the EPYC VM and 64 us on the slower Xeon VM
-(``scripts/bench_suffix_store.py``), and the answers are the plain
-search's, bit for bit (``tests/test_suffix.py`` compares them).
+levels (and at most 512 KB per part for its directory). New requests go into a small *recent* part
+(sorted merge of two sorted runs, linear), which is merged into the *base* part when it grows past a
+quarter of it; the oldest requests are evicted when the history passes its token cap (a filter of sorted
+arrays, no re-sort). A lookup searches the longest level first (usually the answer: one key instead of
+seven, bisected inside its bucket of a small directory of each part, so a search touches a few cache
+lines of the key array instead of missing the cache at most of its 23 levels) and verifies the newest
+candidates first, with byte comparisons in Python, only until it has :data:`MAX_HITS`. The current
+request (it changes every round) uses a plain dict from each pair of tokens to the positions that follow
+it; a lookup extends the candidates of the last pair backwards to their match lengths. A drafter's round
+costs about 60 us median at a million stored tokens on the Xeon VM, of which the index's lookup and walk
+are 36 us and the drafter's calibration the rest (``scripts/bench_suffix_store.py``; the EPYC VM ran the
+previous version in 40 us, this VM in 64-67), and the answers are the plain search's, bit for bit
+(``tests/test_suffix.py`` compares them).
 
 Confidence of the i-th drafted token after a match of length L:
 ``(count + a * prior(L + i)) / (parent + a)`` with ``a = 1`` and a prior that grows with the context
@@ -38,8 +41,12 @@ the acceptance of a token given the ones before it were accepted (copies run in 
 from __future__ import annotations
 
 import math
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import mul
 from typing import Any, Protocol
 
 import numpy as np
@@ -134,41 +141,43 @@ def _mix_py(x: int) -> int:
 
 
 _POWERS = [pow(_BASE, i, 1 << 64) for i in range(LEVELS[-1])]
-_SALTED = [(n, _SALT.get(n)) for n in range(1, LEVELS[-1] + 1)]
+#: The sum of the first n powers: every token counts as itself + 1 (so that token 0 counts), and
+#: sum((t + 1) * B**i) == sum(t * B**i) + this.
+_OFFSETS = [sum(_POWERS[:n]) for n in range(LEVELS[-1] + 1)]
+#: The levels a tail of n tokens is long enough for, ascending.
+_LEVELS_UPTO = [[lv for lv in LEVELS if lv <= n] for n in range(LEVELS[-1] + 1)]
 
 
 class _Query:
     """The context's last tokens as the groups look them up: the key of each level (mixed when first
     needed: the longest level is usually the only one searched) and the bytes of its n-gram."""
 
-    __slots__ = ("_hashes", "_keys", "_want", "levels", "tail")
+    __slots__ = ("_bytes", "_keys", "_sums", "levels", "tail")
 
     def __init__(self, tail: list[int]) -> None:
         self.tail = tail
-        hashes: dict[int, int] = {}
-        h = 0
-        for t, power, (n, salt) in zip(reversed(tail), _POWERS, _SALTED, strict=False):
-            h += (int(t) + 1) * power  # reduced mod 2**64 only where a level reads it
-            if salt is not None:
-                hashes[n] = (h & _M64) ^ salt
-        self._hashes = hashes
-        self.levels = list(hashes)  # the levels the tail is long enough for, ascending
+        # the hash of the last n tokens, before its offset, salt and mix: the n-th running sum of
+        # token * power, from the last token back (computed in C, reduced mod 2**64 where a key reads it)
+        self._sums = list(accumulate(map(mul, reversed(tail), _POWERS)))
+        self.levels = _LEVELS_UPTO[len(tail)] if len(tail) <= LEVELS[-1] else list(LEVELS)
         self._keys: dict[int, int] = {}
-        self._want: dict[int, bytes] = {}
+        self._bytes: bytes | None = None
 
     def key(self, n: int) -> int:
         """The hash key of the last n tokens (what :func:`_build` stores for them)."""
         key = self._keys.get(n)
         if key is None:
-            key = self._keys[n] = _mix_py(self._hashes[n])
+            h = ((self._sums[n - 1] + _OFFSETS[n]) & _M64) ^ _SALT[n]
+            key = self._keys[n] = _mix_py(h)
         return key
 
     def want(self, n: int) -> bytes:
-        """The last n tokens as the bytes of an int32 array."""
-        want = self._want.get(n)
-        if want is None:
-            want = self._want[n] = np.asarray(self.tail[-n:], dtype=np.int32).tobytes()
-        return want
+        """The last n tokens as the bytes of an int32 array (empty, so never equal, for a tail that an
+        int32 array cannot hold)."""
+        data = self._bytes
+        if data is None:
+            data = self._bytes = _int32_bytes(self.tail)
+        return data[len(data) - 4 * n :] if len(data) >= 4 * n else b""
 
 
 #: Up to this many windows are read in Python; more in numpy (one gather).
@@ -261,8 +270,10 @@ class _Group:
         self.recent_from = 0  # buf offset where the recent part begins
         self.added = 0  # requests ever added (restored ones included)
         self.dropped = 0  # requests ever evicted: the group holds requests dropped .. added - 1
-        self._view: memoryview | None = None
-        self._view_of: np.ndarray | None = None
+        self._bytes: memoryview | None = None  # buf as bytes and as ints (see views), while it is buf
+        self._ints: memoryview | None = None
+        self._views_of: np.ndarray | None = None
+        self._directories: dict[int, tuple[np.ndarray, memoryview, memoryview, int]] = {}  # by id(keys)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -328,33 +339,51 @@ class _Group:
     def occurrences(self, query: _Query) -> tuple[int, list[int]]:
         """The longest level whose n-gram occurs (verified), and its most recent positions (oldest first).
 
-        The longest level is searched first (it is usually the answer), then the others together: the
-        same answer as searching them all at once, for a seventh of the work when it is.
+        The longest level is searched first (it is usually the answer): one key, bisected inside its
+        bucket of :meth:`_directory` (a few cache lines of a key array of tens of megabytes, where a
+        plain binary search misses the cache at most of its 23 levels). Then the other levels together,
+        in one numpy search per part. The same answer as searching every level at once.
         """
         levels = query.levels
         parts = [part for part in (self.base, self.recent) if part[0].size]
         if not levels or not parts or self.size == 0:
             return 0, []
-        for stage in (levels[-1:], levels[:-1]):
-            m = len(stage)
-            if not m:
-                continue
-            q = [query.key(n) for n in stage]
-            # one call for both ends: the right end of key q is the left end of q + 1 (a key of
-            # 0xFFFFFFFF wraps to an empty range: it only loses hits, never invents them)
-            search = np.array(q + [(x + 1) & 0xFFFFFFFF for x in q], dtype=np.uint32)
-            ends = [(pos, part_keys.searchsorted(search).tolist()) for part_keys, pos in parts]
-            for li in range(m - 1, -1, -1):
-                # the most recent candidates (a few more than needed: hash collisions are dropped below)
-                cands: list[int] = []
-                for pos, e in ends:
-                    a, b = e[li], e[m + li]
-                    if b > a:
-                        cands += pos[max(a, b - 4 * MAX_HITS) : b].tolist()
-                if cands:
-                    hits = self._verified(cands, stage[li], query)
-                    if hits:
-                        return stage[li], hits
+        top = levels[-1]
+        key = query.key(top)
+        cands: list[int] = []
+        if key != 0xFFFFFFFF:  # (the search of the other levels never finds that key: nor does this one)
+            for part in parts:
+                keys, bounds, shift = self._directory(part)
+                bucket = key >> shift
+                lo, hi = bounds[bucket], bounds[bucket + 1]
+                if hi > lo:
+                    a = bisect_left(keys, key, lo, hi)
+                    b = bisect_right(keys, key, a, hi)
+                    if b > a:  # the most recent candidates (a few more than needed: collisions go below)
+                        cands += part[1][max(a, b - 4 * MAX_HITS) : b].tolist()
+            if cands:
+                hits = self._verified(cands, top, query)
+                if hits:
+                    return top, hits
+        stage = levels[:-1]
+        m = len(stage)
+        if not m:
+            return 0, []
+        q = [query.key(n) for n in stage]
+        # one call for both ends: the right end of key q is the left end of q + 1 (a key of 0xFFFFFFFF
+        # wraps to an empty range: it only loses hits, never invents them)
+        search = np.array(q + [(x + 1) & 0xFFFFFFFF for x in q], dtype=np.uint32)
+        ends = [(pos, part_keys.searchsorted(search).tolist()) for part_keys, pos in parts]
+        for li in range(m - 1, -1, -1):
+            cands = []
+            for pos, e in ends:
+                a, b = e[li], e[m + li]
+                if b > a:
+                    cands += pos[max(a, b - 4 * MAX_HITS) : b].tolist()
+            if cands:
+                hits = self._verified(cands, stage[li], query)
+                if hits:
+                    return stage[li], hits
         return 0, []
 
     def _verified(self, cands: list[int], n: int, query: _Query) -> list[int]:
@@ -369,10 +398,7 @@ class _Group:
         """
         cands.sort(reverse=True)
         want = query.want(n)
-        view = self._view
-        if view is None or self._view_of is not self.buf:  # buf as bytes, kept while it is the same array
-            view = self._view = self.buf.data.cast("B")
-            self._view_of = self.buf
+        view = self.views()[0]
         width = 4 * n
         hits: list[int] = []
         seen = -1
@@ -386,15 +412,43 @@ class _Group:
         hits.reverse()
         return hits
 
+    def views(self) -> tuple[memoryview, memoryview]:
+        """``buf`` as bytes and as ints (slices of either compare and convert without numpy), kept while
+        ``buf`` is the same array."""
+        if self._bytes is None or self._ints is None or self._views_of is not self.buf:
+            self._bytes = self.buf.data.cast("B")
+            self._ints = self._bytes.cast("i")
+            self._views_of = self.buf
+        return self._bytes, self._ints
+
+    def _directory(self, part: _Part) -> tuple[memoryview, memoryview, int]:
+        """A part's sorted keys as a memoryview (its items are Python ints, for :func:`bisect.bisect_left`),
+        where each bucket of keys (by their top bits) begins, and the shift that gives a key's bucket:
+        about 64 keys per bucket, at most 2**16 buckets (512 KB). Built when a part is first searched (the
+        base part changes at a merge, the recent one at every request: about 5 ms at a million tokens)
+        and kept while the part is the same array."""
+        keys = part[0]
+        held = self._directories.get(id(keys))
+        if held is not None and held[0] is keys:
+            return held[1:]
+        bits = min(max((keys.size // 64).bit_length(), 1), 16)
+        shift = 32 - bits
+        edges = (np.arange(1 << bits, dtype=np.uint64) << np.uint64(shift)).astype(np.uint32)
+        bounds = np.append(keys.searchsorted(edges), keys.size).astype(np.int64)
+        live = {id(self.base[0]), id(self.recent[0])}
+        self._directories = {i: d for i, d in self._directories.items() if i in live}
+        self._directories[id(keys)] = (keys, np.ascontiguousarray(keys).data, bounds.data, shift)
+        return self._directories[id(keys)][1:]
+
     def windows(self, pos: list[int], k: int) -> list[list[int]]:
         """The ``k`` tokens from each position on (the last token of ``buf`` repeats past its end)."""
         if not pos or k <= 0:
             return []
         if len(pos) <= _PY_WINDOWS:
-            buf, size = self.buf, self.size
+            ints, size = self.views()[1], self.size
             # past the end of buf: shorter than the gather below, but buf ends with a separator and
             # every window is cut at its first one, so the cut windows are the same
-            return [buf[p : min(p + k, size)].tolist() for p in pos]
+            return [ints[p : min(p + k, size)].tolist() for p in pos]
         idx = np.minimum(np.asarray(pos, dtype=np.int64)[:, None] + np.arange(k), self.size - 1)
         return self.buf[idx].tolist()
 
@@ -578,10 +632,12 @@ class SuffixIndex:
         return len(self.corpus.starts)
 
     def nbytes(self) -> int:
-        """Bytes held by the history and corpus arrays (the live request's dicts not counted)."""
+        """Bytes held by the history and corpus arrays and their search directories (the live request's
+        dicts not counted)."""
         total = 0
         for g in (self.history, self.corpus):
             total += g.buf.nbytes + sum(a.nbytes for part in (g.base, g.recent) for a in part)
+            total += sum(d[2].nbytes for d in g._directories.values())
         return total
 
     # Lookup ----------------------------------------------------------------------------------------
@@ -595,15 +651,15 @@ class SuffixIndex:
         live = self._live_match(k)
         if live is not None:
             out.append(live)
-        query = _Query(list(context[-LEVELS[-1] :]))
+        query = _Query(list(map(int, context[-LEVELS[-1] :])))
         for group in (self.history, self.corpus):
             if group.size:
                 n, pos = group.occurrences(query)
                 if n:
-                    cut = [_until_separator(w) for w in group.windows(pos, k)]
+                    cut = [w[: w.index(-1)] if -1 in w else w for w in group.windows(pos, k)]
                     extent = n
                     if n == LEVELS[-1]:
-                        extent = _extent(pos, group.buf, context)
+                        extent = _extent(pos, group.views()[0], context)
                     out.append(Match(group.source, n, cut, extent))
         return out
 
@@ -650,32 +706,44 @@ class SuffixIndex:
         return index
 
 
-def _extent(hits: list[int], seq: Sequence[int] | np.ndarray, context: Sequence[int]) -> int:
+def _extent(hits: list[int], seq: Sequence[int] | memoryview, context: Sequence[int]) -> int:
     """The longest of :data:`EXTENTS` that the last tokens of ``context`` match before some position of
-    ``hits`` in ``seq`` (all of them already match the longest level); the longest level if none. Newest
+    ``hits`` in ``seq`` (all of them already match the longest level); the longest level if none. ``seq``
+    is a list of tokens or a group's tokens as bytes (:meth:`_Group.views`: slices compare in C). Newest
     occurrences first, stopping at the first that matches: per extent at most ``len(hits)`` (<=
     :data:`MAX_HITS`) comparisons of ``extent - 16`` tokens, and only when the longest level matched."""
     best = LEVELS[-1]
     n = len(context)
-    array = isinstance(seq, np.ndarray)
+    raw = isinstance(seq, memoryview)
     for extent in EXTENTS:
         if n < extent:
             break
         want: Any = list(context[n - extent : n - best])
-        if array:  # the bytes of an int32 slice compare in C, without a temporary array per candidate
-            want = np.asarray(want, dtype=np.int32).tobytes()
+        scale = 1
+        if raw:
+            want, scale = _int32_bytes(want), 4
         found = False
         for p in reversed(hits):
             if p < extent:
                 continue
-            part: Any = seq[p - extent : p - best]
-            if (part.tobytes() if array else part) == want:
+            if seq[scale * (p - extent) : scale * (p - best)] == want:
                 found = True
                 break
         if not found:
             break
         best = extent
     return best
+
+
+def _int32_bytes(tokens: list[int]) -> bytes:
+    """Tokens as the bytes of an int32 array (empty, so equal to no stored slice, where one does not fit)."""
+    try:
+        return array("i", tokens).tobytes() if _INT_IS_32 else np.asarray(tokens, np.int32).tobytes()
+    except (OverflowError, TypeError):
+        return b""
+
+
+_INT_IS_32 = array("i").itemsize == 4
 
 
 def _tail_keys(tokens: np.ndarray, n: int) -> np.ndarray:
@@ -1002,14 +1070,23 @@ class SuffixDrafter:
         best_k, best = 0, 1.0 / costs[0]
         expected, run = 1.0, 1.0
         bucket = -1
+        one = len(chain) == 1  # the usual case: a kind with no coarser lineage, one cell per bucket
+        accepted_1, denominator_1 = 0.0, weight
         measured: list[Sequence[float]] = []
         for i, c in enumerate(confidence):
             if positions[i] != bucket:  # the cells change only at bucket edges (7 over 64 positions)
                 bucket = positions[i]
-                measured = [cells.get((k, bucket), (0, 0)) for k in chain]
-            x = trust * c
-            for reached, accepted in measured:
-                x = (accepted + weight * x) / (reached + weight)
+                if one:
+                    reached, accepted_1 = cells.get((kind, bucket), (0, 0))
+                    denominator_1 = reached + weight
+                else:
+                    measured = [cells.get((k, bucket), (0, 0)) for k in chain]
+            if one:  # the loop below for one cell, the same arithmetic
+                x = (accepted_1 + weight * (trust * c)) / denominator_1
+            else:
+                x = trust * c
+                for reached, accepted in measured:
+                    x = (accepted + weight * x) / (reached + weight)
             conf.append(x)
             run *= x if 0.0 <= x <= 1.0 else min(max(float(x), 0.0), 1.0)
             expected += run
@@ -1041,28 +1118,40 @@ class SuffixDrafter:
         cells = self.calibration
         n = len(context)
         keep: list[_Watch] = []
+        positions = _POSITION
         for w in self._watches:
             at = w.at
             if n < at or context[at - 1] != w.anchor:
                 continue
-            tokens, i = w.tokens, w.done
+            tokens, start = w.tokens, w.done
             end = min(len(tokens), n - at)
-            alive = True
-            kinds = w.kinds
-            while i < end:
-                hit = tokens[i] == context[at + i]
-                for kind in kinds:
-                    key = (kind, _POSITION[i])
-                    cell = cells.get(key)
+            if start >= end:
+                keep.append(w)
+                continue
+            # the tokens emitted since the last round, compared in C; the first wrong one (if any) by index
+            stop = end
+            if tokens[start:end] != context[at + start : at + end]:
+                stop = start
+                while tokens[stop] == context[at + stop]:
+                    stop += 1
+            # positions start .. stop - 1 were reached and accepted, position stop (when < end) reached
+            # and wrong: the counts go to each position's bucket, a run of positions per bucket at once
+            reached_to = stop + 1 if stop < end else stop
+            i = start
+            while i < reached_to:
+                bucket = positions[i]
+                j = i + 1
+                while j < reached_to and positions[j] == bucket:
+                    j += 1
+                hits = min(j, stop) - i
+                for kind in w.kinds:
+                    cell = cells.get((kind, bucket))
                     if cell is None:
-                        cell = cells[key] = [0, 0]
-                    cell[0] += 1
-                    cell[1] += hit
-                if not hit:
-                    alive = False
-                    break
-                i += 1
-            w.done = i
-            if alive and i < len(tokens):
+                        cell = cells[(kind, bucket)] = [0, 0]
+                    cell[0] += j - i
+                    cell[1] += hits
+                i = j
+            w.done = stop
+            if stop == end and stop < len(tokens):
                 keep.append(w)
         self._watches = keep

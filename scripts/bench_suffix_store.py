@@ -59,17 +59,22 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def _rounds(
-    drafter: SuffixDrafter, contexts: list[list[int]], n_max: int, rng
+    drafter: SuffixDrafter, contexts: list[list[int]], n_max: int, rng, ends: list[list[int]] | None = None
 ) -> tuple[list[float], list[float]]:
     """Per-round cost (wall and this thread's CPU time: on a busy machine the wall clock also counts
-    time spent waiting for a core): each context is a generation; rounds advance by what a round emits."""
+    time spent waiting for a core): each context is a generation; rounds advance by what a round emits.
+    ``ends`` (when given) gets, per context, where each round's context ended."""
     params = SamplingParams()
     times, cpu = [], []
     for ctx in contexts:
         prompt_len = len(ctx) // 2
         drafter.begin(ctx[: prompt_len - 1])
         at = prompt_len
+        if ends is not None:
+            ends.append([])
         while at < len(ctx):
+            if ends is not None:
+                ends[-1].append(at)
             cur = ctx[:at]
             c, t = time.thread_time(), time.perf_counter()
             d = drafter.draft(cur, n_max, params, rng)
@@ -81,6 +86,22 @@ def _rounds(
                 m += 1
             at += m + 1
     return times, cpu
+
+
+def _index_rounds(
+    index: SuffixIndex, contexts: list[list[int]], ends: list[list[int]], n_max: int
+) -> list[float]:
+    """The same rounds as :func:`_rounds` measured, the index's part alone: ``SuffixIndex.propose``
+    (the lookup in every source and the walk along each match), without the drafter's calibration."""
+    times = []
+    for ctx, at_each in zip(contexts, ends, strict=True):
+        index.begin(ctx[: len(ctx) // 2 - 1])
+        for at in at_each:
+            cur = ctx[:at]
+            t = time.perf_counter()
+            index.propose(cur, n_max)
+            times.append(time.perf_counter() - t)
+    return times
 
 
 def main() -> None:
@@ -127,7 +148,8 @@ def main() -> None:
     drafter = SuffixDrafter(ix)
     n_ctx = max(1, args.rounds // 100)
     hits = [_edited_slice(src, rng, 600) for _ in range(n_ctx)]
-    times, cpu = _rounds(drafter, hits, args.n_max, rng)
+    ends: list[list[int]] = []
+    times, cpu = _rounds(drafter, hits, args.n_max, rng, ends)
     print(
         f"\nlookup per round at {ix.history_tokens:,} stored tokens, contexts from the stored kind of text "
         f"(n_max {args.n_max}): {len(times)} rounds"
@@ -136,6 +158,12 @@ def main() -> None:
         f"  median {statistics.median(times) * 1e6:.1f} us, p95 {_pct(times, 95) * 1e6:.1f} us, "
         f"p99 {_pct(times, 99) * 1e6:.1f} us; CPU time median {statistics.median(cpu) * 1e6:.1f} us, "
         f"p95 {_pct(cpu, 95) * 1e6:.1f} us"
+    )
+    alone = _index_rounds(ix, hits, ends, args.n_max)
+    print(
+        f"  of which the index (SuffixIndex.propose: every source's lookup and walk; the rest is the "
+        f"drafter's calibration and length choice): median {statistics.median(alone) * 1e6:.1f} us, "
+        f"p95 {_pct(alone, 95) * 1e6:.1f} us"
     )
     misses = [rng.integers(0, 32000, 600).tolist() for _ in range(n_ctx)]
     times, cpu = _rounds(drafter, misses, args.n_max, rng)

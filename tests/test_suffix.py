@@ -246,6 +246,20 @@ def _weak_mix_py(x):
     return ((x * suffix._MIX1) & suffix._M64) >> 61
 
 
+def _top_mix_np(x):
+    """Eight keys in the directory's last bucket, one of them 0xFFFFFFFF (which no search finds)."""
+    return (
+        np.uint32(0xFFFFFFFF) - ((x * np.uint64(suffix._MIX1)) >> np.uint64(61)).astype(np.uint32)
+    ).astype(np.uint32)
+
+
+def _top_mix_py(x):
+    return 0xFFFFFFFF - (((x * suffix._MIX1) & suffix._M64) >> 61)
+
+
+_HASHES = {"strong": None, "weak": (_weak_mix_np, _weak_mix_py), "top": (_top_mix_np, _top_mix_py)}
+
+
 repeats = st.lists(st.integers(0, 2), min_size=0, max_size=300)
 
 
@@ -257,7 +271,7 @@ repeats = st.lists(st.integers(0, 2), min_size=0, max_size=300)
     step=st.sampled_from([1, 3, 17]),
     k=st.sampled_from([1, 5, 16, 40]),
     merge_at=st.sampled_from([1, 64, 1 << 16]),
-    weak_hash=st.booleans(),
+    weak_hash=st.sampled_from(sorted(_HASHES)),
     py_live=st.sampled_from([0, 48, 10**9]),
     py_windows=st.sampled_from([0, 12, 10**9]),
 )
@@ -267,11 +281,12 @@ def test_lookup_equals_the_plain_search(
     """Token streams with many repeats (three token values: long matches, hundreds of occurrences per
     key, more than the candidates a part offers), optionally a hash of eight keys (colliding levels and
     positions, key ranges of thousands of entries), every split of the Python and numpy paths, the
-    request growing by one token or by whole drafts: the lookup gives what the plain search gives."""
+    request growing by one token or by whole drafts, keys at the top of the key range (the last bucket
+    of the directory, the key 0xFFFFFFFF): the lookup gives what the plain search gives."""
     with pytest.MonkeyPatch.context() as mp:
-        if weak_hash:
-            mp.setattr(suffix, "_mix_np", _weak_mix_np)
-            mp.setattr(suffix, "_mix_py", _weak_mix_py)
+        if _HASHES[weak_hash]:
+            mp.setattr(suffix, "_mix_np", _HASHES[weak_hash][0])
+            mp.setattr(suffix, "_mix_py", _HASHES[weak_hash][1])
         mp.setattr(suffix, "_PY_LIVE", py_live)
         mp.setattr(suffix, "_PY_WINDOWS", py_windows)
         ix = SuffixIndex(merge_at=merge_at)
