@@ -145,7 +145,7 @@ _POWERS = [pow(_BASE, i, 1 << 64) for i in range(LEVELS[-1])]
 #: sum((t + 1) * B**i) == sum(t * B**i) + this.
 _OFFSETS = [sum(_POWERS[:n]) for n in range(LEVELS[-1] + 1)]
 #: The levels a tail of n tokens is long enough for, ascending.
-_LEVELS_UPTO = [[lv for lv in LEVELS if lv <= n] for n in range(LEVELS[-1] + 1)]
+_LEVELS_UPTO = [tuple(lv for lv in LEVELS if lv <= n) for n in range(LEVELS[-1] + 1)]
 
 
 class _Query:
@@ -159,7 +159,7 @@ class _Query:
         # the hash of the last n tokens, before its offset, salt and mix: the n-th running sum of
         # token * power, from the last token back (computed in C, reduced mod 2**64 where a key reads it)
         self._sums = list(accumulate(map(mul, reversed(tail), _POWERS)))
-        self.levels = _LEVELS_UPTO[len(tail)] if len(tail) <= LEVELS[-1] else list(LEVELS)
+        self.levels = _LEVELS_UPTO[min(len(tail), LEVELS[-1])]
         self._keys: dict[int, int] = {}
         self._bytes: bytes | None = None
 
@@ -656,7 +656,7 @@ class SuffixIndex:
             if group.size:
                 n, pos = group.occurrences(query)
                 if n:
-                    cut = [w[: w.index(-1)] if -1 in w else w for w in group.windows(pos, k)]
+                    cut = [_until_separator(w) for w in group.windows(pos, k)]
                     extent = n
                     if n == LEVELS[-1]:
                         extent = _extent(pos, group.views()[0], context)
@@ -1070,23 +1070,14 @@ class SuffixDrafter:
         best_k, best = 0, 1.0 / costs[0]
         expected, run = 1.0, 1.0
         bucket = -1
-        one = len(chain) == 1  # the usual case: a kind with no coarser lineage, one cell per bucket
-        accepted_1, denominator_1 = 0.0, weight
         measured: list[Sequence[float]] = []
         for i, c in enumerate(confidence):
             if positions[i] != bucket:  # the cells change only at bucket edges (7 over 64 positions)
                 bucket = positions[i]
-                if one:
-                    reached, accepted_1 = cells.get((kind, bucket), (0, 0))
-                    denominator_1 = reached + weight
-                else:
-                    measured = [cells.get((k, bucket), (0, 0)) for k in chain]
-            if one:  # the loop below for one cell, the same arithmetic
-                x = (accepted_1 + weight * (trust * c)) / denominator_1
-            else:
-                x = trust * c
-                for reached, accepted in measured:
-                    x = (accepted + weight * x) / (reached + weight)
+                measured = [cells.get((k, bucket), (0, 0)) for k in chain]
+            x = trust * c
+            for reached, accepted in measured:
+                x = (accepted + weight * x) / (reached + weight)
             conf.append(x)
             run *= x if 0.0 <= x <= 1.0 else min(max(float(x), 0.0), 1.0)
             expected += run
