@@ -14,21 +14,21 @@ How lookups stay in microseconds at a million tokens
 Tokens of earlier requests live in one int32 array (requests separated by ``-1``). For every n in
 :data:`LEVELS` and every position ``p`` that has ``n`` tokens before it and one after it inside the same
 request, a 32-bit hash of ``tokens[p-n:p]`` (salted by n) is stored; all levels share one sorted key
-array with a parallel int32 array of positions, so one ``np.searchsorted`` call answers every level at
-once. Occurrences are verified token by token (a hash collision never proposes a wrong continuation).
-Memory: 4 bytes per token plus 8 bytes per (token, level): about 60 MB per million tokens with seven
-levels (and at most 512 KB per part for its directory). New requests go into a small *recent* part
-(sorted merge of two sorted runs, linear), which is merged into the *base* part when it grows past a
-quarter of it; the oldest requests are evicted when the history passes its token cap (a filter of sorted
-arrays, no re-sort). A lookup searches the longest level first (usually the answer: one key instead of
-seven, bisected inside its bucket of a small directory of each part, so a search touches a few cache
-lines of the key array instead of missing the cache at most of its 23 levels) and verifies the newest
-candidates first, with byte comparisons in Python, only until it has :data:`MAX_HITS`. The current
-request (it changes every round) uses a plain dict from each pair of tokens to the positions that follow
-it; a lookup extends the candidates of the last pair backwards to their match lengths. A drafter's round
-costs about 60 us median at a million stored tokens on the Xeon VM, of which the index's lookup and walk
-are 36 us and the drafter's calibration the rest (``scripts/bench_suffix_store.py``; the EPYC VM ran the
-previous version in 40 us, this VM in 64-67), and the answers are the plain search's, bit for bit
+array with a parallel int32 array of positions. Occurrences are verified token by token (a hash collision
+never proposes a wrong continuation). Memory: 4 bytes per token plus 8 bytes per (token, level): about 60
+MB per million tokens with seven levels (and at most 512 KB per part for its directory). New requests go
+into a small *recent* part (sorted merge of two sorted runs, linear), which is merged into the *base*
+part when it grows past a quarter of it; the oldest requests are evicted when the history passes its
+token cap (a filter of sorted arrays, no re-sort). A lookup searches the longest level first (usually the
+answer), then the shorter ones until one has a verified occurrence; each key is bisected inside its
+bucket of a small directory of each part, so a search touches a few cache lines of the key array instead
+of missing the cache at most of its 23 levels, and the newest candidates are verified first, with byte
+comparisons in Python, only until there are :data:`MAX_HITS`. The current request (it changes every
+round) uses a plain dict from each pair of tokens to the positions that follow it; a lookup extends the
+candidates of the last pair backwards to their match lengths. A drafter's round costs about 60 us median
+at a million stored tokens on the Xeon VM, of which the index's lookup and walk are 36 us and the
+drafter's calibration the rest (``scripts/bench_suffix_store.py``; the EPYC VM ran the previous version
+in 40 us, this VM in 64-67), and the answers are the plain search's, bit for bit
 (``tests/test_suffix.py`` compares them).
 
 Confidence of the i-th drafted token after a match of length L:
@@ -234,7 +234,7 @@ def _merge(a: _Part, b: _Part) -> _Part:
     return keys[order], np.concatenate([a[1], b[1]])[order]
 
 
-@dataclass
+@dataclass(slots=True)
 class Match:
     """Occurrences of the context's suffix in one source: the match length and the following tokens."""
 
@@ -244,7 +244,7 @@ class Match:
     extent: int = 0  # the longest of :data:`EXTENTS` some occurrence matches back to (else ``length``)
 
 
-@dataclass
+@dataclass(slots=True)
 class Proposal:
     """A continuation from one source, with a smoothed confidence per token."""
 
@@ -274,6 +274,7 @@ class _Group:
         self._ints: memoryview | None = None
         self._views_of: np.ndarray | None = None
         self._directories: dict[int, tuple[np.ndarray, memoryview, memoryview, int]] = {}  # by id(keys)
+        self._searches: tuple[tuple[np.ndarray, np.ndarray], list] | None = None  # see _searchable
 
     @property
     def tokens(self) -> np.ndarray:
@@ -339,51 +340,33 @@ class _Group:
     def occurrences(self, query: _Query) -> tuple[int, list[int]]:
         """The longest level whose n-gram occurs (verified), and its most recent positions (oldest first).
 
-        The longest level is searched first (it is usually the answer): one key, bisected inside its
-        bucket of :meth:`_directory` (a few cache lines of a key array of tens of megabytes, where a
-        plain binary search misses the cache at most of its 23 levels). Then the other levels together,
-        in one numpy search per part. The same answer as searching every level at once.
+        Levels are searched longest first (the longest is usually the answer), one key at a time: each
+        key is bisected inside its bucket of the parts' :meth:`_searchable` directories (a few cache
+        lines of a key array of tens of megabytes, where a plain binary search misses the cache at most
+        of its 23 levels), and the first level with a verified occurrence wins. The same answer as
+        searching every level at once (the key 0xFFFFFFFF is never found, as there).
         """
         levels = query.levels
-        parts = [part for part in (self.base, self.recent) if part[0].size]
-        if not levels or not parts or self.size == 0:
+        searches = self._searchable()
+        if not levels or not searches:
             return 0, []
-        top = levels[-1]
-        key = query.key(top)
-        cands: list[int] = []
-        if key != 0xFFFFFFFF:  # (the search of the other levels never finds that key: nor does this one)
-            for part in parts:
-                keys, bounds, shift = self._directory(part)
+        for n in reversed(levels):
+            key = query.key(n)
+            if key == 0xFFFFFFFF:
+                continue
+            cands: list[int] = []
+            for keys, bounds, shift, pos in searches:
                 bucket = key >> shift
                 lo, hi = bounds[bucket], bounds[bucket + 1]
                 if hi > lo:
                     a = bisect_left(keys, key, lo, hi)
-                    b = bisect_right(keys, key, a, hi)
-                    if b > a:  # the most recent candidates (a few more than needed: collisions go below)
-                        cands += part[1][max(a, b - 4 * MAX_HITS) : b].tolist()
+                    if a < hi and keys[a] == key:  # the most recent candidates (a few more than needed:
+                        b = bisect_right(keys, key, a, hi)  # collisions are dropped by _verified)
+                        cands += pos[max(a, b - 4 * MAX_HITS) : b].tolist()
             if cands:
-                hits = self._verified(cands, top, query)
+                hits = self._verified(cands, n, query)
                 if hits:
-                    return top, hits
-        stage = levels[:-1]
-        m = len(stage)
-        if not m:
-            return 0, []
-        q = [query.key(n) for n in stage]
-        # one call for both ends: the right end of key q is the left end of q + 1 (a key of 0xFFFFFFFF
-        # wraps to an empty range: it only loses hits, never invents them)
-        search = np.array(q + [(x + 1) & 0xFFFFFFFF for x in q], dtype=np.uint32)
-        ends = [(pos, part_keys.searchsorted(search).tolist()) for part_keys, pos in parts]
-        for li in range(m - 1, -1, -1):
-            cands = []
-            for pos, e in ends:
-                a, b = e[li], e[m + li]
-                if b > a:
-                    cands += pos[max(a, b - 4 * MAX_HITS) : b].tolist()
-            if cands:
-                hits = self._verified(cands, stage[li], query)
-                if hits:
-                    return stage[li], hits
+                    return n, hits
         return 0, []
 
     def _verified(self, cands: list[int], n: int, query: _Query) -> list[int]:
@@ -421,24 +404,34 @@ class _Group:
             self._views_of = self.buf
         return self._bytes, self._ints
 
-    def _directory(self, part: _Part) -> tuple[memoryview, memoryview, int]:
-        """A part's sorted keys as a memoryview (its items are Python ints, for :func:`bisect.bisect_left`),
-        where each bucket of keys (by their top bits) begins, and the shift that gives a key's bucket:
-        about 64 keys per bucket, at most 2**16 buckets (512 KB). Built when a part is first searched (the
-        base part changes at a merge, the recent one at every request: about 5 ms at a million tokens)
-        and kept while the part is the same array."""
-        keys = part[0]
-        held = self._directories.get(id(keys))
-        if held is not None and held[0] is keys:
-            return held[1:]
-        bits = min(max((keys.size // 64).bit_length(), 1), 16)
-        shift = 32 - bits
-        edges = (np.arange(1 << bits, dtype=np.uint64) << np.uint64(shift)).astype(np.uint32)
-        bounds = np.append(keys.searchsorted(edges), keys.size).astype(np.int64)
-        live = {id(self.base[0]), id(self.recent[0])}
-        self._directories = {i: d for i, d in self._directories.items() if i in live}
-        self._directories[id(keys)] = (keys, np.ascontiguousarray(keys).data, bounds.data, shift)
-        return self._directories[id(keys)][1:]
+    def _searchable(self) -> list[tuple[memoryview, memoryview, int, memoryview]]:
+        """Per part with keys: its sorted keys as a memoryview (items are Python ints, for
+        :func:`bisect.bisect_left`), where each bucket of keys (by their top bits) begins, the shift that
+        gives a key's bucket, and the positions as a memoryview. About 64 keys per bucket, at most 2**16
+        buckets (512 KB). A part's directory is built when it is first searched (the base part changes
+        at a merge, the recent one at every request: about 5 ms at a million tokens) and kept while the
+        part is the same array."""
+        parts = (self.base, self.recent)
+        held = self._searches
+        if held is not None and all(a is b[0] for a, b in zip(held[0], parts, strict=True)):
+            return held[1]
+        searches = []
+        directories = {}
+        for keys, pos in parts:
+            if not keys.size:
+                continue
+            d = self._directories.get(id(keys))
+            if d is None or d[0] is not keys:
+                bits = min(max((keys.size // 64).bit_length(), 1), 16)
+                shift = 32 - bits
+                edges = (np.arange(1 << bits, dtype=np.uint64) << np.uint64(shift)).astype(np.uint32)
+                bounds = np.append(keys.searchsorted(edges), keys.size).astype(np.int64)
+                d = (keys, np.ascontiguousarray(keys).data, bounds.data, shift)
+            directories[id(keys)] = d
+            searches.append((d[1], d[2], d[3], np.ascontiguousarray(pos).data))
+        self._directories = directories
+        self._searches = ((self.base[0], self.recent[0]), searches)
+        return searches
 
     def windows(self, pos: list[int], k: int) -> list[list[int]]:
         """The ``k`` tokens from each position on (the last token of ``buf`` repeats past its end)."""
@@ -831,8 +824,15 @@ class Saver(Protocol):
 #: Match lengths that start a new band of :func:`kind_of` (2-3, 4-7, 8-11, 12-15, 16-31, 32-63 and 64 or
 #: more tokens, the last two from :attr:`Proposal.extent`).
 _BANDS = (4, 8, 12, 16, *EXTENTS)
+_BAND_AT = [sum(length >= edge for edge in _BANDS) for length in range(_BANDS[-1] + 1)]  # by match length
 #: Drafted position -> calibration bucket: 0, 1, 2-3, 4-7, 8-15, 16-31, 32 and later.
 _POSITION = tuple(min(i.bit_length(), 6) for i in range(MAX_DRAFT + 1))
+#: The runs of :data:`_POSITION`: (bucket, first position, end).
+_SEGMENTS = tuple(
+    (bucket, _POSITION.index(bucket), len(_POSITION) - _POSITION[::-1].index(bucket))
+    for bucket in sorted(set(_POSITION))
+)
+_BUCKET_END = tuple(end for _, start, end in _SEGMENTS for _ in range(start, end))  # by position
 _CALIBRATION_WEIGHT = 4.0  # pseudo-trials at the prior before measured acceptance dominates
 #: Before any evidence a position is trusted at this fraction of its smoothed frequency. One earlier
 #: occurrence scores ~0.95, but on the Qwen agent sessions such drafts were accepted 31% of the time, and
@@ -903,11 +903,8 @@ def kind_of(prop: Proposal) -> Kind:
     """What the acceptance of a proposal is learnt by: its source, its match length band (see
     :data:`_BANDS`), whether every occurrence agrees on its first token, and how many occurrences it
     follows (1, 2-3, 4 or more)."""
-    band = 0
     length = max(prop.match_length, prop.extent)
-    for edge in _BANDS:
-        if length >= edge:
-            band += 1
+    band = _BAND_AT[length] if length < len(_BAND_AT) else len(_BANDS)
     child, parent = prop.counts[0] if prop.counts else (0, 0)
     return (prop.source, band, child == parent, 0 if parent <= 1 else 1 if parent <= 3 else 2)
 
@@ -926,15 +923,12 @@ def lineage_of(kind: Kind) -> tuple[Kind, ...]:
 class _Watch:
     """A proposal being compared with what the target emits, from context position ``at`` on."""
 
-    __slots__ = ("kinds", "at", "anchor", "tokens", "done")
+    __slots__ = ("kinds", "kind", "at", "anchor", "tokens", "done")
 
     def __init__(self, kind: Kind, at: int, anchor: int, tokens: list[int]) -> None:
         self.kinds = (*lineage_of(kind), kind)  # every kind whose cells this proposal's tokens count in
+        self.kind = kind
         self.at, self.anchor, self.tokens, self.done = at, anchor, tokens, 0
-
-    @property
-    def kind(self) -> Kind:
-        return self.kinds[-1]
 
 
 class SuffixDrafter:
@@ -993,9 +987,8 @@ class SuffixDrafter:
 
     def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         self._settle(context)
-        out = Draft(source=self.name)
         if n <= 0:
-            return out
+            return Draft(source=self.name)
         best: tuple[float, int, Proposal, list[float], int] | None = None
         open_by_kind: dict[Kind, int] = {}
         for w in self._watches:
@@ -1012,14 +1005,10 @@ class SuffixDrafter:
             if best is None or key > best[:2]:
                 best = (value, prop.match_length, prop, conf, k)
         if best is None:
-            return out
+            return Draft(source=self.name)
         _, _, prop, conf, k = best
-        out.tokens = prop.tokens[:k]
-        out.sources = [prop.source] * k
-        out.confidence = conf[:k]
-        if not params.greedy:
-            out.probs = [None] * k
-        return out
+        probs: list[np.ndarray | None] = [] if params.greedy else [None] * k
+        return Draft(prop.tokens[:k], probs, self.name, [prop.source] * k, conf[:k])
 
     def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         """Lookup is all this drafter does, and it is free."""
@@ -1063,27 +1052,24 @@ class SuffixDrafter:
         confidence = prop.confidence
         if len(costs) < len(confidence) + 2:
             costs.extend(self.verify_cost(b) for b in range(len(costs) + 1, len(confidence) + 3))
-        cells, weight, positions = self.calibration, _CALIBRATION_WEIGHT, _POSITION
-        trust = self.prior_trust
         chain = (*lineage_of(kind), kind)
         conf: list[float] = []
         best_k, best = 0, 1.0 / costs[0]
         expected, run = 1.0, 1.0
-        bucket = -1
-        measured: list[Sequence[float]] = []
-        for i, c in enumerate(confidence):
-            if positions[i] != bucket:  # the cells change only at bucket edges (7 over 64 positions)
-                bucket = positions[i]
-                measured = [cells.get((k, bucket), (0, 0)) for k in chain]
-            x = trust * c
-            for reached, accepted in measured:
-                x = (accepted + weight * x) / (reached + weight)
-            conf.append(x)
-            run *= x if 0.0 <= x <= 1.0 else min(max(float(x), 0.0), 1.0)
-            expected += run
-            value = expected / costs[i + 1]
-            if value > best + 1e-12:
-                best_k, best = i + 1, value
+        n, i = len(confidence), 0
+        for bucket, lo, hi in _SEGMENTS:  # the cells change only at bucket edges (7 over 64 positions)
+            if lo >= n:
+                break
+            a, b = self._pull(chain, bucket)
+            for c in confidence[lo:hi]:
+                i += 1  # the draft length if it ends here
+                x = a + b * c
+                conf.append(x)
+                run *= x if 0.0 <= x <= 1.0 else min(max(float(x), 0.0), 1.0)
+                expected += run
+                value = expected / costs[i]
+                if value > best + 1e-12:
+                    best_k, best = i, value
         return conf, best_k, best
 
     # Calibration -----------------------------------------------------------------------------------
@@ -1092,12 +1078,21 @@ class SuffixDrafter:
         smoothed frequency ``c`` (discounted by :attr:`prior_trust`) pulled towards what was measured for
         each kind of its :func:`lineage_of` in turn (coarsest first), then towards what was measured for
         its kind, at that position bucket."""
-        bucket = _POSITION[min(position, MAX_DRAFT)]
-        x = self.prior_trust * c
-        for k in (*lineage_of(kind), kind):
-            reached, accepted = self.calibration.get((k, bucket), (0, 0))
-            x = (accepted + _CALIBRATION_WEIGHT * x) / (reached + _CALIBRATION_WEIGHT)
-        return x
+        a, b = self._pull((*lineage_of(kind), kind), _POSITION[min(position, MAX_DRAFT)])
+        return a + b * c
+
+    def _pull(self, chain: Sequence[Kind], bucket: int) -> tuple[float, float]:
+        """(a, b) such that a token of smoothed frequency c is calibrated to ``a + b * c`` at this position
+        bucket: ``prior_trust * c`` pulled towards each kind's measured acceptance in turn, ``x ->
+        (accepted + w x) / (reached + w)`` with w = :data:`_CALIBRATION_WEIGHT` (affine in x, so the
+        chain is one multiply-add per token)."""
+        a, b = 0.0, self.prior_trust
+        cells, weight = self.calibration, _CALIBRATION_WEIGHT
+        for kind in chain:
+            reached, accepted = cells.get((kind, bucket), (0, 0))
+            share = weight / (reached + weight)
+            a, b = accepted / (reached + weight) + share * a, share * b
+        return a, b
 
     def _settle(self, context: Sequence[int]) -> None:
         """Compare every watched proposal with the tokens the target emitted since the last round: each
@@ -1109,13 +1104,13 @@ class SuffixDrafter:
         cells = self.calibration
         n = len(context)
         keep: list[_Watch] = []
-        positions = _POSITION
+        positions, ends = _POSITION, _BUCKET_END
         for w in self._watches:
             at = w.at
             if n < at or context[at - 1] != w.anchor:
                 continue
             tokens, start = w.tokens, w.done
-            end = min(len(tokens), n - at)
+            end = n - at if n - at < len(tokens) else len(tokens)
             if start >= end:
                 keep.append(w)
                 continue
@@ -1131,10 +1126,8 @@ class SuffixDrafter:
             i = start
             while i < reached_to:
                 bucket = positions[i]
-                j = i + 1
-                while j < reached_to and positions[j] == bucket:
-                    j += 1
-                hits = min(j, stop) - i
+                j = ends[i] if ends[i] < reached_to else reached_to
+                hits = (j if j < stop else stop) - i
                 for kind in w.kinds:
                     cell = cells.get((kind, bucket))
                     if cell is None:
