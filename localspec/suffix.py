@@ -25,10 +25,10 @@ bucket of a small directory of each part, so a search touches a few cache lines 
 of missing the cache at most of its 23 levels, and the newest candidates are verified first, with byte
 comparisons in Python, only until there are :data:`MAX_HITS`. The current request (it changes every
 round) uses a plain dict from each pair of tokens to the positions that follow it; a lookup extends the
-candidates of the last pair backwards to their match lengths. A drafter's round costs about 60 us median
-at a million stored tokens on the Xeon VM, of which the index's lookup and walk are 36 us and the
-drafter's calibration the rest (``scripts/bench_suffix_store.py``; the EPYC VM ran the previous version
-in 40 us, this VM in 64-67), and the answers are the plain search's, bit for bit
+candidates of the last pair backwards to their match lengths. A drafter's round costs about 62 us median
+at a million stored tokens on the Xeon VM (0.82x the previous version's 74-79 us in the same half hour), of
+which the index's lookup and walk are 36-38 us and the drafter's calibration the rest
+(``scripts/bench_suffix_store.py``; docs/bench.md), and the answers are the plain search's, bit for bit
 (``tests/test_suffix.py`` compares them).
 
 Confidence of the i-th drafted token after a match of length L:
