@@ -426,9 +426,9 @@ class _Group:
                 shift = 32 - bits
                 edges = (np.arange(1 << bits, dtype=np.uint64) << np.uint64(shift)).astype(np.uint32)
                 bounds = np.append(keys.searchsorted(edges), keys.size).astype(np.int64)
-                d = (keys, np.ascontiguousarray(keys).data, bounds.data, shift)
+                d = (keys, np.ascontiguousarray(keys, dtype=np.uint32).data, bounds.data, shift)
             directories[id(keys)] = d
-            searches.append((d[1], d[2], d[3], np.ascontiguousarray(pos).data))
+            searches.append((d[1], d[2], d[3], np.ascontiguousarray(pos, dtype=np.int32).data))
         self._directories = directories
         self._searches = ((self.base[0], self.recent[0]), searches)
         return searches

@@ -327,6 +327,23 @@ def test_lookup_equals_the_plain_search_on_long_repetitive_streams(monkeypatch, 
             assert got == _plain_matches(ix, context[:end], 16)
 
 
+def test_lookup_over_arrays_of_the_other_byte_order():
+    """A store's arrays are little-endian on disk; where that is not the machine's order (or an index is
+    restored from such arrays) the lookup reads native copies and gives the same answers."""
+    rng = np.random.default_rng(5)
+    ix = SuffixIndex()
+    for _ in range(4):
+        ix.add_request(rng.integers(0, 5, 300).tolist())
+    swapped = {k: v.astype(v.dtype.newbyteorder("S")) for k, v in ix.state().items()}
+    assert not swapped["history_keys"].dtype.isnative
+    again = SuffixIndex.from_state(swapped)
+    for _ in range(20):
+        context = rng.integers(0, 5, 40).tolist()
+        ix.begin(context)
+        again.begin(context)
+        assert again.propose(context, 8) == ix.propose(context, 8) and ix.propose(context, 8)
+
+
 def test_lookup_survives_colliding_levels_near_the_start(monkeypatch):
     """A key shared by every level puts short-context positions in a long level's range: they never
     match (the gather this lookup replaced raised IndexError on them once a store had been loaded: its
