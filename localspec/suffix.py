@@ -767,14 +767,14 @@ def walk(match: Match, k: int) -> Proposal:
         # the stretch on which every remaining occurrence agrees needs no vote (the common case). The
         # rows on the path agree on their first i tokens, so it ends where the smallest and the largest
         # row (compared in C) part (as os.path.commonprefix finds it, without copying the rows)
-        if len(rows) > 1:
+        if len(rows) > 1 and rows.count(rows[0]) < len(rows):
             lo, hi = min(rows), max(rows)
             end = min(len(lo), len(hi))
             j = i
             while j < end and lo[j] == hi[j]:
                 j += 1
             same = j - i
-        else:
+        else:  # (one row, or every row the same: list equality, in C)
             same = len(rows[0]) - i
         if same:
             c = len(rows)
