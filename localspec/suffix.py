@@ -1008,7 +1008,13 @@ class SuffixDrafter:
             return Draft(source=self.name)
         _, _, prop, conf, k = best
         probs: list[np.ndarray | None] = [] if params.greedy else [None] * k
-        return Draft(prop.tokens[:k], probs, self.name, [prop.source] * k, conf[:k])
+        return Draft(
+            tokens=prop.tokens[:k],
+            probs=probs,
+            source=self.name,
+            sources=[prop.source] * k,
+            confidence=conf[:k],
+        )
 
     def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         """Lookup is all this drafter does, and it is free."""
