@@ -274,7 +274,8 @@ class _Group:
         self._ints: memoryview | None = None
         self._views_of: np.ndarray | None = None
         self._directories: dict[int, tuple[np.ndarray, memoryview, memoryview, int]] = {}  # by id(keys)
-        self._searches: tuple[tuple[np.ndarray, np.ndarray], list] | None = None  # see _searchable
+        # the parts' keys the search tuples were made for, and the tuples (see _searchable)
+        self._searches: tuple[np.ndarray, np.ndarray, list] | None = None
 
     @property
     def tokens(self) -> np.ndarray:
@@ -411,13 +412,12 @@ class _Group:
         buckets (512 KB). A part's directory is built when it is first searched (the base part changes
         at a merge, the recent one at every request: about 5 ms at a million tokens) and kept while the
         part is the same array."""
-        parts = (self.base, self.recent)
         held = self._searches
-        if held is not None and all(a is b[0] for a, b in zip(held[0], parts, strict=True)):
-            return held[1]
+        if held is not None and held[0] is self.base[0] and held[1] is self.recent[0]:
+            return held[2]
         searches = []
         directories = {}
-        for keys, pos in parts:
+        for keys, pos in (self.base, self.recent):
             if not keys.size:
                 continue
             d = self._directories.get(id(keys))
@@ -430,7 +430,7 @@ class _Group:
             directories[id(keys)] = d
             searches.append((d[1], d[2], d[3], np.ascontiguousarray(pos, dtype=np.int32).data))
         self._directories = directories
-        self._searches = ((self.base[0], self.recent[0]), searches)
+        self._searches = (self.base[0], self.recent[0], searches)
         return searches
 
     def windows(self, pos: list[int], k: int) -> list[list[int]]:
