@@ -438,7 +438,8 @@ class Worker:
                 job.emit("token", r.text, r.from_draft, r.finish_reason)
                 if r.finish_reason:
                     outcome = "ok"
-                elif job.cancel.is_set() or self._stopping.is_set():
+                    break  # the answer is complete: the client gets it before the stream is closed
+                if job.cancel.is_set() or self._stopping.is_set():
                     break
         except LocalspecError as exc:
             outcome = "error"
@@ -456,13 +457,20 @@ class Worker:
                 ),
             )
         finally:
-            if isinstance(stream, Generator):
-                stream.close()  # the engine's finally: puts the KV cache right, now, in this thread
             stats = last.stats.as_dict() if last is not None else None
             if stats is not None:
                 self.metrics.finished(stats, time.perf_counter() - t0)
             self.metrics.count(job.endpoint, outcome)
             job.emit("end", stats)
+            # Then the engine's finally, in this thread and before the next job: it puts the KV cache
+            # right and feeds the suffix cache (a request's indexing, now and then a merge of its parts,
+            # and the store's save: a few ms, at times a second or more with millions of stored
+            # tokens), which no client waits for now. An error there is logged, never the worker's end.
+            if isinstance(stream, Generator):
+                try:
+                    stream.close()
+                except Exception:
+                    log.exception("closing a finished generation failed")
 
 
 # ------------------------------------------------------------------------------------------- responses

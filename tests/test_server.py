@@ -57,6 +57,33 @@ class SlowPipe:
         return gen()
 
 
+class LearningPipe:
+    """The real pipeline whose streams, once closed, hold the worker until ``release`` is set (or raise,
+    with ``fail``), as feeding a large suffix cache does after the last token (a merge, a save)."""
+
+    def __init__(self, pipe, *, fail: bool = False) -> None:
+        self._pipe, self.fail = pipe, fail
+        self.closing, self.release = threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._pipe, name)
+
+    def stream_tokens(self, tokens, **kw):
+        inner = self._pipe.stream_tokens(tokens, **kw)
+
+        def gen():
+            try:
+                yield from inner
+            finally:
+                inner.close()
+                self.closing.set()
+                if self.fail:
+                    raise RuntimeError("the store's disk went away")
+                self.release.wait(30)
+
+        return gen()
+
+
 @pytest.fixture(scope="module")
 def pipe():
     p = _load()
@@ -440,6 +467,54 @@ def test_stopping_the_server_ends_a_running_stream_with_an_error_at_once():
             assert time.monotonic() - t0 < 3
         assert "the server is shutting down" in rest[-1] and "[DONE]" not in rest[-1]
         assert slow.produced < 200
+    finally:
+        srv.stop()
+        real.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_answer_is_complete_before_the_generation_is_cleaned_up(stream):
+    """What the engine does after the last token (the KV cache put right, the suffix cache fed: at times a
+    second or more) happens after the client has its whole answer, and before the next job starts."""
+    real = _load()
+    learning = LearningPipe(real)
+    srv = start_background(learning, ServeOptions(port=0))
+    client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0, timeout=30)
+    try:
+        t0 = time.monotonic()
+        if stream:
+            text = "".join(c.choices[0].text for c in _complete(client, PROMPTS[0], stream=True) if c.choices)
+        else:
+            text = _complete(client, PROMPTS[0]).choices[0].text
+        took = time.monotonic() - t0
+        assert text and not learning.release.is_set() and took < 20
+        assert learning.closing.wait(10)  # the cleanup runs (and holds the worker) after the answer
+        second: list = []
+        t = threading.Thread(target=lambda: second.append(_complete(client, PROMPTS[1]).choices[0].text))
+        t.start()
+        time.sleep(0.3)
+        assert not second, "the next job started before the last one was cleaned up"
+        learning.release.set()
+        t.join(30)
+        assert second and second[0]
+    finally:
+        learning.release.set()
+        srv.stop()
+        real.close()
+    with _load() as fresh:
+        assert text == str(fresh.generate(PROMPTS[0], max_tokens=40, temperature=0))
+
+
+def test_an_error_while_cleaning_up_is_logged_and_the_server_goes_on(caplog):
+    real = _load()
+    srv = start_background(LearningPipe(real, fail=True), ServeOptions(port=0))
+    client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0, timeout=30)
+    try:
+        with caplog.at_level("ERROR", logger="localspec.server"):
+            first = _complete(client, PROMPTS[0]).choices[0].text
+            second = _complete(client, PROMPTS[1]).choices[0].text
+        assert first and second
+        assert "closing a finished generation failed" in caplog.text
     finally:
         srv.stop()
         real.close()
