@@ -269,6 +269,7 @@ class _FakePipe:
         self.during = None
         self.pending = False  # costs_pending(): the next run measures this machine's costs first
         self.measured = 0
+        self.cleaned = 0  # streams whose cleanup ran (the engine's: KV cache, suffix cache fed)
 
     def costs_pending(self, strategy=None) -> bool:
         return self.pending
@@ -278,10 +279,13 @@ class _FakePipe:
         self.pending = False
 
     def stream(self, prompt, **opts):
-        for i in range(10):
-            yield _Token(f"t{i} ", i == 9)
-            if i == 2 and self.during is not None:
-                self.during()
+        try:
+            for i in range(10):
+                yield _Token(f"t{i} ", i == 9)
+                if i == 2 and self.during is not None:
+                    self.during()
+        finally:
+            self.cleaned += 1
 
     def close(self) -> None:
         pass
@@ -467,3 +471,16 @@ def test_a_first_run_that_measures_this_machines_costs_says_so_first(app):
     assert 0 < at < len(said) - 1 and "t9" not in said[at] and app.fake.measured == 1
     list(app.on_run(_values(app), _session("A"), progress=lambda *a, **k: None))
     assert app.fake.measured == 1  # kept: the next run goes straight to generating
+
+
+def test_the_whole_answer_is_on_the_page_before_the_stream_is_cleaned_up(app):
+    """After the last token the engine puts its cache right and feeds the suffix cache (at times a second
+    with millions of stored tokens): the page gets the whole answer first."""
+    run = app.on_run(_values(app), _session("A"), progress=lambda *a, **k: None)
+    for update in run:
+        if "t9" in update.get(app.c["output"], ""):
+            assert app.fake.cleaned == 0
+            break
+    else:
+        raise AssertionError("the answer never reached the page")
+    assert list(run) == [] and app.fake.cleaned == 1

@@ -239,24 +239,34 @@ class App:
 
             last = 0.0
             finish = None
-            for tr in self.holder.stream(make, session=session):
-                pieces.append((tr.text, tr.source if tr.from_draft else None))
-                stats, finish = tr.stats, tr.finish_reason
-                now = time.monotonic()
-                if now - last >= REFRESH_SECONDS:
-                    last = now
-                    yield {out: tokens_html(pieces, prefix=prefix)}
-            status = "stopped" if self.holder.was_stopped(session) and finish is None else ""
-            update: dict[Any, Any] = {out: tokens_html(pieces, prefix=prefix, status=status)}
-            if stats is not None:
-                update[panel] = result_panel_html(stats, note="target-alone speed and speedup: press Compare")
-            if is_chat:
-                reply = "".join(t for t, _ in pieces)
-                update[chat] = history + [
-                    {"role": "user", "content": prompt},
-                    {"role": "assistant", "content": reply},
-                ]
-            yield update
+            tokens = self.holder.stream(make, session=session)
+            try:
+                for tr in tokens:
+                    pieces.append((tr.text, tr.source if tr.from_draft else None))
+                    stats, finish = tr.stats, tr.finish_reason
+                    if finish:
+                        break  # the answer is complete: on the page before the stream is cleaned up
+                    now = time.monotonic()
+                    if now - last >= REFRESH_SECONDS:
+                        last = now
+                        yield {out: tokens_html(pieces, prefix=prefix)}
+                status = "stopped" if self.holder.was_stopped(session) and finish is None else ""
+                update: dict[Any, Any] = {out: tokens_html(pieces, prefix=prefix, status=status)}
+                if stats is not None:
+                    update[panel] = result_panel_html(
+                        stats, note="target-alone speed and speedup: press Compare"
+                    )
+                if is_chat:
+                    reply = "".join(t for t, _ in pieces)
+                    update[chat] = history + [
+                        {"role": "user", "content": prompt},
+                        {"role": "assistant", "content": reply},
+                    ]
+                yield update
+            finally:
+                # the engine's cleanup (the KV cache put right, the suffix cache fed: at times a second
+                # with millions of stored tokens) once the page shows the answer
+                tokens.close()
         except Exception as exc:
             if isinstance(exc, LocalspecError):
                 gr.Warning(exc.message)

@@ -9,7 +9,7 @@ closed (``generator.close()``) so the engine rewinds its caches.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,7 +97,7 @@ class PipelineHolder:
         if event is not None:
             event.set()
 
-    def stream(self, make: Callable[[], Iterator[Any]], *, session: str = "") -> Iterator[Any]:
+    def stream(self, make: Callable[[], Iterator[Any]], *, session: str = "") -> Generator[Any, None, None]:
         """Iterate ``make()`` for ``session``, ending early on its Stop; the inner generator is closed in
         every case."""
         event = threading.Event()
