@@ -27,10 +27,16 @@ record before it loads. Saving appends the requests finished since the last save
 fsync). It writes a new snapshot instead (and deletes the journal) when the journal would pass
 :data:`JOURNAL_FRACTION` of the snapshot's tokens (at least :data:`JOURNAL_MIN_TOKENS`; replaying costs
 about 1 ms per 1K tokens at load), when requests were evicted (the history passed its cap), when the
-corpus changed, or when the files on disk are not the ones this store wrote or loaded (another process
-saved, the cache was cleared, a torn record): the last writer wins, and nothing is ever appended to a
-file it did not check. So the files stay bounded: the snapshot by the history cap, the journal by a
-fraction of it (4 bytes per token).
+corpus changed, or when the journal holds a torn record. Nothing is ever appended to a file it did
+not check. So the files stay bounded: the snapshot by the history cap, the journal by a fraction of it
+(4 bytes per token).
+
+Other processes on the same store (a server running while ``localspec index`` or ``localspec run`` save,
+two servers): before a save, a store whose files were changed by another writer since it last loaded or
+wrote them loads them again, adds the requests its own index learnt since, and the index holds the
+result (:meth:`SuffixStore.save`): nobody's requests are lost and a corpus indexed meanwhile is kept and
+drafted from. A store whose snapshot was deleted (``localspec cache clear``) forgets what its index held,
+and writes nothing of it back.
 
 The calibration (``<fingerprint>-<namespace>.lscal``, JSON) keeps what the drafter learnt about how far
 copies of a request's own prompt run (:meth:`localspec.suffix.SuffixDrafter.carried_calibration`), so that
@@ -183,11 +189,25 @@ class _Synced:
     added: int  # the history's added / dropped counters the files account for
     dropped: int
     snapshot_id: str
-    snapshot: _Identity
+    snapshot: _Identity | None  # None: there was no snapshot (this index started empty, or was cleared)
     snapshot_tokens: int
     journal: tuple[int, int] | None = None  # device and inode of our journal; None: there is none yet
     journal_end: int = 0  # its bytes that are ours (complete records)
     journal_tokens: int = 0
+
+
+def _nothing_on_disk(index: SuffixIndex) -> _Synced:
+    """In sync with no files at all: ``index`` (empty, or forgotten after a clear) was never saved."""
+    return _Synced(
+        weakref.ref(index.history),
+        weakref.ref(index.corpus),
+        "",
+        index.history_added,
+        index.history_dropped,
+        "",
+        None,
+        0,
+    )
 
 
 class SuffixStore:
@@ -235,6 +255,7 @@ class SuffixStore:
         try:
             data, st = _read(self.path)
         except FileNotFoundError:
+            self._synced = _nothing_on_disk(fresh)
             return fresh
         except OSError as exc:
             return self._ignore(f"cannot read it ({exc.strerror or exc})", fresh)
@@ -356,11 +377,14 @@ class SuffixStore:
     # Saving ----------------------------------------------------------------------------------------
     def save(self, index: SuffixIndex, calibration: Sequence[Cell] | None = None) -> bool:
         """Write ``index`` crash-safely: append the requests finished since the last load or save of it
-        to the journal, or write a new snapshot (see the module docstring); then ``calibration``, when
-        given, replaces the calibration file (a whole small file, written the same crash-safe way). On a
-        failure (disk full, permissions) returns False and sets :attr:`problem`; generation goes on
-        without persistence."""
+        to the journal, or write a new snapshot (see the module docstring), after taking in what another
+        process saved meanwhile (``index`` then holds it too; a cleared cache is forgotten, and nothing
+        is written); then ``calibration``, when given, replaces the calibration file (a whole small
+        file, written the same crash-safe way). On a failure (disk full, permissions) returns False and
+        sets :attr:`problem`; generation goes on without persistence."""
         try:
+            if not self._take_in(index):
+                return True  # the cache was cleared: nothing of what this index held is written back
             if not self._append(index):
                 self._write(index)
             if calibration is not None:
@@ -378,6 +402,66 @@ class SuffixStore:
             return False
         self.problem = None
         return True
+
+    def _take_in(self, index: SuffixIndex) -> bool:
+        """Before saving ``index``: if another process changed the files since this store last loaded or
+        wrote them for this index, take in what it saved; False when there is nothing to write now.
+
+        - The snapshot is gone (``localspec cache clear``, or its file deleted): the user asked to forget,
+          so ``index`` forgets its history and corpus too (this request's included) and nothing is
+          written back; the next request starts the store again.
+        - The snapshot or its journal is not the one this store knows (another process saved: a
+          ``localspec index`` run while a server runs, two processes on one store): the files are loaded
+          as that process left them, the requests this index added since it was last in sync are added,
+          and ``index`` holds the result (:meth:`SuffixIndex.adopt`), so nobody's requests are lost and
+          a corpus indexed meanwhile is kept (this process's own corpus wins only if it was set here
+          since). Files that do not load (damaged, another version) are replaced by this index, as at a
+          first save.
+        """
+        s = self._synced
+        if s is None or s.history() is not index.history:
+            return True  # files this index never held, or unusable ones: the save replaces them
+        try:
+            now: _Identity | None = _identity(os.stat(self.path, follow_symlinks=False))
+        except FileNotFoundError:
+            now = None
+        except OSError:
+            return True  # the save reports what is wrong
+        if now == s.snapshot and (now is None or not self._journal_moved(s)):
+            return True  # the files are as this store left them (or there are still none)
+        if now is None:  # there was a snapshot, and it is gone
+            index.adopt(SuffixIndex(max_history_tokens=index.max_history_tokens, n_vocab=index.n_vocab))
+            self.corpus_root = ""
+            self._synced = _nothing_on_disk(index)
+            log.info("suffix cache %s was cleared; this process forgot what it held too", self.path)
+            return False
+        ours = index.history_since(max(s.added, index.history_dropped))
+        corpus_here, root = s.corpus() is not index.corpus, self.corpus_root
+        disk = self.load()
+        if self._synced is None:
+            return True  # another writer left files that do not load: this index replaces them
+        if corpus_here:
+            disk.corpus, self.corpus_root = index.corpus, root
+        for tokens in ours:
+            disk.add_request(tokens)
+        index.adopt(disk)
+        log.info(
+            "suffix cache %s: another process saved it since; kept its %d requests (and corpus), added "
+            "this process's %d",
+            self.path,
+            disk.history_requests - len(ours),
+            len(ours),
+        )
+        return True
+
+    def _journal_moved(self, s: _Synced) -> bool:
+        """True when the journal is not the one this store last wrote or loaded (another writer appended
+        to it, or replaced it); a journal that is gone is not (the next save writes a snapshot anyway)."""
+        try:
+            st = os.stat(self.journal_path, follow_symlinks=False)
+        except OSError:
+            return False
+        return s.journal is None or (st.st_dev, st.st_ino) != s.journal or st.st_size != s.journal_end
 
     def _append(self, index: SuffixIndex) -> bool:
         """Append the requests added to ``index`` since the files were in sync with it; False when a new

@@ -591,6 +591,13 @@ class SuffixIndex:
         self.history.add(tokens)
         self.history.evict(self.max_history_tokens)
 
+    def adopt(self, other: SuffixIndex) -> None:
+        """Hold ``other``'s history and corpus instead of this index's own (the current request's tables
+        stay): what a store does when another process saved since (see
+        :meth:`localspec.store.SuffixStore.save`)."""
+        self.history, self.corpus = other.history, other.corpus
+        self.history.evict(self.max_history_tokens)
+
     def set_corpus(self, documents: Iterable[Sequence[int]]) -> None:
         """Replace the corpus with these token sequences (one per file)."""
         group = _Group("corpus")

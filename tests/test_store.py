@@ -364,26 +364,101 @@ def test_journal_is_folded_into_the_snapshot_and_eviction_bounds_the_files(tmp_p
     assert one == s.path
 
 
-def test_a_store_never_appends_to_files_it_did_not_write(tmp_path):
-    """Two writers on one store (two processes): each appends only while the files are the ones it
-    wrote or loaded; otherwise it writes a snapshot of its own. The last writer wins; the store loads."""
-    a, ix_a, _ = _journaled(tmp_path, n_appended=1)
+def _held(ix: SuffixIndex) -> list[list[int]]:
+    """The requests an index holds, oldest first."""
+    return [a.tolist() for a in ix.history_since(ix.history_dropped)]
+
+
+def test_two_writers_on_one_store_keep_each_others_requests(tmp_path):
+    """Two processes on one store (a server and a ``localspec run``, say): each appends only to files it
+    wrote or loaded; when the other saved meanwhile, it loads what that one left and adds its own, so no
+    request is lost, none is stored twice, and the store loads."""
+    a, ix_a, appended = _journaled(tmp_path, n_appended=1)
+    first = _held(ix_a)
     b = SuffixStore(tmp_path, FP, n_vocab=1000)
     ix_b = b.load()
     ix_a.add_request([1, 1, 1])
     assert a.save(ix_a)  # appended: a's journal grew
     ix_b.add_request([2, 2, 2, 2])
-    assert b.save(ix_b)  # the journal is not the size b loaded: b writes a snapshot
-    back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
-    _same(ix_b, back)
+    assert b.save(ix_b)  # the journal is not the one b loaded: b takes in a's request, then adds its own
+    assert _held(ix_b) == [*first, [1, 1, 1], [2, 2, 2, 2]]
     ix_a.add_request([3])
-    assert a.save(ix_a)  # the snapshot is not the one a wrote: a writes its own
-    _same(ix_a, SuffixStore(tmp_path, FP, n_vocab=1000).load())
-    # a cleared cache is written again whole
-    storemod.clear(tmp_path)
-    ix_a.add_request([4, 4])
     assert a.save(ix_a)
-    _same(ix_a, SuffixStore(tmp_path, FP, n_vocab=1000).load())
+    assert _held(ix_a) == [*first, [1, 1, 1], [2, 2, 2, 2], [3]]
+    back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
+    _same(ix_a, back)
+    _same_lookups(ix_a, back)
+    # with nothing new from the other writer, a save only appends
+    size = a.journal_path.stat().st_size
+    ix_a.add_request([5, 5])
+    assert a.save(ix_a) and a.journal_path.stat().st_size == size + 8 + 8
+
+
+def test_a_corpus_indexed_by_another_process_is_kept_by_a_running_one(tmp_path):
+    """``localspec index DIR`` while a server runs: the server's next save keeps that corpus (and drafts
+    from it), instead of writing back its own index without it."""
+    server = SuffixStore(tmp_path, FP, n_vocab=1000)
+    running = server.load()  # nothing stored yet
+    running.add_request(list(range(50)))
+    assert server.save(running)
+    indexer = SuffixStore(tmp_path, FP, n_vocab=1000)
+    ix = indexer.load()
+    docs = [list(range(100, 180)), list(range(300, 340))]
+    ix.set_corpus(docs)
+    indexer.corpus_root = "/src/project"
+    assert indexer.save(ix)
+    running.add_request(list(range(60, 90)))
+    assert server.save(running)
+    assert running.corpus_documents == 2 and server.corpus_root == "/src/project"
+    context = list(range(100, 120))
+    running.begin(context)
+    assert [p.source for p in running.propose(context, 8)] == ["corpus"]
+    back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
+    assert back.corpus_documents == 2 and _held(back) == [list(range(50)), list(range(60, 90))]
+    # the same when the running process started from no store at all
+    storemod.clear(tmp_path)
+    fresh = SuffixStore(tmp_path, FP, n_vocab=1000)
+    empty = fresh.load()
+    indexer = SuffixStore(tmp_path, FP, n_vocab=1000)  # another `localspec index` run
+    ix = indexer.load()
+    ix.set_corpus(docs)
+    assert indexer.save(ix)
+    empty.add_request([7, 7, 7])
+    assert fresh.save(empty)
+    assert empty.corpus_documents == 2 and _held(empty) == [[7, 7, 7]]
+    # a corpus set in this process since (``load(corpus=...)``) is the newer one and wins
+    running = fresh.load()
+    running.set_corpus([[9, 9, 9, 9]])
+    ix.add_request([1, 2, 3])
+    assert indexer.save(ix)
+    running.add_request([8, 8])
+    assert fresh.save(running)
+    back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
+    assert back.corpus_tokens == 4 and _held(back) == [[7, 7, 7], [1, 2, 3], [8, 8]]
+
+
+def test_a_cleared_cache_is_forgotten_by_a_running_process_too(tmp_path):
+    """``localspec cache clear`` while a server runs: the server forgets what it held at its next save
+    (the request just finished included) and writes nothing of it back; later requests are stored."""
+    s, ix, _ = _journaled(tmp_path, n_appended=2)
+    storemod.clear(tmp_path)
+    ix.add_request([4, 4])
+    assert s.save(ix) and s.problem is None
+    assert _files(tmp_path) == [] and ix.history_requests == 0 and ix.corpus_tokens == 0
+    context = ix.history.tokens.tolist()[:16] or [1, 2, 3]
+    ix.begin(context)
+    assert ix.propose(context, 8) == []
+    ix.add_request([6, 6, 6])
+    assert s.save(ix)
+    assert _held(SuffixStore(tmp_path, FP, n_vocab=1000).load()) == [[6, 6, 6]]
+
+
+def test_files_another_writer_damaged_are_replaced_by_the_running_index(tmp_path):
+    s, ix, _ = _journaled(tmp_path, n_appended=1)
+    s.path.write_bytes(b"LSSUFFIX" + b"\0" * 40)
+    ix.add_request([3, 3, 3])
+    assert s.save(ix)
+    _same(ix, SuffixStore(tmp_path, FP, n_vocab=1000).load())
 
 
 def test_writer_dying_mid_append_leaves_a_store_that_loads(tmp_path, monkeypatch):

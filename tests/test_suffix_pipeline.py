@@ -84,6 +84,34 @@ def test_a_corpus_drafts_with_its_own_source(home, tmp_path):
     assert result.stats.drafted_by_source.get("corpus", 0) > 0, result.stats.as_dict()
 
 
+def test_a_running_pipeline_takes_in_an_index_run_and_forgets_on_clear(home, tmp_path):
+    """The user's way: a server (here a pipeline) runs; ``localspec index DIR`` in another shell; the
+    server's next request keeps that corpus and drafts from it. Then ``localspec cache clear``: the
+    server forgets what it held at the end of its next request."""
+    from click.testing import CliRunner
+
+    from localspec.cli import main as cli
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "lib.py").write_text(CODE + "\n    return 1 if n < 2 else n * fact(n - 1)\n")
+    runner = CliRunner()
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix") as pipe:
+        pipe.generate("import os", max_tokens=8)
+        assert runner.invoke(cli, ["index", str(repo)]).exit_code == 0
+        pipe.generate("import sys", max_tokens=8)  # its save takes in the corpus
+        assert pipe.suffix_drafter().index.corpus_documents == 1
+        result = _argmax_law(pipe, CODE, max_tokens=32)
+        assert result.stats.drafted_by_source.get("corpus", 0) > 0, result.stats.as_dict()
+        out = runner.invoke(cli, ["cache", "info"]).output
+        assert "corpus" in out and "in 1 files" in out and "3 requests" in out, out
+        assert runner.invoke(cli, ["cache", "clear", "--yes"]).exit_code == 0
+        pipe.generate("import re", max_tokens=8)
+        index = pipe.suffix_drafter().index
+        assert index.history_requests == 0 and index.corpus_documents == 0
+        assert not list((home / "suffix").glob("*.lsstore"))
+
+
 def test_auto_routes_from_measured_costs_and_says_why(home):
     with localspec.load(n_threads=2, n_ctx=1024, strategy="auto") as pipe:
         # costs measured once for this machine and kept under LOCALSPEC_HOME/costs

@@ -127,7 +127,10 @@ def clear(yes: bool, directory: str | None, costs: bool) -> None:
         click.echo("Nothing deleted.")
         return
     gone = storemod.clear(where)
-    click.echo(f"Deleted {len(gone)} file(s) from {where}.")
+    click.echo(
+        f"Deleted {len(gone)} file(s) from {where}. A localspec server or web UI that is running forgets "
+        "what it held at the end of its next request."
+    )
 
 
 @click.command("index")
