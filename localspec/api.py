@@ -292,7 +292,7 @@ class Pipeline:
             else:
                 index = SuffixIndex(n_vocab=n_vocab)
             if corpus is not None:
-                index.set_corpus(self._corpus_tokens(corpus))
+                self._set_corpus(index, corpus)
             with self._engine.lock:  # measuring uses the target's cache
                 costs = self.machine_costs()
             # the calibration the last process saved with the store: drafting starts where it left off
@@ -319,13 +319,18 @@ class Pipeline:
 
     def set_corpus(self, folder: str | os.PathLike) -> None:
         """Draft from the text files of ``folder`` too (replaces the corpus; tokenized now)."""
-        self.suffix_drafter().index.set_corpus(self._corpus_tokens(Path(folder).expanduser()))
+        self._set_corpus(self.suffix_drafter().index, Path(folder).expanduser())
 
-    def _corpus_tokens(self, folder: Path) -> list[list[int]]:
+    def _set_corpus(self, index: SuffixIndex, folder: Path) -> None:
+        """``folder``'s text files as ``index``'s corpus, tokenized by the target; the store (when on)
+        names the folder, as ``localspec index`` does (``localspec cache info`` shows it)."""
         from localspec.store import read_corpus
 
         scan = read_corpus(folder)
-        return [self._target.tokenize(text, add_bos=False, special=False) for _, text in scan.files]
+        tokenize = self._target.tokenize
+        index.set_corpus([tokenize(text, add_bos=False, special=False) for _, text in scan.files])
+        if self._store is not None:
+            self._store.corpus_root = str(scan.root.resolve())
 
     def _route(self, s: DraftSettings, tokens: list[int]) -> tuple[DraftSettings, Route]:
         """``auto``: suffix alone, or the draft model (adaptive) with the suffix cache, for this request."""

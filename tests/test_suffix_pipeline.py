@@ -12,6 +12,7 @@ import localspec
 from localspec.costs import MachineCosts, linear_costs
 from localspec.routing import route
 from localspec.settings import LOOKUP_N_MAX, STRATEGIES
+from localspec.store import list_stores
 
 CODE = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\ndef fact(n):"
 
@@ -82,6 +83,11 @@ def test_a_corpus_drafts_with_its_own_source(home, tmp_path):
     ) as pipe:
         result = _argmax_law(pipe, CODE, max_tokens=32)
     assert result.stats.drafted_by_source.get("corpus", 0) > 0, result.stats.as_dict()
+    # kept in the store, which names the folder (`localspec cache info` shows it, as after `index`)
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix", corpus=corpus) as pipe:
+        pipe.generate(CODE, max_tokens=8)
+    (info,) = list_stores(home / "suffix")
+    assert info.corpus_documents == 1 and info.corpus_root == str(corpus.resolve())
 
 
 def test_a_running_pipeline_takes_in_an_index_run_and_forgets_on_clear(home, tmp_path):
