@@ -129,7 +129,7 @@ def clear(yes: bool, directory: str | None, costs: bool) -> None:
     gone = storemod.clear(where)
     click.echo(
         f"Deleted {len(gone)} file(s) from {where}. A localspec server or web UI that is running forgets "
-        "what it held at the end of its next request."
+        "what it held, its corpus too, at the end of its next request (restart it to index --corpus again)."
     )
 
 
