@@ -409,8 +409,9 @@ class SuffixStore:
         wrote them for this index, take in what it saved; False when there is nothing to write now.
 
         - The snapshot is gone (``localspec cache clear``, or its file deleted): the user asked to forget,
-          so ``index`` forgets its history and corpus too (this request's included) and nothing is
-          written back; the next request starts the store again.
+          so ``index`` forgets its history and corpus too (this request's included), and the drafter its
+          calibration (:meth:`SuffixIndex.forget`); nothing is written back; the next request starts the
+          store again.
         - The snapshot or its journal is not the one this store knows (another process saved: a
           ``localspec index`` run while a server runs, two processes on one store): the files are loaded
           as that process left them, the requests this index added since it was last in sync are added,
@@ -431,8 +432,8 @@ class SuffixStore:
         if now == s.snapshot and (now is None or not self._journal_moved(s)):
             return True  # the files are as this store left them (or there are still none)
         if now is None:  # there was a snapshot, and it is gone
-            index.adopt(SuffixIndex(max_history_tokens=index.max_history_tokens, n_vocab=index.n_vocab))
-            self.corpus_root = ""
+            index.forget()
+            self.corpus_root, self.calibration = "", []
             self._synced = _nothing_on_disk(index)
             log.info("suffix cache %s was cleared; this process forgot what it held too", self.path)
             return False

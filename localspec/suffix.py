@@ -486,6 +486,8 @@ class SuffixIndex:
         self._live_indexed = 0
         self._live_arr = np.zeros(0, np.int64)  # a copy of _live[:_live_copied], for many candidates
         self._live_copied = 0
+        #: how many times this index was told to :meth:`forget` (a drafter forgets what it learnt then too)
+        self.forgotten = 0
 
     # Feeding ---------------------------------------------------------------------------------------
     def begin(self, context: Sequence[int]) -> None:
@@ -597,6 +599,13 @@ class SuffixIndex:
         :meth:`localspec.store.SuffixStore.save`)."""
         self.history, self.corpus = other.history, other.corpus
         self.history.evict(self.max_history_tokens)
+
+    def forget(self) -> None:
+        """Drop the history and corpus (the current request's tables stay): the user cleared the cache
+        (``localspec cache clear``), see :meth:`localspec.store.SuffixStore.save`. :attr:`forgotten`
+        counts it, so a drafter forgets what it learnt about this index's copies too."""
+        self.adopt(SuffixIndex(max_history_tokens=self.max_history_tokens, n_vocab=self.n_vocab))
+        self.forgotten += 1
 
     def set_corpus(self, documents: Iterable[Sequence[int]]) -> None:
         """Replace the corpus with these token sequences (one per file)."""
@@ -1035,7 +1044,10 @@ class SuffixDrafter:
             return
         self.index.add_request(context)
         if self.store is not None:
+            forgotten = self.index.forgotten
             self.store.save(self.index, self.carried_calibration())
+            if self.index.forgotten != forgotten:  # the cache was cleared: its calibration is gone too
+                self.calibration = {}
 
     def carried_calibration(self) -> list[Cell]:
         """The calibration for the next process: the cells of :data:`CARRIED_SOURCES`, each scaled down to at

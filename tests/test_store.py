@@ -631,6 +631,26 @@ def test_calibration_round_trip_and_a_new_drafter_starts_from_it(tmp_path):
     assert other.calibration == [] and other.problem is None
 
 
+def test_a_running_drafter_forgets_its_calibration_when_the_cache_is_cleared(tmp_path):
+    """``localspec cache clear`` deletes the calibration file too; a server running beside it used to write
+    the calibration it held back at its next request."""
+    s = SuffixStore(tmp_path, FP, n_vocab=1000)
+    drafter = SuffixDrafter(s.load(), store=s, calibration=CELLS)
+    drafter.begin([1, 2, 3])
+    drafter.finish([1, 2, 3, 4])
+    kept = SuffixStore(tmp_path, FP)
+    kept.load()
+    assert kept.calibration == [CELLS[1]]
+    storemod.clear(tmp_path)
+    drafter.begin([5, 6])
+    drafter.finish([5, 6, 7])
+    assert drafter.calibration == {} and drafter.index.forgotten == 1 and _files(tmp_path) == []
+    drafter.begin([8, 9])
+    drafter.finish([8, 9, 9])
+    again = SuffixStore(tmp_path, FP)
+    assert _held(again.load()) == [[8, 9, 9]] and again.calibration == []
+
+
 def test_carried_calibration_is_the_prompts_scaled_down_to_a_few_trials_keeping_acceptance():
     d = SuffixDrafter(SuffixIndex())
     d.calibration = {

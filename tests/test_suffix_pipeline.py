@@ -115,7 +115,7 @@ def test_a_running_pipeline_takes_in_an_index_run_and_forgets_on_clear(home, tmp
         pipe.generate("import re", max_tokens=8)
         index = pipe.suffix_drafter().index
         assert index.history_requests == 0 and index.corpus_documents == 0
-        assert not list((home / "suffix").glob("*.lsstore"))
+        assert pipe.suffix_drafter().calibration == {} and not list((home / "suffix").iterdir())
 
 
 def test_auto_routes_from_measured_costs_and_says_why(home):
