@@ -228,10 +228,22 @@ def _build(tokens: np.ndarray) -> _Part:
 
 
 def _merge(a: _Part, b: _Part) -> _Part:
-    """Two sorted parts as one; within a key, ``a``'s positions stay first (timsort merges two runs)."""
-    keys = np.concatenate([a[0], b[0]])
-    order = np.argsort(keys, kind="stable")
-    return keys[order], np.concatenate([a[1], b[1]])[order]
+    """Two sorted parts as one; within a key, ``a``'s positions stay first.
+
+    ``b``'s entries go where a binary search in ``a`` puts them (after ``a``'s equal keys) and ``a``'s fill
+    the rest in order: one search per entry of ``b`` (usually the smaller part) and a copy of ``a``. A
+    stable argsort of both gave the same arrays at 2.3-4.3x the time (177 -> 78 ms merging 0.9M entries
+    into 7M, 1.4 s -> 0.33 s for 3.5M into 28M), paid after a request's last token.
+    """
+    (a_keys, a_pos), (b_keys, b_pos) = a, b
+    n = a_keys.size + b_keys.size
+    at = np.searchsorted(a_keys, b_keys, side="right") + np.arange(b_keys.size)
+    keys, pos = np.empty(n, a_keys.dtype), np.empty(n, a_pos.dtype)
+    keys[at], pos[at] = b_keys, b_pos
+    rest = np.ones(n, dtype=bool)
+    rest[at] = False
+    keys[rest], pos[rest] = a_keys, a_pos
+    return keys, pos
 
 
 @dataclass(slots=True)

@@ -133,6 +133,29 @@ def _check_against_brute(ix, context, history, corpus, k):
 seqs = st.lists(st.integers(0, 3), max_size=40)
 
 
+def _sorted_part(draw_keys: list[int], first_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    keys = np.array(draw_keys, dtype=np.uint32)
+    order = np.argsort(keys, kind="stable")
+    return keys[order], (np.arange(keys.size, dtype=np.int32) + np.int32(first_pos))[order]
+
+
+@given(
+    a=st.lists(st.integers(0, 12), max_size=40),
+    b=st.lists(st.integers(0, 12), max_size=40),
+    big=st.booleans(),
+)
+def test_merging_two_parts_is_a_stable_sort_of_both(a, b, big):
+    """A few distinct keys, so most keys repeat: ``a``'s positions must stay before ``b``'s within a key."""
+    shift = 28 if big else 0  # keys up to the top of the uint32 range
+    pa, pb = _sorted_part([k << shift for k in a], 0), _sorted_part([k << shift for k in b], 1000)
+    keys, pos = suffix._merge(pa, pb)
+    both_keys = np.concatenate([pa[0], pb[0]])
+    order = np.argsort(both_keys, kind="stable")
+    assert keys.dtype == np.uint32 and pos.dtype == np.int32
+    assert keys.tolist() == both_keys[order].tolist()
+    assert pos.tolist() == np.concatenate([pa[1], pb[1]])[order].tolist()
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     history=st.lists(seqs, max_size=6),
