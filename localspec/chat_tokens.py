@@ -134,6 +134,22 @@ def tokenize_segments(segments: Sequence[Segment], tok: ChatTokenizer, *, add_sp
     return out
 
 
+def _structure(value: Any) -> list[str]:
+    """The strings of ``value`` that :func:`_replace_strings` keeps: dict keys, ``role``/``type`` values."""
+    out: list[str] = []
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            out.append(str(k))
+            if k in _KEPT_FIELDS and isinstance(v, str):
+                out.append(v)
+            else:
+                out += _structure(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            out += _structure(v)
+    return out
+
+
 def _replace_strings(value: Any, replace: Callable[[str], str]) -> Any:
     """``value`` with every non-empty string replaced, except the values of the ``role``/``type`` fields."""
     if isinstance(value, str):
@@ -164,10 +180,14 @@ def _split_at_sentinels(
 
 
 def chat_segments(
-    prompt: str, render: Callable[[list[dict]], str], messages: list[dict], control_texts: Sequence[str]
+    prompt: str, render: Callable[[Any], str], messages: Any, control_texts: Sequence[str]
 ) -> list[Segment]:
     """``prompt`` (``render(messages)``) cut into the template's text (trusted) and the caller's strings.
+    ``messages`` is what the caller gave the template: a list of messages, or a mapping of them and more
+    (tools).
 
+    0. The strings a template may read as structure and so are not replaced (dict keys, ``role`` and
+       ``type`` values) must not hold control-token text: refused otherwise.
     1. Every caller string becomes a sentinel; the template's output around them is trusted.
     2. If the template changed a string (``| trim``, ``.strip()``), each string's leading and trailing
        whitespace is kept around its sentinel, so a trimming template trims it as it trims the real one.
@@ -176,6 +196,7 @@ def chat_segments(
        recognised) only when no caller string holds control-token text, in any letter case; otherwise the
        messages are refused.
     """
+    _refuse_control_keys(_structure(messages), control_texts)
     nonce = secrets.token_hex(8)
     sentinel = re.compile(f"q{nonce}z(\\d+)q")
 
@@ -206,7 +227,20 @@ def chat_segments(
     return [(prompt, True)]
 
 
-def _refuse_control_text(messages: list[dict], control_texts: Sequence[str]) -> None:
+def _refuse_control_keys(strings: list[str], control_texts: Sequence[str]) -> None:
+    for s in strings:
+        low = s.casefold()
+        for t in control_texts:
+            if t.casefold() in low:
+                raise LocalspecError(
+                    f"a field name or role/type value in the messages or tools ({s[:40]!r}) holds the "
+                    f"text of the model's control token {t!r}, which the chat template would turn into that "
+                    "token",
+                    hint="use plain names for fields, roles and types",
+                )
+
+
+def _refuse_control_text(messages: Any, control_texts: Sequence[str]) -> None:
     folded = [(t, t.casefold()) for t in control_texts]
     found: list[str] = []
 
