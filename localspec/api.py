@@ -460,12 +460,18 @@ class Pipeline:
     def chat(self, messages: list[dict], **kwargs) -> GenerationResult:
         return _collect(self.chat_stream(messages, **kwargs))
 
-    def format_chat(self, messages: list[dict]) -> tuple[list[int], list[str]]:
-        """``messages`` rendered with the target's own chat template: (prompt tokens, stop strings)."""
+    def format_chat(
+        self, messages: list[dict], *, tools: list[dict] | None = None, reply_prefix: str = ""
+    ) -> tuple[list[int], list[str]]:
+        """``messages`` rendered with the target's own chat template: (prompt tokens, stop strings).
+
+        ``tools`` (OpenAI's shape, checked by :func:`localspec.tool_calls.check_tools`) are rendered by the
+        template too; ``reply_prefix`` is the start of the assistant's reply, written after the
+        template's generation prompt as the caller's text (what ``tool_choice`` forces, see
+        :func:`localspec.tool_calls.reply_prefix`)."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        meta = self._target.metadata
-        template = meta.get("tokenizer.chat_template")
+        template = self.chat_template
         if not template:
             raise LocalspecError(
                 f"{self.info.target_path.name} has no chat template in its metadata",
@@ -479,17 +485,22 @@ class Pipeline:
             chat_tok = ChatTokenizer(target.vocab, lambda s: target.tokenize(s, add_bos=False, special=False))
             self._chat = (Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos), bos, chat_tok)
         formatter, bos, chat_tok = self._chat
-        response = formatter(messages=messages)
-        prompt = response.prompt
-        # Control tokens only from the template's own text: "<|im_start|>" typed in a message stays text.
-        render = lambda m: formatter(messages=m).prompt  # noqa: E731
-        segments = chat_segments(prompt, render, messages, chat_tok.control_texts)
+        payload = {"messages": messages, "tools": tools or None}
+        # The template's own text only becomes control tokens: "<|im_start|>" typed in a message (or a tool's
+        # description) stays text.
+        render = lambda p: formatter(messages=p["messages"], tools=p["tools"]).prompt  # noqa: E731
+        prompt = render(payload)
+        segments = chat_segments(prompt, render, payload, chat_tok.control_texts)
+        if reply_prefix:
+            segments = [*segments, (reply_prefix, False)]
         add_bos = not (bos and prompt.startswith(bos))
         tokens = chat_tok.tokenize(segments, add_special=add_bos)
-        stops = (
-            response.stop if isinstance(response.stop, list) else ([response.stop] if response.stop else [])
-        )
-        return tokens, [s for s in stops if s]
+        return tokens, [formatter.eos_token] if formatter.eos_token else []
+
+    @property
+    def chat_template(self) -> str | None:
+        """The target's chat template (``tokenizer.chat_template`` in its GGUF), or None."""
+        return self._target.metadata.get("tokenizer.chat_template") or None
 
     def compare(self, prompt: str, *, repeats: int = 1, warmup: bool = True, **kwargs) -> Comparison:
         """Target alone and speculative on the same prompt, interleaved, in this process.

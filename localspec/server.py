@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -41,6 +42,16 @@ from starlette.types import Receive, Scope, Send
 from localspec.errors import LocalspecError
 from localspec.exposure import check_exposure, is_loopback
 from localspec.settings import STRATEGIES
+from localspec.tool_calls import (
+    CallSplitter,
+    ToolCallError,
+    check_choice,
+    check_tools,
+    reply_prefix,
+    split_calls,
+    template_calls,
+    template_format,
+)
 
 if TYPE_CHECKING:
     from localspec.api import Pipeline
@@ -175,6 +186,7 @@ class ChatRequest(_Common):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     functions: Any = None
     function_call: Any = None
     response_format: Any = None
@@ -187,7 +199,7 @@ class CompletionRequest(_Common):
     suffix: str | None = None
 
 
-_ROLES = ("system", "developer", "user", "assistant")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def _param(loc: tuple) -> str:
@@ -232,8 +244,8 @@ def _refuse(req: _Common) -> None:
         if getattr(req, name):
             no(name, "repetition penalties are not supported (they would change the target's distribution)")
     if isinstance(req, ChatRequest):
-        if req.tools or req.functions or req.tool_choice not in (None, "none") or req.function_call:
-            no("tools", "tool and function calling are not supported")
+        if req.functions or req.function_call:
+            no("functions", "the legacy functions/function_call are not supported: send them as tools")
         fmt = req.response_format
         if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
             no("response_format", "only plain text responses are supported")
@@ -248,8 +260,9 @@ def _refuse(req: _Common) -> None:
         no("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(req.stop)}")
 
 
-def _messages(raw: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """Chat messages as the chat template takes them: role and text content."""
+def _messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages as the chat template takes them: role and text content, and the tool calls of an
+    assistant turn (arguments as objects) or the call a tool result answers."""
     out = []
     for i, m in enumerate(raw):
         role = m.get("role")
@@ -284,8 +297,46 @@ def _messages(raw: list[dict[str, Any]]) -> list[dict[str, str]]:
             raise APIError(
                 400, f"messages[{i}].content must be a string or a list of text parts", param="messages"
             )
-        out.append({"role": "system" if role == "developer" else role, "content": text})
+        message: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": text}
+        if role == "assistant" and m.get("tool_calls"):
+            message["tool_calls"] = template_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            message["tool_call_id"] = m["tool_call_id"]
+        out.append(message)
     return out
+
+
+@dataclass(frozen=True)
+class _Tools:
+    """How a chat request's reply is read: tools offered (calls read out of it) and what it starts with."""
+
+    prefix: str = ""  # the start of the reply that tool_choice forces (written before the model's text)
+    read_calls: bool = False
+    parallel: bool = True
+    names: tuple[str, ...] = ()  # the declared functions
+
+
+def _tools(req: ChatRequest, template: str | None) -> tuple[list[dict[str, Any]] | None, _Tools]:
+    """The request's tools for the template and how its reply is read; 400 for tools this cannot do."""
+    if req.tools is None:
+        if req.tool_choice not in (None, "none", "auto"):
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        return None, _Tools()
+    tools = check_tools(req.tools)
+    choice = check_choice(req.tool_choice, tools)
+    if choice == "none":
+        return None, _Tools()  # the model is not told of the tools, so it answers in text
+    if template_format(template) is None:
+        raise APIError(
+            400,
+            "tools: this model's chat template has no tool-call format localspec reads (it reads the "
+            "<tool_call> JSON of Qwen2.5, Qwen3 and Hermes models); send the request without tools, or serve "
+            "such a model",
+            param="tools",
+            code="unsupported_parameter",
+        )
+    names = tuple(t["function"]["name"] for t in tools)
+    return tools, _Tools(reply_prefix(choice), True, req.parallel_tool_calls is not False, names)
 
 
 # ------------------------------------------------------------------------------------------- worker
@@ -583,7 +634,15 @@ class _Endpoint:
             kw["strategy"] = self.opts.strategy
         return kw
 
-    async def run(self, request: Request, req: _Common, tokens: list[int], kw: dict[str, Any], kind: str):
+    async def run(
+        self,
+        request: Request,
+        req: _Common,
+        tokens: list[int],
+        kw: dict[str, Any],
+        kind: str,
+        reading: _Tools = _Tools(),
+    ):
         endpoint = "chat" if kind == "chat" else "completions"
         job = _Job(tokens, kw, asyncio.get_running_loop(), endpoint)
         try:
@@ -609,8 +668,8 @@ class _Endpoint:
             raise first[1]
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
-            return _JobStream(self._sse(job, first, rid, kind, req), job)
-        return await self._collect(request, job, first, rid, kind)
+            return _JobStream(self._sse(job, first, rid, kind, req, reading), job)
+        return await self._collect(request, job, first, rid, kind, reading)
 
     async def _next(self, request: Request, job: _Job) -> tuple | None:
         """The job's next event, or None when the client disconnected first (the job is then cancelled)."""
@@ -638,7 +697,7 @@ class _Endpoint:
             "total_tokens": len(job.tokens) + completion,
         }
 
-    async def _collect(self, request: Request, job: _Job, first: tuple, rid: str, kind: str):
+    async def _collect(self, request: Request, job: _Job, first: tuple, rid: str, kind: str, reading: _Tools):
         pieces: list[str] = []
         finish = None
         generated = 0
@@ -665,15 +724,17 @@ class _Endpoint:
             if watch.done() and not watch.cancelled():  # the client left: nobody reads this
                 return Response(status_code=499)
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
-        text = "".join(pieces)
+        text = reading.prefix + "".join(pieces)
         choice: dict[str, Any]
         if kind == "chat":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if reading.read_calls:
+                content, calls = split_calls(text, reading.names)
+                if calls:
+                    calls = calls if reading.parallel else calls[:1]
+                    message = {"role": "assistant", "content": content or None, "tool_calls": calls}
+                    finish = _calls_finish(finish)
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return JSONResponse(
@@ -689,7 +750,9 @@ class _Endpoint:
             }
         )
 
-    async def _sse(self, job: _Job, first: tuple, rid: str, kind: str, req: _Common) -> AsyncIterator[bytes]:
+    async def _sse(
+        self, job: _Job, first: tuple, rid: str, kind: str, req: _Common, reading: _Tools
+    ) -> AsyncIterator[bytes]:
         chat = kind == "chat"
         base = {
             "id": rid,
@@ -700,9 +763,13 @@ class _Endpoint:
         }
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        def chunk(text: str | None, finish: str | None, **extra: Any) -> dict[str, Any]:
+        def chunk(
+            text: str | None, finish: str | None, calls: list | None = None, **extra: Any
+        ) -> dict[str, Any]:
             if chat:
                 delta: dict[str, Any] = {} if text is None else {"content": text}
+                if calls:
+                    delta["tool_calls"] = calls
                 choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
@@ -718,11 +785,16 @@ class _Endpoint:
         finish = None
         generated = 0
         event = first
+        splitter = CallSplitter(reading.names) if reading.read_calls else None
+        if splitter is not None:
+            splitter.feed(reading.prefix)
         while True:
             if event[0] == "token":
                 _, text, _from_draft, reason = event
                 generated += 1
                 finish = reason or finish
+                if splitter is not None:
+                    text = splitter.feed(text)
                 if text:
                     yield _sse(chunk(text, None))
             elif event[0] == "error":
@@ -736,10 +808,23 @@ class _Endpoint:
         if finish is None:
             yield _sse(APIError(503, "the server is shutting down", type="server_error").body())
             return
+        if splitter is not None:
+            rest, calls = splitter.finish()
+            if rest:
+                yield _sse(chunk(rest, None))
+            if calls:
+                for i, call in enumerate(calls if reading.parallel else calls[:1]):
+                    yield _sse(chunk(None, None, [{"index": i, **call}]))
+                finish = _calls_finish(finish)
         yield _sse(chunk(None, finish, localspec=_localspec_stats(stats, self.pipe, job.queue_seconds)))
         if include_usage:
             yield _sse({**base, "choices": [], "usage": self._usage(job, stats, generated)})
         yield b"data: [DONE]\n\n"
+
+
+def _calls_finish(finish: str | None) -> str | None:
+    """A reply that called tools ends with ``tool_calls`` (OpenAI's reason), unless it was cut short."""
+    return finish if finish == "length" else "tool_calls"
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -917,16 +1002,21 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
         req = _validate(ChatRequest, await _read_body(request, opts.max_body_bytes))
         ep.check_model(req.model)
         _refuse(req)
-        messages = _messages(req.messages)
         try:
-            tokens, stops = await anyio.to_thread.run_sync(pipe.format_chat, messages)
+            messages = _messages(req.messages)
+            tools, reading = _tools(req, pipe.chat_template)
+        except ToolCallError as exc:
+            raise APIError(400, exc.message, param=exc.param) from None
+        format_chat = functools.partial(pipe.format_chat, tools=tools, reply_prefix=reading.prefix)
+        try:
+            tokens, stops = await anyio.to_thread.run_sync(format_chat, messages)
         except LocalspecError as exc:
             raise _from_localspec(exc) from None
         except Exception as exc:  # the model's chat template refused the messages (jinja raise_exception)
             raise APIError(
                 400, f"the model's chat template refused these messages: {exc}", param="messages"
             ) from None
-        return await ep.run(request, req, tokens, ep.kwargs(req, len(tokens), stops), "chat")
+        return await ep.run(request, req, tokens, ep.kwargs(req, len(tokens), stops), "chat", reading)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -3,6 +3,7 @@ the official ``openai`` client (and plain httpx where a client would hide what i
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -216,19 +217,254 @@ def test_bad_values_are_400_naming_the_parameter(client, kw, param):
     assert param in err.value.message
 
 
-def test_chat_refuses_images_tools_and_unknown_roles(client):
+def test_chat_refuses_images_unknown_roles_and_tools_its_template_cannot_call(client):
     bad = [
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-        {
-            "messages": [{"role": "user", "content": "hi"}],
-            "tools": [{"type": "function", "function": {"name": "f"}}],
-        },
         {"messages": [{"role": "wizard", "content": "hi"}]},
         {"messages": []},
     ]
     for kw in bad:
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model="tiny-target", max_tokens=4, **kw)
+    # the embedded model's template renders no tools: refused, never answered as if it could call them
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="tiny-target", max_tokens=4, messages=[{"role": "user", "content": "hi"}], tools=[WEATHER]
+        )
+    assert err.value.param == "tools" and "<tool_call>" in err.value.message
+    # tool_choice "none" needs no tool format: the model is not told of the tools
+    r = client.chat.completions.create(
+        model="tiny-target",
+        max_tokens=4,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[WEATHER],
+        tool_choice="none",
+        temperature=0,
+    )
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
+
+
+# ------------------------------------------------------------------------------------------ tool calls
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+#: enough of a Qwen2.5-style template for the server to know its tool-call format
+TOOL_TEMPLATE = "{% if tools %}<tools>{{ tools | tojson }}</tools> <tool_call>{% endif %}"
+
+
+class ScriptedPipe:
+    """The real pipeline (its template, tokenizer and KV cache) whose replies are scripted pieces of text,
+    with a chat template that teaches the <tool_call> format; ``calls`` keeps each request's prompt."""
+
+    chat_template = TOOL_TEMPLATE
+
+    def __init__(self, pipe) -> None:
+        self._pipe, self.script, self.prompts = pipe, [], []
+
+    def __getattr__(self, name):
+        return getattr(self._pipe, name)
+
+    def format_chat(self, messages, **kw):
+        self.formatted = (messages, kw)
+        return self._pipe.format_chat(messages, **kw)
+
+    def stream_tokens(self, tokens, **kw):
+        from localspec.engine import TokenResponse
+        from localspec.stats import GenerationStats
+
+        self.prompts.append(list(tokens))
+        script = list(self.script)
+
+        def gen():
+            for i, piece in enumerate(script):
+                last = i == len(script) - 1
+                yield TokenResponse(piece, 0, False, GenerationStats(), "stop" if last else None)
+
+        return gen()
+
+
+@pytest.fixture(scope="module")
+def tool_server(pipe):
+    scripted = ScriptedPipe(pipe)
+    srv = start_background(scripted, ServeOptions(port=0))
+    yield scripted, openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0, timeout=60)
+    srv.stop()
+
+
+CALL_PIECES = [
+    "<tool",
+    "_call>\n",
+    '{"name": "get_weather", ',
+    '"arguments": {"city": ',
+    '"Paris"}}\n',
+    "</tool_call>",
+]
+
+
+def _chat(client, stream=False, **kw):
+    kw.setdefault("messages", [{"role": "user", "content": "Weather in Paris?"}])
+    return client.chat.completions.create(model="tiny-target", tools=[WEATHER], stream=stream, **kw)
+
+
+def test_a_tool_call_in_the_reply_is_returned_as_a_call_streaming_and_not(tool_server):
+    scripted, client = tool_server
+    scripted.script = CALL_PIECES
+    r = _chat(client)
+    (call,) = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"} and call.id.startswith("call_")
+    chunks = list(_chat(client, stream=True))
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # no tag leaks as text
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas] == [
+        (0, "get_weather", {"city": "Paris"})
+    ]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # text before two calls; parallel_tool_calls=False keeps the first
+    scripted.script = [
+        "Checking.",
+        "\n",
+        *CALL_PIECES,
+        "\n",
+        *[p.replace("Paris", "Rome") for p in CALL_PIECES],
+    ]
+    r = _chat(client)
+    assert r.choices[0].message.content == "Checking."
+    assert [json.loads(c.function.arguments)["city"] for c in r.choices[0].message.tool_calls] == [
+        "Paris",
+        "Rome",
+    ]
+    streamed = list(_chat(client, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "Checking."
+    assert len([d for c in streamed if c.choices for d in c.choices[0].delta.tool_calls or []]) == 2
+    assert len(_chat(client, parallel_tool_calls=False).choices[0].message.tool_calls) == 1
+
+
+def test_a_reply_without_a_call_is_text_and_a_broken_call_stays_text(tool_server):
+    scripted, client = tool_server
+    scripted.script = ["It is ", "<sunny>", " in Paris."]
+    r = _chat(client)
+    assert (
+        r.choices[0].message.content == "It is <sunny> in Paris." and r.choices[0].message.tool_calls is None
+    )
+    assert r.choices[0].finish_reason == "stop"
+    scripted.script = ["<tool_call>", "{broken", "</tool_call>"]
+    for stream in (False, True):
+        if stream:
+            text = "".join(c.choices[0].delta.content or "" for c in _chat(client, stream=True) if c.choices)
+        else:
+            text = _chat(client).choices[0].message.content
+        assert text == "<tool_call>{broken</tool_call>"
+
+
+def test_tool_choice_starts_the_reply_and_earlier_calls_reach_the_template(tool_server, pipe):
+    scripted, client = tool_server
+    scripted.script = ['{"city": "Oslo"}}', "\n</tool_call>"]
+    r = _chat(client, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Oslo"}
+    # the template got the tools, and the prompt ends with the forced start of the reply
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    forced = '<tool_call>\n{"name": "get_weather", "arguments":'
+    assert scripted.formatted == (messages, {"tools": [WEATHER], "reply_prefix": forced})
+    plain, _ = pipe.format_chat(messages, tools=[WEATHER])
+    assert scripted.prompts[-1] == pipe.format_chat(messages, tools=[WEATHER], reply_prefix=forced)[0]
+    assert scripted.prompts[-1][: len(plain) - 2] == plain[:-2] and len(scripted.prompts[-1]) > len(plain)
+    # the turn after a call: the assistant's call (arguments as an object) and the tool's result
+    scripted.script = ["It is 14 C."]
+    history = [
+        *messages,
+        r.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 14}'},
+    ]
+    r2 = _chat(client, messages=history)
+    assert r2.choices[0].message.content == "It is 14 C." and r2.choices[0].message.tool_calls is None
+    sent, _ = scripted.formatted
+    assert sent[1]["tool_calls"] == [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Oslo"}},
+            "id": call.id,
+        }
+    ]
+    assert sent[2] == {"role": "tool", "content": '{"temp_c": 14}', "tool_call_id": call.id}
+
+
+@pytest.mark.qwen
+def test_qwen_calls_a_tool_and_answers_from_its_result():
+    """The real Qwen2.5-Coder 1.5B through the server with the suffix cache: its template renders the
+    tools, its reply is read as a call (streamed the same), and the next turn answers from the result."""
+    from conftest import QWEN_TARGET, qwen_dir
+
+    qwen = localspec.load(
+        target=str(qwen_dir() / QWEN_TARGET), draft="none", strategy="suffix", n_threads=2, n_ctx=4096
+    )
+    srv = start_background(qwen, ServeOptions(port=0))
+    try:
+        client = openai.OpenAI(base_url=srv.url, api_key="unused", max_retries=0, timeout=600)
+        model = client.models.list().data[0].id
+        ask = [{"role": "user", "content": "What's the weather in Paris right now?"}]
+        kw = {"model": model, "tools": [WEATHER], "temperature": 0, "max_tokens": 80}
+        for choice in ("auto", "required"):
+            r = client.chat.completions.create(messages=ask, tool_choice=choice, **kw)
+            assert r.choices[0].message.tool_calls, r.choices[0].message
+            (call,) = r.choices[0].message.tool_calls
+            assert call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
+            assert json.loads(call.function.arguments)["city"].lower().startswith("paris")
+            chunks = list(client.chat.completions.create(messages=ask, tool_choice=choice, stream=True, **kw))
+            deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+            assert [(d.function.name, d.function.arguments) for d in deltas] == [
+                (call.function.name, call.function.arguments)
+            ]
+        result = {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 14, "sky": "cloudy"}'}
+        r2 = client.chat.completions.create(
+            messages=[*ask, r.choices[0].message.model_dump(exclude_none=True), result],
+            **{**kw, "tool_choice": "none"},
+        )
+        assert "14" in (r2.choices[0].message.content or "")
+    finally:
+        srv.stop()
+        qwen.close()
+
+
+@pytest.mark.parametrize(
+    ("kw", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "two words"}}]}, "tools[0].function.name"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}}
+                        ],
+                    },
+                ]
+            },
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        ({"functions": [{"name": "f"}]}, "functions"),
+    ],
+)
+def test_bad_tool_requests_are_400_naming_the_field(tool_server, kw, param):
+    _, client = tool_server
+    body = {"model": "tiny-target", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **kw}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**body)
+    assert err.value.param == param, err.value.message
 
 
 def test_bad_json_bad_types_and_unknown_paths_get_openai_error_json(server):

@@ -1,0 +1,293 @@
+"""Tool calls in chat: the requests' ``tools`` checked, the model's calls read back out of its text.
+
+localspec reads one tool-call format, the one the Qwen2.5/Qwen3 and Hermes chat templates teach their
+models: each call is a JSON object ``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and
+``</tool_call>``. A model speaks it when its chat template renders ``tools`` and names that tag
+(:func:`template_format`); for any other template a request with tools is refused, never answered with
+calls left in the text. The template renders the tools and the earlier turns (assistant ``tool_calls``,
+``tool`` results) itself, so a prompt is what the model was trained on.
+
+``tool_choice`` is honoured without a grammar: ``"none"`` renders no tools, ``"required"`` starts the
+reply with the opening tag and the call's first key, a named function with the tag and its name
+(:func:`reply_prefix`); the model writes the rest, as the target always does. Text that is not a
+well-formed call stays text: a reply is never silently cut.
+
+Everything here is pure (no model, no I/O): :class:`CallSplitter` is what the server's stream runs,
+:func:`split_calls` what a whole reply is read with.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from localspec.errors import LocalspecError
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+#: The one format read (see the module docstring); a template's tool support is recognised by its tag.
+HERMES = "hermes"
+#: Bounds on what a request may declare (each tool's schema is rendered into every prompt).
+MAX_TOOLS = 128
+MAX_NAME_CHARS = 64
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # what OpenAI allows in a function name (dots too)
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+_FENCED = re.compile(r"```(?:json)?\s*(\{.*\})\s*```", re.DOTALL)
+
+
+class ToolCallError(LocalspecError, ValueError):
+    """A request's ``tools``, ``tool_choice`` or earlier ``tool_calls`` that cannot be used; ``param`` names
+    the field."""
+
+    def __init__(self, message: str, *, param: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.param = param
+
+
+def template_format(template: str | None) -> str | None:
+    """The tool-call format a chat template teaches (:data:`HERMES`), or None when it teaches none that
+    localspec reads (no ``tools`` in the template, or another format such as Llama 3's or Mistral's)."""
+    if template and "tools" in template and OPEN in template:
+        return HERMES
+    return None
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]]:
+    """``tools`` as the chat template takes them (OpenAI's shape: ``{"type": "function", "function":
+    {"name", "description", "parameters"}}``); raises :class:`ToolCallError` naming the first bad field."""
+    if not isinstance(tools, list) or not tools:
+        raise ToolCallError("tools must be a non-empty list of functions", param="tools")
+    if len(tools) > MAX_TOOLS:
+        raise ToolCallError(f"at most {MAX_TOOLS} tools, got {len(tools)}", param="tools")
+    out, seen = [], set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, Mapping) or tool.get("type") != "function":
+            raise ToolCallError(f'{where} must be {{"type": "function", "function": {{...}}}}', param=where)
+        fn = tool.get("function")
+        if not isinstance(fn, Mapping):
+            raise ToolCallError(f"{where}.function must be an object with a name", param=f"{where}.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ToolCallError(
+                f"{where}.function.name must be 1-{MAX_NAME_CHARS} letters, digits, '_', '-' or '.', got "
+                f"{name!r}",
+                param=f"{where}.function.name",
+            )
+        if name in seen:
+            raise ToolCallError(f"{where}: a second function named {name!r}", param=f"{where}.function.name")
+        seen.add(name)
+        description = fn.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ToolCallError(
+                f"{where}.function.description must be a string", param=f"{where}.function.description"
+            )
+        parameters = fn.get("parameters")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise ToolCallError(
+                f"{where}.function.parameters must be a JSON Schema object",
+                param=f"{where}.function.parameters",
+            )
+        clean: dict[str, Any] = {"name": name}
+        if description is not None:
+            clean["description"] = description
+        clean["parameters"] = (
+            dict(parameters) if parameters is not None else {"type": "object", "properties": {}}
+        )
+        out.append({"type": "function", "function": clean})
+    return out
+
+
+def check_choice(choice: Any, tools: list[dict[str, Any]]) -> str | None:
+    """``tool_choice`` as ``"auto"``, ``"none"``, ``"required"`` or the one function's name it names."""
+    if choice is None or choice == "auto":
+        return "auto"
+    if choice in ("none", "required"):
+        return str(choice)
+    if (
+        isinstance(choice, Mapping)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("function"), Mapping)
+    ):
+        name = choice["function"].get("name")
+        names = [t["function"]["name"] for t in tools]
+        if name not in names:
+            raise ToolCallError(
+                f"tool_choice names the function {name!r}, which is not in tools",
+                param="tool_choice",
+                hint="name one of " + ", ".join(map(repr, names[:8])),
+            )
+        return f"function:{name}"
+    raise ToolCallError(
+        'tool_choice must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
+        param="tool_choice",
+    )
+
+
+def reply_prefix(choice: str | None) -> str:
+    """The start of the assistant's reply that ``choice`` (from :func:`check_choice`) forces: the model
+    writes on from it, and the prefix is part of the reply that :func:`split_calls` reads."""
+    if choice == "required":
+        return OPEN + '\n{"name": "'  # a tag alone is not enough for a small model: it may end right there
+    if choice is not None and choice.startswith("function:"):
+        return OPEN + '\n{"name": ' + json.dumps(choice.removeprefix("function:")) + ', "arguments":'
+    return ""
+
+
+def template_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An earlier assistant turn's ``tool_calls`` (OpenAI's shape, ``arguments`` a JSON string) as chat
+    templates render them: ``arguments`` an object, as Hugging Face's templates expect."""
+    if not isinstance(calls, list):
+        raise ToolCallError(f"{where} must be a list of tool calls", param=where)
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise ToolCallError(
+                f'{at} must be {{"type": "function", "function": {{"name": ..., "arguments": "..."}}}}',
+                param=at,
+            )
+        arguments = fn.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                raise ToolCallError(
+                    f"{at}.function.arguments is not valid JSON", param=f"{at}.function.arguments"
+                ) from None
+        entry: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": arguments}}
+        if isinstance(call.get("id"), str):
+            entry["id"] = call["id"]
+        out.append(entry)
+    return out
+
+
+# Reading calls back -----------------------------------------------------------------------------------
+def _call(body: str) -> dict[str, Any] | None:
+    """One ``<tool_call>`` body as an OpenAI tool call, or None when it is not ``{"name", "arguments"}``."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {
+        "id": "call_" + uuid.uuid4().hex[:24],
+        "type": "function",
+        "function": {"name": obj["name"], "arguments": text},
+    }
+
+
+def _fenced_call(text: str, names: Collection[str]) -> dict[str, Any] | None:
+    """The call a whole reply makes when it is one fenced JSON block ``{"name": N, "arguments": {...}}``
+    naming a declared function (what small models write instead of the tag), else None."""
+    m = _FENCED.match(text)
+    if m is None:
+        return None
+    try:
+        obj = json.loads(m.group(1))
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or set(obj) != {"name", "arguments"} or obj["name"] not in names:
+        return None
+    return _call(m.group(1))
+
+
+def may_start_fenced_call(text: str) -> bool:
+    """Whether ``text`` (a reply's start, whitespace stripped) is, or may grow into, the start of a fenced
+    call (:func:`_fenced_call`): a stream holds such a reply back until it ends."""
+    want = "```"
+    if len(text) <= len(want):
+        return want.startswith(text)
+    if not text.startswith(want):
+        return False
+    rest = text[len(want) :]
+    if "json".startswith(rest):
+        return True
+    rest = rest.removeprefix("json")
+    for literal in ("{", '"name"', ":"):
+        rest = rest.lstrip()
+        if not rest:
+            return True
+        if len(rest) < len(literal):
+            return literal.startswith(rest)
+        if not rest.startswith(literal):
+            return False
+        rest = rest[len(literal) :]
+    return True
+
+
+def split_calls(text: str, names: Collection[str] = ()) -> tuple[str, list[dict[str, Any]]]:
+    """A reply as (its text outside the calls, stripped; the calls in OpenAI's shape). A block that does
+    not hold a well-formed call stays in the text, and so does an unclosed one unless its body is a
+    whole call (a reply that ended right after the JSON). With ``names`` (the declared functions), a reply
+    that is nothing but one fenced JSON block calling one of them is read as that call too."""
+    calls: list[dict[str, Any]] = []
+    kept: list[str] = []
+    pos = 0
+    for m in _BLOCK.finditer(text):
+        call = _call(m.group(1).strip())
+        kept.append(text[pos : m.start()] if call else text[pos : m.end()])
+        if call:
+            calls.append(call)
+        pos = m.end()
+    rest = text[pos:]
+    at = rest.find(OPEN)
+    if at >= 0:
+        call = _call(rest[at + len(OPEN) :].strip())
+        if call:
+            calls.append(call)
+            rest = rest[:at]
+    kept.append(rest)
+    if not calls and names:
+        fenced = _fenced_call(text.strip(), names)
+        if fenced is not None:
+            return "", [fenced]
+    return "".join(kept).strip(), calls
+
+
+@dataclass
+class CallSplitter:
+    """A streamed reply, fed piece by piece. :meth:`feed` returns the text that can go to the client now:
+    the reply's text stripped as :func:`split_calls` strips it, with trailing whitespace and what may be
+    the start of ``<tool_call>`` held back; from the first ``<tool_call>`` on everything is held.
+    :meth:`finish` returns the rest, so the pieces sent add up to exactly :func:`split_calls`' text."""
+
+    names: Collection[str] = ()  # the declared functions (see split_calls)
+    _text: str = ""  # the whole reply so far
+    _sent: int = 0  # characters of the stripped text returned so far
+    _in_call: bool = False
+
+    def feed(self, piece: str) -> str:
+        self._text += piece
+        if self._in_call:
+            return ""
+        text = self._text
+        at = text.find(OPEN, max(0, len(text) - len(piece) - len(OPEN)))
+        if at >= 0:
+            self._in_call = True
+            safe = text[:at]
+        else:
+            keep = next(
+                (k for k in range(min(len(OPEN) - 1, len(text)), 0, -1) if OPEN.startswith(text[-k:])), 0
+            )
+            safe = text[: len(text) - keep]
+        lead, end = len(safe) - len(safe.lstrip()), len(safe.rstrip())
+        if not self._sent and self.names and may_start_fenced_call(text.lstrip()):
+            return ""  # held until the reply ends: it may be a fenced call
+        start = lead + self._sent
+        if end <= start:
+            return ""
+        self._sent = end - lead
+        return text[start:end]
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        """(the text not sent yet, the calls)."""
+        content, calls = split_calls(self._text, self.names)
+        return content[self._sent :], calls

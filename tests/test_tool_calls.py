@@ -1,0 +1,189 @@
+"""Tool calls: requests' tools checked, calls read out of a reply whole and streamed piece by piece."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from localspec.tool_calls import (
+    HERMES,
+    MAX_TOOLS,
+    CallSplitter,
+    ToolCallError,
+    check_choice,
+    check_tools,
+    may_start_fenced_call,
+    reply_prefix,
+    split_calls,
+    template_calls,
+    template_format,
+)
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def _plain(calls):
+    return [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+def test_the_format_is_recognised_from_the_template():
+    qwen_like = "{%- if tools %}<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>" + (
+        "<tool_call>{%- endif %}"
+    )
+    assert template_format(qwen_like) == HERMES
+    assert template_format("{% for m in messages %}{{ m.content }}{% endfor %}") is None
+    assert template_format("{{ tools }} [TOOL_CALLS]") is None  # another format: not read
+    assert template_format(None) is None
+
+
+def test_tools_are_checked_field_by_field():
+    (tool,) = check_tools([WEATHER])
+    assert tool == WEATHER
+    bare = check_tools([{"type": "function", "function": {"name": "now"}}])
+    assert bare[0]["function"] == {"name": "now", "parameters": {"type": "object", "properties": {}}}
+    bad = [
+        ([], "tools"),
+        ([{"type": "retrieval"}], "tools[0]"),
+        ([{"type": "function"}], "tools[0].function"),
+        ([{"type": "function", "function": {"name": "has space"}}], "tools[0].function.name"),
+        ([{"type": "function", "function": {"name": "x" * 65}}], "tools[0].function.name"),
+        ([WEATHER, WEATHER], "tools[1].function.name"),
+        (
+            [{"type": "function", "function": {"name": "f", "description": 3}}],
+            "tools[0].function.description",
+        ),
+        ([{"type": "function", "function": {"name": "f", "parameters": []}}], "tools[0].function.parameters"),
+        ([{"type": "function", "function": {"name": f"f{i}"}} for i in range(MAX_TOOLS + 1)], "tools"),
+    ]
+    for tools, param in bad:
+        with pytest.raises(ToolCallError) as err:
+            check_tools(tools)
+        assert err.value.param == param, (tools, err.value)
+
+
+def test_tool_choice_and_the_reply_it_forces():
+    tools = check_tools([WEATHER])
+    assert check_choice(None, tools) == "auto" and reply_prefix("auto") == ""
+    assert check_choice("none", tools) == "none" and reply_prefix("none") == ""
+    required = reply_prefix(check_choice("required", tools))
+    assert required == '<tool_call>\n{"name": "'
+    assert _plain(split_calls(required + 'get_weather", "arguments": {}}')[1]) == [
+        ("function", "get_weather", {})
+    ]
+    named = check_choice({"type": "function", "function": {"name": "get_weather"}}, tools)
+    assert reply_prefix(named) == '<tool_call>\n{"name": "get_weather", "arguments":'
+    # the forced start and what a model writes after it read as one call
+    _, calls = split_calls(reply_prefix(named) + ' {"city": "Oslo"}}')  # as Qwen ends it: no closing tag
+    assert _plain(calls) == [("function", "get_weather", {"city": "Oslo"})]
+    with pytest.raises(ToolCallError, match="not in tools") as err:
+        check_choice({"type": "function", "function": {"name": "launch"}}, tools)
+    assert "get_weather" in (err.value.hint or "")
+    with pytest.raises(ToolCallError):
+        check_choice("always", tools)
+
+
+def test_earlier_calls_are_given_to_the_template_with_arguments_as_objects():
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": [1, 2]}'}}]
+    assert template_calls(calls, "m") == [
+        {"type": "function", "function": {"name": "f", "arguments": {"a": [1, 2]}}, "id": "call_1"}
+    ]
+    with pytest.raises(ToolCallError) as err:
+        template_calls([{"function": {"name": "f", "arguments": "{not json"}}], "messages[2].tool_calls")
+    assert err.value.param == "messages[2].tool_calls[0].function.arguments"
+    with pytest.raises(ToolCallError):
+        template_calls("f()", "m")
+
+
+def test_calls_are_read_out_of_a_reply():
+    text, calls = split_calls(CALL)
+    assert text == "" and _plain(calls) == [("function", "get_weather", {"city": "Paris"})]
+    assert calls[0]["id"].startswith("call_")
+    two = "Checking both.\n" + CALL + "\n" + CALL.replace("Paris", "Rome")
+    text, calls = split_calls(two)
+    assert text == "Checking both." and [c[2]["city"] for c in _plain(calls)] == ["Paris", "Rome"]
+    assert len({c["id"] for c in calls}) == 2
+    # not a call: the text stays as it was
+    for broken in (
+        "<tool_call>\n{oops}\n</tool_call>",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        "<tool_call>",
+    ):
+        assert split_calls(broken) == (broken.strip(), [])
+    # a reply that ended right after the JSON (no closing tag) still called
+    _, calls = split_calls(CALL.removesuffix("</tool_call>"))
+    assert len(calls) == 1
+    # arguments the model wrote as a string are passed on as they are
+    _, calls = split_calls('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>')
+    assert calls[0]["function"]["arguments"] == '{"a": 1}'
+
+
+FENCED = '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'
+
+
+def test_a_reply_that_is_one_fenced_json_call_of_a_declared_function_is_that_call():
+    """What Qwen2.5-Coder 1.5B writes for a tool it was given, instead of the tag."""
+    names = ["get_weather"]
+    text, calls = split_calls("\n" + FENCED + "\n", names)
+    assert text == "" and _plain(calls) == [("function", "get_weather", {"city": "Paris"})]
+    for not_a_call in (
+        FENCED,  # no functions declared: text
+        "Here is an example:\n" + FENCED,  # not the whole reply
+        FENCED.replace("get_weather", "rm_rf"),  # not a declared function
+        FENCED.replace('"arguments"', '"args"'),
+        '```python\n{"name": "get_weather", "arguments": {}}\n```',
+    ):
+        assert split_calls(not_a_call, names if not_a_call is not FENCED else ())[1] == []
+
+
+def test_a_stream_holds_a_reply_back_only_while_it_may_be_a_fenced_call():
+    assert may_start_fenced_call("``") and may_start_fenced_call("```js") and may_start_fenced_call("```\n{")
+    assert may_start_fenced_call('```json\n{\n  "na') and may_start_fenced_call('```json {"name": "f"')
+    assert not may_start_fenced_call("```python\n") and not may_start_fenced_call('```json\n{"city"')
+    assert not may_start_fenced_call("Sure") and not may_start_fenced_call("```json\n[")
+    code = CallSplitter(["get_weather"])
+    assert code.feed("```") == "" and code.feed("python\nx = 1") == "```python\nx = 1"
+
+
+PIECES = ["Sure", " ", "\n", "<tool_call>", "</tool_call>", CALL, "<tool", "_call>", "<", "x", "é", "{"]
+PIECES += ["```", "json", '{"name": "get_weather", ', '"arguments": {}}', FENCED]
+
+
+@given(st.lists(st.sampled_from(PIECES), max_size=12), st.data(), st.booleans())
+def test_a_streamed_reply_adds_up_to_the_whole_reply(parts, data, declared):
+    """However the reply is cut into pieces, the text sent piece by piece plus what finish returns is
+    split_calls' text, and the calls are the same; nothing after an opening tag is sent early."""
+    reply = "".join(parts)
+    names = ["get_weather"] if declared else []
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(reply)), max_size=6)))
+    pieces = [reply[a:b] for a, b in zip([0, *cuts], [*cuts, len(reply)], strict=True)]
+    splitter = CallSplitter(names)
+    sent = ""
+    for piece in pieces:
+        out = splitter.feed(piece)
+        sent += out
+        assert "<tool_call>" not in sent
+    rest, calls = splitter.finish()
+    text, whole = split_calls(reply, names)
+    assert sent + rest == text
+    assert _plain(calls) == _plain(whole)
+
+
+def test_a_stream_holds_back_only_what_may_start_a_call():
+    s = CallSplitter()
+    assert s.feed("  Hello") == "Hello"  # leading whitespace waits (a call may follow it), then goes
+    assert s.feed(" world <tool") == " world"
+    assert s.feed("s are fun") == " <tools are fun"
+    assert s.feed("\n" + CALL) == ""
+    rest, calls = s.finish()
+    assert rest == "" and len(calls) == 1
