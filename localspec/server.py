@@ -318,7 +318,7 @@ class _Tools:
 
 def _tools(req: ChatRequest, template: str | None) -> tuple[list[dict[str, Any]] | None, _Tools]:
     """The request's tools for the template and how its reply is read; 400 for tools this cannot do."""
-    if req.tools is None:
+    if req.tools is None or req.tools == []:  # (clients without tools send an empty list too)
         if req.tool_choice not in (None, "none", "auto"):
             raise APIError(400, "tool_choice needs tools", param="tool_choice")
         return None, _Tools()

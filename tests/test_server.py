@@ -242,6 +242,14 @@ def test_chat_refuses_images_unknown_roles_and_tools_its_template_cannot_call(cl
         temperature=0,
     )
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
+    empty = client.chat.completions.create(  # what clients without tools send: no tools
+        model="tiny-target",
+        max_tokens=4,
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[],
+        temperature=0,
+    )
+    assert empty.choices[0].message.content == r.choices[0].message.content
 
 
 # ------------------------------------------------------------------------------------------ tool calls
