@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+from test_tool_calls import WEATHER
 
 import localspec
 from localspec.exposure import ExposureError
@@ -253,14 +254,6 @@ def test_chat_refuses_images_unknown_roles_and_tools_its_template_cannot_call(cl
 
 
 # ------------------------------------------------------------------------------------------ tool calls
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 #: enough of a Qwen2.5-style template for the server to know its tool-call format
 TOOL_TEMPLATE = "{% if tools %}<tools>{{ tools | tojson }}</tools> <tool_call>{% endif %}"
 
