@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from localspec import constants
 from localspec.chat_tokens import ChatTokenizer, chat_segments
@@ -32,6 +33,7 @@ from localspec.settings import LOOKUP_N_MAX, MODEL_STRATEGIES, SUFFIX_STRATEGIES
 from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.store import SuffixStore
 from localspec.suffix import Cell, SuffixDrafter, SuffixIndex
+from localspec.tool_calls import ToolUse, tool_use
 
 
 class GenerationResult(str):
@@ -47,6 +49,7 @@ class GenerationResult(str):
     from_draft: list[bool]
     pieces: list[str]
     sources: list[str | None]
+    tool_calls: list[dict]
 
     def __new__(
         cls,
@@ -63,6 +66,7 @@ class GenerationResult(str):
         obj.from_draft = from_draft if from_draft is not None else []
         obj.pieces = pieces if pieces is not None else []
         obj.sources = sources if sources is not None else []
+        obj.tool_calls = []
         return obj
 
     def __getnewargs__(self) -> tuple[str]:  # copy and pickle: the text; the attributes follow as state
@@ -451,14 +455,31 @@ class Pipeline:
     def generate(self, prompt: str, **kwargs) -> GenerationResult:
         return _collect(self.stream(prompt, **kwargs))
 
-    def chat_stream(self, messages: list[dict], **kwargs) -> Iterator[TokenResponse]:
-        """Stream a reply to ``messages`` formatted with the model's own chat template."""
-        tokens, stops = self.format_chat(messages)
-        kwargs["stop"] = list(kwargs.get("stop") or []) + stops
-        return self.stream_tokens(tokens, **kwargs)
+    def chat_stream(
+        self, messages: list[dict], *, tools: list[dict] | None = None, tool_choice: Any = None, **kwargs
+    ) -> Iterator[TokenResponse]:
+        """Stream a reply to ``messages`` formatted with the model's own chat template. ``tools`` and
+        ``tool_choice`` as in OpenAI's API (see :func:`localspec.tool_calls.tool_use`); the stream is the
+        model's text, ``<tool_call>`` tags included: :meth:`chat` reads the calls out of it."""
+        return self._chat_reply(messages, tools, tool_choice, kwargs)[0]
 
-    def chat(self, messages: list[dict], **kwargs) -> GenerationResult:
-        return _collect(self.chat_stream(messages, **kwargs))
+    def chat(
+        self, messages: list[dict], *, tools: list[dict] | None = None, tool_choice: Any = None, **kwargs
+    ) -> GenerationResult:
+        """A whole reply to ``messages``; with ``tools``, ``result.tool_calls`` holds the calls it made
+        (OpenAI's shape: ``id``, ``type``, ``function.name``, ``function.arguments`` as a JSON string)."""
+        stream, use = self._chat_reply(messages, tools, tool_choice, kwargs)
+        result = _collect(stream)
+        result.tool_calls = use.split(result.text)[1]
+        return result
+
+    def _chat_reply(
+        self, messages: list[dict], tools: Any, tool_choice: Any, kwargs: dict
+    ) -> tuple[Iterator[TokenResponse], ToolUse]:
+        use = tool_use(tools, tool_choice, self.chat_template)
+        tokens, stops = self.format_chat(messages, tools=use.tools, reply_prefix=use.prefix)
+        kwargs["stop"] = list(kwargs.get("stop") or []) + stops
+        return self.stream_tokens(tokens, **kwargs), use
 
     def format_chat(
         self, messages: list[dict], *, tools: list[dict] | None = None, reply_prefix: str = ""

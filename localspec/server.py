@@ -42,16 +42,7 @@ from starlette.types import Receive, Scope, Send
 from localspec.errors import LocalspecError
 from localspec.exposure import check_exposure, is_loopback
 from localspec.settings import STRATEGIES
-from localspec.tool_calls import (
-    CallSplitter,
-    ToolCallError,
-    check_choice,
-    check_tools,
-    reply_prefix,
-    split_calls,
-    template_calls,
-    template_format,
-)
+from localspec.tool_calls import NO_TOOLS, ToolCallError, ToolUse, template_calls, tool_use
 
 if TYPE_CHECKING:
     from localspec.api import Pipeline
@@ -304,39 +295,6 @@ def _messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             message["tool_call_id"] = m["tool_call_id"]
         out.append(message)
     return out
-
-
-@dataclass(frozen=True)
-class _Tools:
-    """How a chat request's reply is read: tools offered (calls read out of it) and what it starts with."""
-
-    prefix: str = ""  # the start of the reply that tool_choice forces (written before the model's text)
-    read_calls: bool = False
-    parallel: bool = True
-    names: tuple[str, ...] = ()  # the declared functions
-
-
-def _tools(req: ChatRequest, template: str | None) -> tuple[list[dict[str, Any]] | None, _Tools]:
-    """The request's tools for the template and how its reply is read; 400 for tools this cannot do."""
-    if req.tools is None or req.tools == []:  # (clients without tools send an empty list too)
-        if req.tool_choice not in (None, "none", "auto"):
-            raise APIError(400, "tool_choice needs tools", param="tool_choice")
-        return None, _Tools()
-    tools = check_tools(req.tools)
-    choice = check_choice(req.tool_choice, tools)
-    if choice == "none":
-        return None, _Tools()  # the model is not told of the tools, so it answers in text
-    if template_format(template) is None:
-        raise APIError(
-            400,
-            "tools: this model's chat template has no tool-call format localspec reads (it reads the "
-            "<tool_call> JSON of Qwen2.5, Qwen3 and Hermes models); send the request without tools, or serve "
-            "such a model",
-            param="tools",
-            code="unsupported_parameter",
-        )
-    names = tuple(t["function"]["name"] for t in tools)
-    return tools, _Tools(reply_prefix(choice), True, req.parallel_tool_calls is not False, names)
 
 
 # ------------------------------------------------------------------------------------------- worker
@@ -641,7 +599,7 @@ class _Endpoint:
         tokens: list[int],
         kw: dict[str, Any],
         kind: str,
-        reading: _Tools = _Tools(),
+        tools: ToolUse = NO_TOOLS,
     ):
         endpoint = "chat" if kind == "chat" else "completions"
         job = _Job(tokens, kw, asyncio.get_running_loop(), endpoint)
@@ -668,8 +626,8 @@ class _Endpoint:
             raise first[1]
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
-            return _JobStream(self._sse(job, first, rid, kind, req, reading), job)
-        return await self._collect(request, job, first, rid, kind, reading)
+            return _JobStream(self._sse(job, first, rid, kind, req, tools), job)
+        return await self._collect(request, job, first, rid, kind, tools)
 
     async def _next(self, request: Request, job: _Job) -> tuple | None:
         """The job's next event, or None when the client disconnected first (the job is then cancelled)."""
@@ -697,7 +655,7 @@ class _Endpoint:
             "total_tokens": len(job.tokens) + completion,
         }
 
-    async def _collect(self, request: Request, job: _Job, first: tuple, rid: str, kind: str, reading: _Tools):
+    async def _collect(self, request: Request, job: _Job, first: tuple, rid: str, kind: str, tools: ToolUse):
         pieces: list[str] = []
         finish = None
         generated = 0
@@ -724,16 +682,14 @@ class _Endpoint:
             if watch.done() and not watch.cancelled():  # the client left: nobody reads this
                 return Response(status_code=499)
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
-        text = reading.prefix + "".join(pieces)
+        text = "".join(pieces)
         choice: dict[str, Any]
         if kind == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if reading.read_calls:
-                content, calls = split_calls(text, reading.names)
-                if calls:
-                    calls = calls if reading.parallel else calls[:1]
-                    message = {"role": "assistant", "content": content or None, "tool_calls": calls}
-                    finish = _calls_finish(finish)
+            content, calls = tools.split(text)  # (the text as it is when no tools were offered)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message = {"role": "assistant", "content": content or None, "tool_calls": calls}
+                finish = _calls_finish(finish)
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -751,7 +707,7 @@ class _Endpoint:
         )
 
     async def _sse(
-        self, job: _Job, first: tuple, rid: str, kind: str, req: _Common, reading: _Tools
+        self, job: _Job, first: tuple, rid: str, kind: str, req: _Common, tools: ToolUse
     ) -> AsyncIterator[bytes]:
         chat = kind == "chat"
         base = {
@@ -785,9 +741,7 @@ class _Endpoint:
         finish = None
         generated = 0
         event = first
-        splitter = CallSplitter(reading.names) if reading.read_calls else None
-        if splitter is not None:
-            splitter.feed(reading.prefix)
+        splitter = tools.splitter()
         while True:
             if event[0] == "token":
                 _, text, _from_draft, reason = event
@@ -813,7 +767,7 @@ class _Endpoint:
             if rest:
                 yield _sse(chunk(rest, None))
             if calls:
-                for i, call in enumerate(calls if reading.parallel else calls[:1]):
+                for i, call in enumerate(calls if tools.parallel else calls[:1]):
                     yield _sse(chunk(None, None, [{"index": i, **call}]))
                 finish = _calls_finish(finish)
         yield _sse(chunk(None, finish, localspec=_localspec_stats(stats, self.pipe, job.queue_seconds)))
@@ -1004,10 +958,14 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
         _refuse(req)
         try:
             messages = _messages(req.messages)
-            tools, reading = _tools(req, pipe.chat_template)
+            tools = tool_use(
+                req.tools, req.tool_choice, pipe.chat_template, parallel=req.parallel_tool_calls is not False
+            )
         except ToolCallError as exc:
-            raise APIError(400, exc.message, param=exc.param) from None
-        format_chat = functools.partial(pipe.format_chat, tools=tools, reply_prefix=reading.prefix)
+            message = exc.message + (f"; {exc.hint}" if exc.hint else "")
+            code = "unsupported_parameter" if exc.unsupported else None
+            raise APIError(400, message, param=exc.param, code=code) from None
+        format_chat = functools.partial(pipe.format_chat, tools=tools.tools, reply_prefix=tools.prefix)
         try:
             tokens, stops = await anyio.to_thread.run_sync(format_chat, messages)
         except LocalspecError as exc:
@@ -1016,7 +974,7 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
             raise APIError(
                 400, f"the model's chat template refused these messages: {exc}", param="messages"
             ) from None
-        return await ep.run(request, req, tokens, ep.kwargs(req, len(tokens), stops), "chat", reading)
+        return await ep.run(request, req, tokens, ep.kwargs(req, len(tokens), stops), "chat", tools)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -40,11 +40,70 @@ _FENCED = re.compile(r"```(?:json)?\s*(\{.*\})\s*```", re.DOTALL)
 
 class ToolCallError(LocalspecError, ValueError):
     """A request's ``tools``, ``tool_choice`` or earlier ``tool_calls`` that cannot be used; ``param`` names
-    the field."""
+    the field, ``unsupported`` says the value is fine but this model cannot do it."""
 
-    def __init__(self, message: str, *, param: str, hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, param: str, hint: str | None = None, unsupported: bool = False
+    ) -> None:
         super().__init__(message, hint=hint)
         self.param = param
+        self.unsupported = unsupported
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """What a chat request's tools mean for its prompt and its reply (:func:`tool_use` makes one)."""
+
+    tools: list[dict[str, Any]] | None = None  # for the chat template; None: the model is not shown tools
+    prefix: str = ""  # the start of the reply that tool_choice forces, written after the template's prompt
+    read_calls: bool = False  # whether calls are read out of the reply
+    parallel: bool = True  # False: the first call only
+    names: tuple[str, ...] = ()  # the declared functions
+
+    def split(self, reply: str) -> tuple[str, list[dict[str, Any]]]:
+        """(the reply's text outside the calls, the calls) for the model's ``reply`` (without the prefix);
+        the reply as it is, and no calls, when calls are not read."""
+        if not self.read_calls:
+            return reply, []
+        text, calls = split_calls(self.prefix + reply, self.names)
+        return text, calls if self.parallel else calls[:1]
+
+    def splitter(self) -> CallSplitter | None:
+        """A :class:`CallSplitter` for a streamed reply, already fed the prefix; None when calls are not
+        read (the text streams as it is)."""
+        if not self.read_calls:
+            return None
+        splitter = CallSplitter(self.names)
+        splitter.feed(self.prefix)
+        return splitter
+
+
+#: A plain chat: no tools shown, the reply's text as it is.
+NO_TOOLS = ToolUse()
+
+
+def tool_use(tools: Any, tool_choice: Any, template: str | None, *, parallel: bool = True) -> ToolUse:
+    """The request's ``tools`` and ``tool_choice`` (OpenAI's shapes) checked against each other and against
+    the model's chat ``template``; raises :class:`ToolCallError` naming the field. No tools (None or an
+    empty list, which clients without tools send) or ``tool_choice="none"``: a plain chat."""
+    if tools is None or tools == []:
+        if tool_choice not in (None, "none", "auto"):
+            raise ToolCallError("tool_choice needs tools", param="tool_choice")
+        return NO_TOOLS
+    checked = check_tools(tools)
+    choice = check_choice(tool_choice, checked)
+    if choice == "none":
+        return NO_TOOLS  # the model is not told of the tools, so it answers in text
+    if template_format(template) is None:
+        raise ToolCallError(
+            "tools: this model's chat template has no tool-call format localspec reads (it reads the "
+            "<tool_call> JSON of Qwen2.5, Qwen3 and Hermes models)",
+            param="tools",
+            hint="send the request without tools, or use such a model",
+            unsupported=True,
+        )
+    names = tuple(t["function"]["name"] for t in checked)
+    return ToolUse(checked, reply_prefix(choice), True, parallel, names)
 
 
 def template_format(template: str | None) -> str | None:

@@ -300,6 +300,22 @@ def test_results_copy_pickle_and_print(embedded_pipe, capsys):
         assert other.stats.as_dict() == r.stats.as_dict()
     print(r)
     assert capsys.readouterr().out == str(r) + "\n"
+    r.tool_calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    assert pickle.loads(pickle.dumps(r)).tool_calls == copy.deepcopy(r).tool_calls == r.tool_calls
+
+
+def test_chat_with_tools_needs_a_template_that_calls_them(embedded_pipe):
+    from test_tool_calls import WEATHER
+
+    from localspec.tool_calls import ToolCallError
+
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    with pytest.raises(ToolCallError, match="no tool-call format") as err:
+        embedded_pipe.chat(ask, tools=[WEATHER], max_tokens=4)
+    assert err.value.param == "tools" and err.value.hint
+    plain = embedded_pipe.chat(ask, max_tokens=6, temperature=0)
+    shown_none = embedded_pipe.chat(ask, tools=[WEATHER], tool_choice="none", max_tokens=6, temperature=0)
+    assert shown_none == plain and plain.tool_calls == shown_none.tool_calls == []
 
 
 # Placement ---------------------------------------------------------------------------------------

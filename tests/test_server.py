@@ -429,6 +429,11 @@ def test_qwen_calls_a_tool_and_answers_from_its_result():
             **{**kw, "tool_choice": "none"},
         )
         assert "14" in (r2.choices[0].message.content or "")
+        # the Python API reads the same call
+        direct = qwen.chat(ask, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=80)
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in direct.tool_calls] == [
+            (call.function.name, call.function.arguments)
+        ]
     finally:
         srv.stop()
         qwen.close()
