@@ -214,9 +214,10 @@ def template_calls(calls: Any, where: str) -> list[dict[str, Any]]:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
+            except (ValueError, RecursionError):  # (nested deeper than Python's JSON reader goes)
                 raise ToolCallError(
-                    f"{at}.function.arguments is not valid JSON", param=f"{at}.function.arguments"
+                    f"{at}.function.arguments is not valid JSON (or nested too deeply)",
+                    param=f"{at}.function.arguments",
                 ) from None
         entry: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": arguments}}
         if isinstance(call.get("id"), str):
@@ -230,7 +231,7 @@ def _call(body: str) -> dict[str, Any] | None:
     """One ``<tool_call>`` body as an OpenAI tool call, or None when it is not ``{"name", "arguments"}``."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
@@ -251,7 +252,7 @@ def _fenced_call(text: str, names: Collection[str]) -> dict[str, Any] | None:
         return None
     try:
         obj = json.loads(m.group(1))
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or set(obj) != {"name", "arguments"} or obj["name"] not in names:
         return None

@@ -103,6 +103,11 @@ def test_earlier_calls_are_given_to_the_template_with_arguments_as_objects():
     assert err.value.param == "messages[2].tool_calls[0].function.arguments"
     with pytest.raises(ToolCallError):
         template_calls("f()", "m")
+    deep = "[" * 100_000 + "]" * 100_000  # deeper than Python's JSON reader recurses: refused, not a crash
+    with pytest.raises(ToolCallError, match="nested too deeply"):
+        template_calls([{"function": {"name": "f", "arguments": deep}}], "m")
+    reply = '<tool_call>{"name": "f", "arguments": ' + deep + "}</tool_call>"
+    assert split_calls(reply) == (reply, [])
 
 
 def test_calls_are_read_out_of_a_reply():
