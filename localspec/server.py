@@ -860,6 +860,37 @@ def _prometheus(metrics: Metrics, worker: Worker, model_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _InternalErrors:
+    """A bug answers OpenAI's error JSON with status 500 and the exception's type (the traceback goes to the
+    log), and the connection stays usable: Starlette's own last-resort handler re-raises after answering,
+    so uvicorn dropped the client's keep-alive connection and its next request failed with a reset."""
+
+    def __init__(self, app: Callable) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:  # part of the answer is out: nothing sensible can follow it
+                raise
+            log.exception("request failed", exc_info=exc)
+            error = APIError(
+                500, f"internal error ({type(exc).__name__}); see the server's log", type="server_error"
+            )
+            await error.response()(scope, receive, send)
+
+
 def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
     """The ASGI app: OpenAI routes, ``/health`` and ``/metrics`` over ``pipe``. The worker thread starts
     and stops with the app's lifespan."""
@@ -898,12 +929,7 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
             return APIError(404, msg, code="unknown_url").response()
         return APIError(exc.status_code, str(exc.detail)).response()
 
-    @app.exception_handler(Exception)
-    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
-        log.exception("request failed", exc_info=exc)
-        return APIError(
-            500, f"internal error ({type(exc).__name__}); see the server's log", type="server_error"
-        ).response()
+    app.add_middleware(_InternalErrors)
 
     def authorize(request: Request) -> None:
         if opts.api_key is None:

@@ -747,6 +747,33 @@ def test_the_answer_is_complete_before_the_generation_is_cleaned_up(stream):
         assert text == str(fresh.generate(PROMPTS[0], max_tokens=40, temperature=0))
 
 
+class BuggyPipe:
+    """The real pipeline whose tokenizer has a bug."""
+
+    def __init__(self, pipe) -> None:
+        self._pipe = pipe
+
+    def __getattr__(self, name):
+        return getattr(self._pipe, name)
+
+    def tokenize(self, text):
+        raise RuntimeError("a bug")
+
+
+def test_a_bug_answers_500_json_and_the_connection_stays_usable(pipe, caplog):
+    srv = start_background(BuggyPipe(pipe), ServeOptions(port=0))
+    try:
+        with httpx.Client(base_url=srv.base, timeout=30) as h:
+            for _ in range(2):  # the same keep-alive connection, twice
+                r = h.post("/v1/completions", json={"model": "tiny-target", "prompt": "hi", "max_tokens": 2})
+                assert r.status_code == 500
+                assert r.json()["error"]["message"] == "internal error (RuntimeError); see the server's log"
+            assert h.get("/health").status_code == 200
+    finally:
+        srv.stop()
+    assert "request failed" in caplog.text and "a bug" in caplog.text
+
+
 def test_an_error_while_cleaning_up_is_logged_and_the_server_goes_on(caplog):
     real = _load()
     srv = start_background(LearningPipe(real, fail=True), ServeOptions(port=0))
