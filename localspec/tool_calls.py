@@ -35,7 +35,7 @@ MAX_TOOLS = 128
 MAX_NAME_CHARS = 64
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # what OpenAI allows in a function name (dots too)
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
-_FENCED = re.compile(r"```(?:json)?\s*(\{.*\})\s*```", re.DOTALL)
+_FENCED = re.compile(r"```(?:json)?\s*(\{.*\})\s*```|(\{.*\})", re.DOTALL)  # fenced, or bare
 
 
 class ToolCallError(LocalspecError, ValueError):
@@ -245,32 +245,39 @@ def _call(body: str) -> dict[str, Any] | None:
 
 
 def _fenced_call(text: str, names: Collection[str]) -> dict[str, Any] | None:
-    """The call a whole reply makes when it is one fenced JSON block ``{"name": N, "arguments": {...}}``
-    naming a declared function (what small models write instead of the tag), else None."""
-    m = _FENCED.match(text)
+    """The call a whole reply makes when it is one JSON object ``{"name": N, "arguments": {...}}``, bare or
+    in a fenced block, naming a declared function (what small models write instead of the tag), else
+    None."""
+    m = _FENCED.fullmatch(text)
     if m is None:
         return None
+    body = m.group(1) or m.group(2)
     try:
-        obj = json.loads(m.group(1))
+        obj = json.loads(body)
     except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict) or set(obj) != {"name", "arguments"} or obj["name"] not in names:
         return None
-    return _call(m.group(1))
+    return _call(body)
 
 
 def may_start_fenced_call(text: str) -> bool:
-    """Whether ``text`` (a reply's start, whitespace stripped) is, or may grow into, the start of a fenced
-    call (:func:`_fenced_call`): a stream holds such a reply back until it ends."""
+    """Whether ``text`` (a reply's start, whitespace stripped) is, or may grow into, the start of a call
+    written without the tag (:func:`_fenced_call`): a stream holds such a reply back until it ends."""
     want = "```"
-    if len(text) <= len(want):
-        return want.startswith(text)
-    if not text.startswith(want):
-        return False
-    rest = text[len(want) :]
-    if "json".startswith(rest):
+    if not text:
         return True
-    rest = rest.removeprefix("json")
+    if text.startswith("{"):
+        rest = text
+    elif len(text) <= len(want):
+        return want.startswith(text)
+    elif not text.startswith(want):
+        return False
+    else:
+        rest = text[len(want) :]
+        if "json".startswith(rest):
+            return True
+        rest = rest.removeprefix("json")
     for literal in ("{", '"name"', ":"):
         rest = rest.lstrip()
         if not rest:
@@ -287,7 +294,7 @@ def split_calls(text: str, names: Collection[str] = ()) -> tuple[str, list[dict[
     """A reply as (its text outside the calls, stripped; the calls in OpenAI's shape). A block that does
     not hold a well-formed call stays in the text, and so does an unclosed one unless its body is a
     whole call (a reply that ended right after the JSON). With ``names`` (the declared functions), a reply
-    that is nothing but one fenced JSON block calling one of them is read as that call too."""
+    that is nothing but one JSON call of one of them, bare or fenced, is read as that call too."""
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     pos = 0

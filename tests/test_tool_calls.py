@@ -141,12 +141,18 @@ def test_a_reply_that_is_one_fenced_json_call_of_a_declared_function_is_that_cal
     names = ["get_weather"]
     text, calls = split_calls("\n" + FENCED + "\n", names)
     assert text == "" and _plain(calls) == [("function", "get_weather", {"city": "Paris"})]
+    bare = (
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}'  # (and bare, as it wrote in an agent loop)
+    )
+    assert _plain(split_calls(bare, names)[1]) == _plain(calls)
     for not_a_call in (
         FENCED,  # no functions declared: text
         "Here is an example:\n" + FENCED,  # not the whole reply
         FENCED.replace("get_weather", "rm_rf"),  # not a declared function
         FENCED.replace('"arguments"', '"args"'),
         '```python\n{"name": "get_weather", "arguments": {}}\n```',
+        '```json\n{"name": "get_weather", "arguments": {}}',  # a fence opened and not closed
+        '{"name": "get_weather", "arguments": {}} and more',
     ):
         assert split_calls(not_a_call, names if not_a_call is not FENCED else ())[1] == []
 
@@ -156,12 +162,17 @@ def test_a_stream_holds_a_reply_back_only_while_it_may_be_a_fenced_call():
     assert may_start_fenced_call('```json\n{\n  "na') and may_start_fenced_call('```json {"name": "f"')
     assert not may_start_fenced_call("```python\n") and not may_start_fenced_call('```json\n{"city"')
     assert not may_start_fenced_call("Sure") and not may_start_fenced_call("```json\n[")
+    assert (
+        may_start_fenced_call("{")
+        and may_start_fenced_call('{\n  "na')
+        and not may_start_fenced_call('{"city"')
+    )
     code = CallSplitter(["get_weather"])
     assert code.feed("```") == "" and code.feed("python\nx = 1") == "```python\nx = 1"
 
 
 PIECES = ["Sure", " ", "\n", "<tool_call>", "</tool_call>", CALL, "<tool", "_call>", "<", "x", "é", "{"]
-PIECES += ["```", "json", '{"name": "get_weather", ', '"arguments": {}}', FENCED]
+PIECES += ["```", "json", '{"name": "get_weather", ', '"arguments": {}}', FENCED, "}"]
 
 
 @given(st.lists(st.sampled_from(PIECES), max_size=12), st.data(), st.booleans())
