@@ -33,7 +33,7 @@ from localspec.settings import LOOKUP_N_MAX, MODEL_STRATEGIES, SUFFIX_STRATEGIES
 from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.store import SuffixStore
 from localspec.suffix import Cell, SuffixDrafter, SuffixIndex
-from localspec.tool_calls import ToolUse, tool_use
+from localspec.tool_calls import ToolUse, template_messages, tool_use
 
 
 class GenerationResult(str):
@@ -477,6 +477,7 @@ class Pipeline:
         self, messages: list[dict], tools: Any, tool_choice: Any, kwargs: dict
     ) -> tuple[Iterator[TokenResponse], ToolUse]:
         use = tool_use(tools, tool_choice, self.chat_template)
+        messages = template_messages(messages)  # earlier calls' arguments as objects, as templates want them
         tokens, stops = self.format_chat(messages, tools=use.tools, reply_prefix=use.prefix)
         kwargs["stop"] = list(kwargs.get("stop") or []) + stops
         return self.stream_tokens(tokens, **kwargs), use

@@ -42,7 +42,7 @@ from starlette.types import Receive, Scope, Send
 from localspec.errors import LocalspecError
 from localspec.exposure import check_exposure, is_loopback
 from localspec.settings import STRATEGIES
-from localspec.tool_calls import NO_TOOLS, ToolCallError, ToolUse, template_calls, tool_use
+from localspec.tool_calls import NO_TOOLS, ToolCallError, ToolUse, template_messages, tool_use
 
 if TYPE_CHECKING:
     from localspec.api import Pipeline
@@ -290,11 +290,11 @@ def _messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
         message: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": text}
         if role == "assistant" and m.get("tool_calls"):
-            message["tool_calls"] = template_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+            message["tool_calls"] = m["tool_calls"]
         if role == "tool" and isinstance(m.get("tool_call_id"), str):
             message["tool_call_id"] = m["tool_call_id"]
         out.append(message)
-    return out
+    return template_messages(out)
 
 
 # ------------------------------------------------------------------------------------------- worker

@@ -226,6 +226,17 @@ def template_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
+def template_messages(messages: list[dict]) -> list[dict]:
+    """``messages`` with each assistant turn's ``tool_calls`` as templates render them
+    (:func:`template_calls`); the rest as it is."""
+    return [
+        {**m, "tool_calls": template_calls(m["tool_calls"], f"messages[{i}].tool_calls")}
+        if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("tool_calls")
+        else m
+        for i, m in enumerate(messages)
+    ]
+
+
 # Reading calls back -----------------------------------------------------------------------------------
 def _call(body: str) -> dict[str, Any] | None:
     """One ``<tool_call>`` body as an OpenAI tool call, or None when it is not ``{"name", "arguments"}``."""

@@ -20,6 +20,7 @@ from localspec.tool_calls import (
     split_calls,
     template_calls,
     template_format,
+    template_messages,
 )
 
 WEATHER = {
@@ -103,6 +104,17 @@ def test_earlier_calls_are_given_to_the_template_with_arguments_as_objects():
     assert err.value.param == "messages[2].tool_calls[0].function.arguments"
     with pytest.raises(ToolCallError):
         template_calls("f()", "m")
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+    ]
+    shaped = template_messages(history)
+    assert shaped[1]["tool_calls"][0]["function"]["arguments"] == {"a": [1, 2]}
+    assert shaped[0] is history[0] and shaped[2] is history[2] and history[1]["tool_calls"] is calls
+    with pytest.raises(ToolCallError) as err:
+        template_messages([history[0], {"role": "assistant", "tool_calls": [{"function": {}}]}])
+    assert err.value.param == "messages[1].tool_calls[0]"
     deep = "[" * 100_000 + "]" * 100_000  # deeper than Python's JSON reader recurses: refused, not a crash
     with pytest.raises(ToolCallError, match="nested too deeply"):
         template_calls([{"function": {"name": "f", "arguments": deep}}], "m")
