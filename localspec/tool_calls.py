@@ -22,7 +22,7 @@ import json
 import re
 import uuid
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from localspec.errors import LocalspecError
@@ -338,34 +338,41 @@ class CallSplitter:
     :meth:`finish` returns the rest, so the pieces sent add up to exactly :func:`split_calls`' text."""
 
     names: Collection[str] = ()  # the declared functions (see split_calls)
-    _text: str = ""  # the whole reply so far
+    _pieces: list[str] = field(default_factory=list)  # the whole reply so far, joined only at the end
+    _pending: str = ""  # what came after the text sent so far and is held (a few characters, usually)
     _sent: int = 0  # characters of the stripped text returned so far
     _in_call: bool = False
 
     def feed(self, piece: str) -> str:
-        self._text += piece
+        """The text that can go out now; the work per piece is bounded by what is held, not the reply."""
+        self._pieces.append(piece)
         if self._in_call:
             return ""
-        text = self._text
-        at = text.find(OPEN, max(0, len(text) - len(piece) - len(OPEN)))
+        pending = self._pending + piece
+        at = pending.find(OPEN)
         if at >= 0:
             self._in_call = True
-            safe = text[:at]
+            safe = pending[:at]
         else:
             keep = next(
-                (k for k in range(min(len(OPEN) - 1, len(text)), 0, -1) if OPEN.startswith(text[-k:])), 0
+                (k for k in range(min(len(OPEN) - 1, len(pending)), 0, -1) if OPEN.startswith(pending[-k:])),
+                0,
             )
-            safe = text[: len(text) - keep]
-        lead, end = len(safe) - len(safe.lstrip()), len(safe.rstrip())
-        if not self._sent and self.names and may_start_fenced_call(text.lstrip()):
-            return ""  # held until the reply ends: it may be a fenced call
-        start = lead + self._sent
-        if end <= start:
-            return ""
-        self._sent = end - lead
-        return text[start:end]
+            safe = pending[: len(pending) - keep]
+        drop = 0
+        if not self._sent:  # nothing sent yet: the reply's leading whitespace goes, and it may be a call
+            drop = len(safe) - len(safe.lstrip())
+            if self.names and may_start_fenced_call(pending.lstrip()[:64]):
+                self._pending = pending
+                return ""  # held until the reply ends, or until its start rules a call out
+        out = safe[drop:].rstrip()
+        if out:
+            self._sent += len(out)
+            pending = pending[drop + len(out) :]
+        self._pending = pending
+        return out
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """(the text not sent yet, the calls)."""
-        content, calls = split_calls(self._text, self.names)
+        content, calls = split_calls("".join(self._pieces), self.names)
         return content[self._sent :], calls
