@@ -227,29 +227,35 @@ def chat_segments(
     return [(prompt, True)]
 
 
-def _refuse_control_keys(strings: list[str], control_texts: Sequence[str]) -> None:
+def _control_texts_in(strings: list[str], control_texts: Sequence[str]) -> list[str]:
+    """The control tokens' texts that occur in ``strings``, in any letter case (first found first)."""
+    folded = [(t, t.casefold()) for t in control_texts]
+    found: list[str] = []
     for s in strings:
         low = s.casefold()
-        for t in control_texts:
-            if t.casefold() in low:
-                raise LocalspecError(
-                    f"a field name or role/type value in the messages or tools ({s[:40]!r}) holds the "
-                    f"text of the model's control token {t!r}, which the chat template would turn into that "
-                    "token",
-                    hint="use plain names for fields, roles and types",
-                )
+        found.extend(t for t, f in folded if f in low and t not in found)
+    return found
+
+
+def _refuse_control_keys(strings: list[str], control_texts: Sequence[str]) -> None:
+    found = _control_texts_in(strings, control_texts)
+    if found:
+        raise LocalspecError(
+            f"a field name or role/type value in the messages or tools holds the text of the model's control "
+            f"token {found[0]!r}, which the chat template would turn into that token",
+            hint="use plain names for fields, roles and types",
+        )
 
 
 def _refuse_control_text(messages: Any, control_texts: Sequence[str]) -> None:
-    folded = [(t, t.casefold()) for t in control_texts]
-    found: list[str] = []
+    strings: list[str] = []
 
-    def look(s: str) -> str:
-        low = s.casefold()
-        found.extend(t for t, f in folded if f in low and t not in found)
+    def collect(s: str) -> str:
+        strings.append(s)
         return s
 
-    _replace_strings(messages, look)
+    _replace_strings(messages, collect)
+    found = _control_texts_in(strings, control_texts)
     if found:
         raise LocalspecError(
             f"a message contains the text of the model's control token {found[0]!r}, and this model's chat "
