@@ -20,6 +20,7 @@ __all__ = [
     "Comparison",
     "PairInfo",
     "DraftSettings",
+    "Grammar",
     "errors",
 ]
 
@@ -38,6 +39,10 @@ def __getattr__(name: str):
         from localspec import stats
 
         return getattr(stats, name)
+    if name == "Grammar":
+        from localspec.grammar import Grammar
+
+        return Grammar
     if name == "DraftSettings":
         from localspec.settings import DraftSettings
 

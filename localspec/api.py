@@ -21,10 +21,12 @@ from localspec.drafters import CombinedDrafter, Drafter, ModelDrafter, NgramDraf
 from localspec.engine import Engine, TokenResponse
 from localspec.errors import (
     ContextOverflowError,
+    GrammarError,
     LocalspecError,
     ModelNotFoundError,
     SettingsError,
 )
+from localspec.grammar import Grammar, reply_grammar
 from localspec.pairing import PairInfo, check_pair
 from localspec.routing import Route, route
 from localspec.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
@@ -368,11 +370,18 @@ class Pipeline:
         p_min: float | None = None,
         adaptive: bool | None = None,
         baseline: bool = False,
+        grammar: Grammar | None = None,
     ) -> Iterator[TokenResponse]:
         """Generate from already tokenized input. One :class:`TokenResponse` per token.
 
+        ``grammar`` (a :class:`localspec.Grammar`) constrains the output: JSON, a JSON schema, your own GBNF.
         Safe to call from several threads on one pipeline; errors in the arguments raise here.
         """
+        if grammar is not None and not isinstance(grammar, Grammar):
+            raise SettingsError(
+                f"grammar must be a localspec.Grammar, got {type(grammar).__name__}",
+                hint="e.g. Grammar.json_object(), Grammar.json_schema({...}) or Grammar.gbnf(text)",
+            )
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise SettingsError(
                 f"max_tokens must be a whole number >= 1, got {max_tokens!r}", hint="e.g. 256"
@@ -428,6 +437,7 @@ class Pipeline:
             settings=settings,
             stop=stop,
             stats=stats,
+            grammar=grammar,
         )
         return self._learning(stream) if settings.uses_model else stream
 
@@ -456,27 +466,48 @@ class Pipeline:
         return _collect(self.stream(prompt, **kwargs))
 
     def chat_stream(
-        self, messages: list[dict], *, tools: list[dict] | None = None, tool_choice: Any = None, **kwargs
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        tool_choice: Any = None,
+        response_format: Any = None,
+        **kwargs,
     ) -> Iterator[TokenResponse]:
-        """Stream a reply to ``messages`` formatted with the model's own chat template. ``tools`` and
-        ``tool_choice`` as in OpenAI's API (see :func:`localspec.tool_calls.tool_use`); the stream is the
-        model's text, ``<tool_call>`` tags included: :meth:`chat` reads the calls out of it."""
-        return self._chat_reply(messages, tools, tool_choice, kwargs)[0]
+        """Stream a reply to ``messages`` formatted with the model's own chat template. ``tools``,
+        ``tool_choice`` and ``response_format`` as in OpenAI's API (see :func:`localspec.tool_calls.tool_use`
+        and :func:`localspec.grammar.response_format_grammar`); the stream is the model's text,
+        ``<tool_call>`` tags included: :meth:`chat` reads the calls out of it."""
+        return self._chat_reply(messages, tools, tool_choice, response_format, kwargs)[0]
 
     def chat(
-        self, messages: list[dict], *, tools: list[dict] | None = None, tool_choice: Any = None, **kwargs
+        self,
+        messages: list[dict],
+        *,
+        tools: list[dict] | None = None,
+        tool_choice: Any = None,
+        response_format: Any = None,
+        **kwargs,
     ) -> GenerationResult:
         """A whole reply to ``messages``; with ``tools``, ``result.tool_calls`` holds the calls it made
-        (OpenAI's shape: ``id``, ``type``, ``function.name``, ``function.arguments`` as a JSON string)."""
-        stream, use = self._chat_reply(messages, tools, tool_choice, kwargs)
+        (OpenAI's shape: ``id``, ``type``, ``function.name``, ``function.arguments`` as a JSON string).
+        ``response_format={"type": "json_object"}`` (or ``json_schema``) makes the reply that JSON."""
+        stream, use = self._chat_reply(messages, tools, tool_choice, response_format, kwargs)
         result = _collect(stream)
         result.tool_calls = use.split(result.text)[1]
         return result
 
     def _chat_reply(
-        self, messages: list[dict], tools: Any, tool_choice: Any, kwargs: dict
+        self, messages: list[dict], tools: Any, tool_choice: Any, response_format: Any, kwargs: dict
     ) -> tuple[Iterator[TokenResponse], ToolUse]:
         use = tool_use(tools, tool_choice, self.chat_template)
+        grammar = reply_grammar(response_format, reads_calls=use.read_calls)
+        if grammar is not None:
+            if kwargs.get("grammar") is not None:
+                raise GrammarError(
+                    "give response_format or grammar, not both", param="response_format", hint="drop one"
+                )
+            kwargs["grammar"] = grammar
         messages = template_messages(messages)  # earlier calls' arguments as objects, as templates want them
         tokens, stops = self.format_chat(messages, tools=use.tools, reply_prefix=use.prefix)
         kwargs["stop"] = list(kwargs.get("stop") or []) + stops

@@ -40,6 +40,7 @@ import numpy as np
 from localspec.adaptive import AdaptiveLength
 from localspec.drafters import Draft, Drafter
 from localspec.errors import LocalspecError, SettingsError
+from localspec.grammar import Constraint, Grammar
 from localspec.runtime import Model
 from localspec.sampling import SamplingParams, accept_or_resample, distribution, sample
 from localspec.settings import DraftSettings
@@ -96,8 +97,12 @@ class Engine:
         settings: DraftSettings,
         stop: list[str] | None = None,
         stats: GenerationStats,
+        grammar: Grammar | None = None,
     ) -> Iterator[TokenResponse]:
-        """Validate now (errors raise here, not at the first ``next``), then return the token stream."""
+        """Validate now (errors raise here, not at the first ``next``), then return the token stream.
+
+        With a ``grammar`` every emitted token keeps it satisfiable (see :mod:`localspec.grammar` for what
+        the target's token is then); drafts are verified against the same rule."""
         if not prompt_tokens:
             raise LocalspecError("the prompt is empty after tokenization", hint="give a non-empty prompt")
         if drafter is not None and settings.n_max > self.target.max_draft:
@@ -106,7 +111,11 @@ class Engine:
                 f"({self.target.max_draft} drafts: llama.cpp's batch is {self.target.n_batch})",
                 hint=f"use n_max {self.target.max_draft} or less, or load with a larger n_ctx",
             )
-        return self._run(list(prompt_tokens), drafter, max_tokens, params, settings, stop, stats)
+        constraint = None
+        if grammar is not None:
+            t = self.target
+            constraint = Constraint(t.vocab, t.n_vocab, grammar, textless=t.textless_ids())
+        return self._run(list(prompt_tokens), drafter, max_tokens, params, settings, stop, stats, constraint)
 
     def _claim(self, me: object, ctx: list[int]) -> None:
         """Under the lock: make the target's cache hold ``ctx[:-1]`` if another generation ran since."""
@@ -135,6 +144,7 @@ class Engine:
         settings: DraftSettings,
         stop: list[str] | None,
         stats: GenerationStats,
+        constraint: Constraint | None,
     ) -> Iterator[TokenResponse]:
         target = self.target
         me = object()
@@ -191,9 +201,14 @@ class Engine:
                     stats.verify_tokens += n_d + 1
 
                     t = time.perf_counter()
-                    emitted, m = _verify(rows, draft, params, rng)
-                    if trace is not None:
-                        trace.extend(_margins(rows, emitted, m))
+                    if constraint is None:
+                        emitted, m = _verify(rows, draft, params, rng)
+                        if trace is not None:
+                            trace.extend(_margins(rows, emitted, m))
+                    else:
+                        emitted, m = _verify_constrained(
+                            rows, draft, params, rng, constraint, target.eog_ids, trace
+                        )
                     target.truncate(len(ctx) + m)
                     stats.sample_seconds += time.perf_counter() - t
                     if drafter is not None:
@@ -250,6 +265,8 @@ class Engine:
                         target.truncate(min(len(target.tokens), len(ctx) - 1))
                 if drafter is not None:
                     drafter.finish(ctx)
+            if constraint is not None:
+                constraint.close()
 
     def _controller(
         self, drafter: Drafter, settings: DraftSettings, params: SamplingParams
@@ -292,6 +309,45 @@ def _verify(rows: np.ndarray, draft: Draft, params: SamplingParams, rng) -> tupl
         if not ok:
             return [*drafts[:i], out], i
     return [*drafts, sample(distribution(rows[len(drafts)], params), rng)], len(drafts)
+
+
+def _verify_constrained(
+    rows: np.ndarray,
+    draft: Draft,
+    params: SamplingParams,
+    rng,
+    constraint: Constraint,
+    eog: frozenset[int],
+    trace: list[tuple[int, bool, int, float]] | None = None,
+) -> tuple[list[int], int]:
+    """:func:`_verify` under a grammar: each position's token is the constrained one, and the grammar
+    takes every emitted token in order (so no state needs rolling back: only final tokens reach it).
+    A ``trace`` gets what :func:`_margins` gives, over the tokens the grammar allows there."""
+    drafts = draft.tokens
+    out: list[int] = []
+    for i in range(len(drafts) + 1):
+        proposed = drafts[i] if i < len(drafts) else None
+        allowed = constraint.masked(rows[i]) if trace is not None else None
+        if params.greedy:
+            tok = constraint.best(rows[i])
+            ok = tok == proposed
+        elif proposed is not None and draft.probs:
+            p = constraint.distribution(rows[i], params)
+            ok, tok = accept_or_resample(p, draft.probs[i], proposed, rng)
+        else:
+            # A deterministic proposal (q one-hot): "accept with probability p(x), else draw from p without
+            # x" emits exactly a draw from p, so drawing and comparing is the same rejection rule.
+            tok = constraint.sample(rows[i], params, rng)
+            ok = tok == proposed
+        if allowed is not None and trace is not None:
+            trace.extend(_margins(allowed[None, :], [tok], int(ok)))
+        constraint.accept(tok)
+        out.append(tok)
+        if not ok:
+            return out, i
+        if tok in eog:  # an accepted end of generation: nothing after it is read
+            return out, i + 1
+    return out, len(drafts)
 
 
 def _margins(rows: np.ndarray, emitted: list[int], m: int) -> list[tuple[int, bool, int, float]]:

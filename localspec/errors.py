@@ -91,3 +91,11 @@ class BenchError(LocalspecError, ValueError):
 
 class CacheError(LocalspecError, ValueError):
     """The suffix cache (its store files, a corpus folder to index) cannot be used as asked."""
+
+
+class GrammarError(LocalspecError, ValueError):
+    """A grammar, JSON schema or ``response_format`` that cannot constrain a reply; ``param`` names it."""
+
+    def __init__(self, message: str, *, param: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.param = param

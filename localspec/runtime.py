@@ -147,6 +147,7 @@ class Model:
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
         self._piece_buf = ctypes.create_string_buffer(64)
+        self._textless: np.ndarray | None = None
         self.eog_ids = frozenset(
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
         )
@@ -206,6 +207,13 @@ class Model:
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
             return buf.raw[:n]
         return self._piece_buf.raw[:n]
+
+    def textless_ids(self) -> np.ndarray:
+        """Ids that render as no text and do not end a generation (control tokens): computed once."""
+        if self._textless is None:
+            ids = [t for t in range(self.n_vocab) if t not in self.eog_ids and not self.piece(t)]
+            self._textless = np.array(ids, dtype=np.int64)
+        return self._textless
 
     # KV cache ---------------------------------------------------------------------------------
     def truncate(self, n: int) -> None:

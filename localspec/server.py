@@ -39,8 +39,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import Receive, Scope, Send
 
-from localspec.errors import LocalspecError
+from localspec.errors import GrammarError, LocalspecError
 from localspec.exposure import check_exposure, is_loopback
+from localspec.grammar import reply_grammar
 from localspec.settings import STRATEGIES
 from localspec.tool_calls import NO_TOOLS, ToolCallError, ToolUse, template_messages, tool_use
 
@@ -138,7 +139,7 @@ class APIError(Exception):
 
 def _from_localspec(exc: LocalspecError, status: int = 400, code: str | None = None) -> APIError:
     message = exc.message + (f" ({exc.hint})" if exc.hint else "")
-    return APIError(status, message, code=code)
+    return APIError(status, message, param=getattr(exc, "param", None), code=code)
 
 
 # ------------------------------------------------------------------------------------------- requests
@@ -237,9 +238,6 @@ def _refuse(req: _Common) -> None:
     if isinstance(req, ChatRequest):
         if req.functions or req.function_call:
             no("functions", "the legacy functions/function_call are not supported: send them as tools")
-        fmt = req.response_format
-        if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-            no("response_format", "only plain text responses are supported")
     if isinstance(req, CompletionRequest):
         if req.echo:
             no("echo", "echo is not supported")
@@ -987,9 +985,10 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
             tools = tool_use(
                 req.tools, req.tool_choice, pipe.chat_template, parallel=req.parallel_tool_calls is not False
             )
-        except ToolCallError as exc:
+            grammar = reply_grammar(req.response_format, reads_calls=tools.read_calls)
+        except (ToolCallError, GrammarError) as exc:
             message = exc.message + (f"; {exc.hint}" if exc.hint else "")
-            code = "unsupported_parameter" if exc.unsupported else None
+            code = "unsupported_parameter" if getattr(exc, "unsupported", False) else None
             raise APIError(400, message, param=exc.param, code=code) from None
         format_chat = functools.partial(pipe.format_chat, tools=tools.tools, reply_prefix=tools.prefix)
         try:
@@ -1000,7 +999,10 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
             raise APIError(
                 400, f"the model's chat template refused these messages: {exc}", param="messages"
             ) from None
-        return await ep.run(request, req, tokens, ep.kwargs(req, len(tokens), stops), "chat", tools)
+        kwargs = ep.kwargs(req, len(tokens), stops)
+        if grammar is not None:
+            kwargs["grammar"] = grammar
+        return await ep.run(request, req, tokens, kwargs, "chat", tools)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

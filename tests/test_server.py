@@ -463,6 +463,8 @@ def test_qwen_calls_a_tool_and_answers_from_its_result():
             "messages[1].tool_calls[0].function.arguments",
         ),
         ({"functions": [{"name": "f"}]}, "functions"),
+        # a JSON format would rule the calls out
+        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_bad_tool_requests_are_400_naming_the_field(tool_server, kw, param):
@@ -471,6 +473,53 @@ def test_bad_tool_requests_are_400_naming_the_field(tool_server, kw, param):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(**body)
     assert err.value.param == param, err.value.message
+
+
+# ------------------------------------------------------------------------------------------ JSON replies
+PERSON_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "person",
+        "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+        },
+    },
+}
+
+
+def test_response_format_makes_the_reply_that_json_streaming_and_not(client, pipe):
+    messages = [{"role": "user", "content": "Who is Ada? Answer as JSON."}]
+    kw = dict(model="tiny-target", messages=messages, max_tokens=60, temperature=0)
+    r = client.chat.completions.create(response_format=PERSON_FORMAT, **kw)
+    person = json.loads(r.choices[0].message.content)
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+    assert r.choices[0].finish_reason == "stop"
+    direct = pipe.chat(messages, response_format=PERSON_FORMAT, max_tokens=60, temperature=0)
+    assert r.choices[0].message.content == str(direct)
+    chunks = list(client.chat.completions.create(response_format=PERSON_FORMAT, stream=True, **kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
+    anything = client.chat.completions.create(response_format={"type": "json_object"}, **kw)
+    assert anything.choices[0].message.content.startswith("{")
+    text = client.chat.completions.create(response_format={"type": "text"}, **kw)
+    assert text.choices[0].message.content == client.chat.completions.create(**kw).choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("fmt", "param"),
+    [
+        ({"type": "xml"}, "response_format.type"),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        ({"type": "json_schema", "json_schema": {"schema": {"type": "array", "minItems": 10**9}}}, None),
+        ("json", "response_format"),
+    ],
+)
+def test_bad_response_formats_are_400_naming_the_field(client, fmt, param):
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny-target", messages=messages, response_format=fmt)
+    assert err.value.param == (param or "response_format.json_schema.schema"), err.value.message
 
 
 def test_bad_json_bad_types_and_unknown_paths_get_openai_error_json(server):

@@ -1,0 +1,222 @@
+"""Constrained output: grammars from JSON schemas and GBNF, checked; the target's token under a grammar,
+computed three ways that must agree; every strategy giving the target alone's constrained output."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _chi2 import chi2_pvalue
+from _lossless import assert_lossless, traced
+
+from localspec import Grammar
+from localspec.errors import GrammarError, SettingsError
+from localspec.grammar import Constraint, reply_grammar, response_format_grammar
+from localspec.sampling import SamplingParams, distribution
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+#: A small grammar the tiny model must be forced through: a list of 1-3 lowercase words.
+WORDS = r"""root ::= "[" word ("," " "? word){0,2} "]"
+word ::= "\"" [a-z]{1,8} "\""
+"""
+
+
+# ------------------------------------------------------------------------------------------ grammars
+def test_response_format_maps_onto_grammars_and_names_the_bad_field():
+    assert response_format_grammar(None) is None
+    assert response_format_grammar({"type": "text"}) is None
+    assert response_format_grammar({"type": "json_object"}) == Grammar.json_object()
+    g = response_format_grammar({"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})
+    assert g is not None and '"\\"age\\""' in g.text and g.what == "response_format.json_schema.schema"
+    bad = [
+        ("json", "response_format"),
+        ({"type": "xml"}, "response_format.type"),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format.json_schema"),
+        ({"type": "json_schema", "json_schema": {"schema": []}}, "response_format.json_schema.schema"),
+    ]
+    for value, param in bad:
+        with pytest.raises(GrammarError) as err:
+            response_format_grammar(value)
+        assert err.value.param == param and err.value.hint
+    with pytest.raises(GrammarError, match="tools"):
+        reply_grammar({"type": "json_object"}, reads_calls=True)
+    assert reply_grammar({"type": "text"}, reads_calls=True) is None
+
+
+@pytest.mark.parametrize(
+    ("schema", "match"),
+    [
+        ({"type": "array", "minItems": 10**9}, "minItems"),
+        ({"type": "string", "maxLength": 5000}, "maxLength"),
+        ({"type": "string", "pattern": "^a{100000}$"}, "repeat"),
+        ({"type": "string", "pattern": "^a{1,99999}$"}, "repeat"),
+        ({"$ref": "https://example.com/schema.json"}, "cannot be turned"),
+        ({"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}, "cannot be turned"),
+        ({"type": "object", "description": "x" * 70000}, "characters"),
+    ],
+)
+def test_hostile_schemas_are_refused_before_conversion(schema, match):
+    with pytest.raises(GrammarError, match=match) as err:
+        Grammar.json_schema(schema)
+    assert err.value.param == "response_format.json_schema.schema"
+
+
+def test_a_schema_nested_past_the_bound_or_past_python_is_refused_not_a_crash():
+    deep: dict = {"type": "string"}
+    for _ in range(40):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(GrammarError, match="nests"):
+        Grammar.json_schema(deep)
+    for _ in range(100_000):  # json.dumps itself runs out of stack here
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(GrammarError):
+        Grammar.json_schema(deep)
+
+
+def test_gbnf_text_is_checked_and_a_broken_one_fails_when_the_generation_is_asked_for(embedded_pipe):
+    for text in ("", "   ", 7):
+        with pytest.raises(GrammarError):
+            Grammar.gbnf(text)  # type: ignore[arg-type]
+    with pytest.raises(GrammarError, match="characters"):
+        Grammar.gbnf("root ::= " + '"a" ' * 100_000)
+    for broken in ('root ::= "a" undefined', 'root ::= root "a"', 'other ::= "a"', "root ::= ("):
+        with pytest.raises(GrammarError, match="could not parse") as err:
+            embedded_pipe.stream("x", max_tokens=4, grammar=Grammar.gbnf(broken))  # raises here, not at next
+        assert err.value.param == "grammar"
+    with pytest.raises(SettingsError, match="localspec.Grammar"):
+        embedded_pipe.generate("x", max_tokens=4, grammar='root ::= "a"')
+
+
+# ------------------------------------------------------------------------------------------ the rule
+def _constraint(pipe, grammar: Grammar, text: str = "") -> Constraint:
+    t = pipe._target
+    c = Constraint(t.vocab, t.n_vocab, grammar, textless=t.textless_ids())
+    for tok in t.tokenize(text, add_bos=False, special=False) if text else []:
+        c.accept(tok)
+    return c
+
+
+def _allowed_one_by_one(c: Constraint) -> np.ndarray:
+    return np.array([c.allows(t) for t in range(c.n_vocab)])
+
+
+@pytest.mark.parametrize("state", ["", '{"name": "Al', '{"name": "Al", "age": 4'])
+def test_best_and_the_mask_agree_with_checking_every_token_alone(embedded_pipe, state):
+    c = _constraint(embedded_pipe, Grammar.json_schema(PERSON), state)
+    allowed = _allowed_one_by_one(c)
+    assert 0 < allowed.sum() < c.n_vocab
+    assert not allowed[embedded_pipe._target.textless_ids()].any(), "control tokens never pass as text"
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        row = rng.standard_normal(c.n_vocab).astype(np.float32) * 4
+        masked = c.masked(row)
+        assert (np.isfinite(masked) == allowed).all()
+        assert c.best(row) == int(np.where(allowed, row, -np.inf).argmax())
+    row[int(np.flatnonzero(allowed)[0])] = 100.0  # the unconstrained argmax is allowed: taken as is
+    assert c.best(row) == int(np.flatnonzero(allowed)[0])
+
+
+def test_a_json_string_takes_no_raw_control_character(embedded_pipe):
+    """llama-cpp-python's converter lets a raw newline into a string (invalid JSON); localspec's does not."""
+    vocab = embedded_pipe._target
+    newline = [t for t in range(vocab.n_vocab) if vocab.piece(t) == b"\n"]
+    quote = [t for t in range(vocab.n_vocab) if vocab.piece(t) == b'"']
+    assert newline and quote
+    in_string = _constraint(embedded_pipe, Grammar.json_schema(PERSON), '{"name": "Al')
+    assert not in_string.allows(newline[0]) and in_string.allows(quote[0])
+    assert _constraint(embedded_pipe, Grammar.json_object(), '{"a": "b').allows(newline[0]) is False
+
+
+def test_end_of_generation_is_allowed_exactly_where_the_grammar_is_complete(embedded_pipe):
+    eog = sorted(embedded_pipe._target.eog_ids)[0]
+    assert not _constraint(embedded_pipe, Grammar.gbnf(WORDS), '["ab"').allows(eog)
+    assert _constraint(embedded_pipe, Grammar.gbnf(WORDS), '["ab"]').allows(eog)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
+        SamplingParams(temperature=1.0, min_p=0.05),
+        SamplingParams(temperature=1.0, top_k=3),  # likely cuts every allowed token: the masked fallback
+    ],
+)
+def test_the_constrained_distribution_is_the_requests_restricted_to_the_allowed_ones(embedded_pipe, params):
+    c = _constraint(embedded_pipe, Grammar.gbnf(WORDS), '["a')
+    allowed = _allowed_one_by_one(c)
+    rng = np.random.default_rng(1)
+    row = rng.standard_normal(c.n_vocab).astype(np.float32) * 3
+    p = distribution(row, params)
+    if (p * allowed).sum() > 0:
+        want = p * allowed / (p * allowed).sum()
+    else:
+        want = distribution(np.where(allowed, row, -np.inf).astype(np.float32), params)
+    np.testing.assert_allclose(c.distribution(row, params), want, atol=1e-12)
+    draws = [c.sample(row, params, rng) for _ in range(3000)]
+    assert all(allowed[d] for d in draws)
+    support = np.flatnonzero(want > 0.01)
+    freq = np.array([draws.count(int(t)) for t in support]) / len(draws)
+    assert np.abs(freq - want[support]).max() < 0.04
+
+
+def test_accepting_a_refused_token_is_an_error_not_an_abort(embedded_pipe):
+    c = _constraint(embedded_pipe, Grammar.gbnf(WORDS))
+    refused = next(t for t in range(c.n_vocab) if not c.allows(t))
+    with pytest.raises(Exception, match="not allowed"):
+        c.accept(refused)
+    c.close()
+    c.close()  # twice is harmless
+
+
+# ------------------------------------------------------------------------------------------ generations
+@pytest.mark.parametrize("strategy", ["none", "model", "ngram", "suffix"])
+def test_every_strategy_gives_the_target_alone_s_constrained_output(embedded_pipe, strategy):
+    grammar = Grammar.json_schema(PERSON)
+    prompt = 'person = {"name": "Ada", "age": 36}\n' * 3 + "person = "
+    kw = dict(max_tokens=48, temperature=0, grammar=grammar)
+    base, base_trace = traced(embedded_pipe, prompt, baseline=True, **kw)
+    spec, spec_trace = traced(embedded_pipe, prompt, strategy=strategy, **kw)
+    assert_lossless(base, base_trace, spec, spec_trace)  # token = the argmax among the allowed tokens
+    assert base.stats.finish_reason == "stop", "the grammar ends the object, then only the end may follow"
+    value = json.loads(str(base))
+    assert set(value) == {"name", "age"} and isinstance(value["age"], int) and len(value["name"]) <= 12
+    if strategy != "none":
+        assert spec.stats.drafted > 0
+
+
+def test_json_object_chat_and_streaming_agree(embedded_pipe):
+    messages = [{"role": "user", "content": "Describe a cat as JSON."}]
+    fmt = {"type": "json_object"}
+    whole = embedded_pipe.chat(messages, response_format=fmt, max_tokens=60, temperature=0)
+    stream = embedded_pipe.chat_stream(messages, response_format=fmt, max_tokens=60)
+    streamed = "".join(r.text for r in stream)
+    assert streamed == str(whole) and str(whole).startswith("{")
+    if whole.stats.finish_reason == "stop":
+        assert isinstance(json.loads(str(whole)), dict)
+    with pytest.raises(GrammarError, match="not both"):
+        embedded_pipe.chat(messages, response_format=fmt, grammar=Grammar.gbnf(WORDS), max_tokens=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ngram", "model"])  # a one-hot proposal; a draft model's q
+def test_sampling_under_a_grammar_keeps_the_target_s_distribution(embedded_pipe, strategy):
+    grammar = Grammar.gbnf(WORDS)
+    prompt = '["cat", "dog"]\n' * 3
+    kw = dict(max_tokens=4, temperature=0.5, grammar=grammar)
+    n = 1200
+    base = [tuple(embedded_pipe.generate(prompt, seed=s, baseline=True, **kw).tokens) for s in range(n)]
+    spec, drafted = [], 0
+    for s in range(n):
+        r = embedded_pipe.generate(prompt, seed=s, strategy=strategy, n_max=3, p_min=0.0, **kw)
+        spec.append(tuple(r.tokens))
+        drafted += r.stats.drafted
+    assert len(set(base)) > 20, "the distribution is too peaked for the test to mean anything"
+    assert drafted > n, "the drafts must reach the rule under test"
+    assert chi2_pvalue(base, spec) > 1e-3
