@@ -177,3 +177,34 @@ def test_the_one_time_cost_measurement_is_announced_once(monkeypatch, tmp_path):
     said = "localspec: measuring this machine's decoding costs once"
     assert said in first.output and said not in second.output
     assert len(list((tmp_path / "home" / "costs").glob("*.json"))) == 1
+
+
+def test_json_schema_and_grammar_files_constrain_the_output(tmp_path):
+    import json
+
+    schema = tmp_path / "answer.json"
+    schema.write_text('{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}')
+    for value in (str(schema), schema.read_text()):  # a file, or the schema itself
+        res = invoke("run", "Is it?", "-n", "20", "--json-schema", value, "--json")
+        assert res.exit_code == 0, res.output
+        assert isinstance(json.loads(json.loads(res.output)["text"])["ok"], bool)
+    gbnf = tmp_path / "yn.gbnf"
+    gbnf.write_text('root ::= "yes" | "no"\n')
+    res = invoke("run", "Is it?", "-n", "20", "--grammar-file", str(gbnf), "--json")
+    assert res.exit_code == 0 and json.loads(res.output)["text"] in ("yes", "no")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--json-schema", "{not json"], "--json-schema: not valid JSON"),
+        (["--json-schema", "missing.json"], "missing.json: no such file"),
+        (["--json-schema", '{"type": "array", "maxItems": 99999}'], "maxItems 99999 is more than"),
+        (["--json-schema", "{}", "--grammar-file", "pyproject.toml"], "not both"),
+        (["--grammar-file", "pyproject.toml"], "llama.cpp could not parse the grammar"),
+    ],
+)
+def test_bad_schemas_and_grammars_are_one_line_errors(args, message):
+    res = invoke("run", "x", "-n", "4", *args)
+    assert res.exit_code != 0 and message in res.output, res.output
+    _no_traceback(res)

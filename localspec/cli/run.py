@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
 from localspec import constants
 from localspec.cli.options import FiniteFloat, load_pipeline, model_options
+from localspec.errors import GrammarError
+from localspec.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, Grammar
 
 
 @click.command("run")
@@ -34,6 +37,16 @@ from localspec.cli.options import FiniteFloat, load_pipeline, model_options
     help="Then run the target alone on the same prompt and report the speedup: one run each, the "
     "speculative one first, so a rough figure (`localspec bench` measures it over several prompts).",
 )
+@click.option(
+    "--json-schema",
+    metavar="SCHEMA",
+    help="Make the output JSON matching this JSON schema: the schema itself, or a file holding it.",
+)
+@click.option(
+    "--grammar-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Make the output follow this GBNF grammar (llama.cpp's format, a 'root' rule).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text + stats) instead.")
 def run(
     prompt,
@@ -45,6 +58,8 @@ def run(
     min_p,
     seed,
     baseline,
+    json_schema,
+    grammar_file,
     as_json,
     **model,
 ) -> None:
@@ -54,6 +69,7 @@ def run(
     """
     if prompt is None and sys.stdin.isatty():
         raise click.UsageError("give a PROMPT argument or pipe one on stdin")
+    grammar = _grammar(json_schema, grammar_file)  # checked before a model loads
     pipe = load_pipeline(**model)
     if prompt is None:
         prompt = sys.stdin.read()
@@ -64,6 +80,7 @@ def run(
         top_p=top_p,
         min_p=min_p,
         seed=seed,
+        grammar=grammar,
     )
     with pipe:
         if chat:
@@ -115,6 +132,38 @@ def run(
                     "or `localspec bench --tune` to measure what pays over several prompts",
                     err=True,
                 )
+
+
+def _grammar(json_schema: str | None, grammar_file: Path | None) -> Grammar | None:
+    if json_schema is not None and grammar_file is not None:
+        raise click.UsageError("give --json-schema or --grammar-file, not both")
+    try:
+        if grammar_file is not None:
+            return Grammar.gbnf(_read(grammar_file, MAX_GRAMMAR_CHARS, "--grammar-file"))
+        if json_schema is not None:
+            text = json_schema
+            if not text.lstrip().startswith("{"):
+                text = _read(Path(text), MAX_SCHEMA_CHARS, "--json-schema")
+            try:
+                schema = json.loads(text)
+            except ValueError as exc:
+                raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--json-schema") from None
+            return Grammar.json_schema(schema, what="--json-schema")
+    except GrammarError as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.param) from None
+    return None
+
+
+def _read(path: Path, limit: int, option: str) -> str:
+    """A small text file, or a usage error naming the option (never a read of something huge)."""
+    try:
+        if not path.is_file():
+            raise click.BadParameter(f"{path}: no such file", param_hint=option)
+        if path.stat().st_size > 4 * limit:
+            raise click.BadParameter(f"{path} is larger than {4 * limit:,} bytes", param_hint=option)
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"{path}: cannot be read as UTF-8 text ({exc})", param_hint=option) from None
 
 
 COMMANDS = [run]
