@@ -501,15 +501,18 @@ class Pipeline:
         self, messages: list[dict], tools: Any, tool_choice: Any, response_format: Any, kwargs: dict
     ) -> tuple[Iterator[TokenResponse], ToolUse]:
         use = tool_use(tools, tool_choice, self.chat_template)
-        grammar = reply_grammar(response_format, reads_calls=use.read_calls)
+        # never both: response_format is refused where calls are read
+        grammar = reply_grammar(response_format, reads_calls=use.read_calls) or use.grammar
         if grammar is not None:
             if kwargs.get("grammar") is not None:
                 raise GrammarError(
-                    "give response_format or grammar, not both", param="response_format", hint="drop one"
+                    "a grammar cannot be given with response_format or tools (they bring their own)",
+                    param="grammar",
+                    hint="drop one",
                 )
             kwargs["grammar"] = grammar
         messages = template_messages(messages)  # earlier calls' arguments as objects, as templates want them
-        tokens, stops = self.format_chat(messages, tools=use.tools, reply_prefix=use.prefix)
+        tokens, stops = self.format_chat(messages, tools=use.tools)
         kwargs["stop"] = list(kwargs.get("stop") or []) + stops
         return self.stream_tokens(tokens, **kwargs), use
 

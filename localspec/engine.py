@@ -114,7 +114,12 @@ class Engine:
         constraint = None
         if grammar is not None:
             t = self.target
-            constraint = Constraint(t.vocab, t.n_vocab, grammar, textless=t.textless_ids())
+            trigger = t.tokenize(grammar.trigger, add_bos=False, special=True) if grammar.trigger else []
+            if not grammar.trigger or len(trigger) == 1:  # a trigger no single token spells: free text
+                trigger_id = trigger[0] if trigger else None
+                constraint = Constraint(
+                    t.vocab, t.n_vocab, grammar, textless=t.textless_ids(), trigger_id=trigger_id
+                )
         return self._run(list(prompt_tokens), drafter, max_tokens, params, settings, stop, stats, constraint)
 
     def _claim(self, me: object, ctx: list[int]) -> None:

@@ -55,16 +55,27 @@ _PATTERN_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 #: below), llama.cpp's own converter does not. The converter's rule is swapped for llama.cpp's.
 _LOOSE_CHAR = r'char ::= [^"\\] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
 _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
+#: Between JSON tokens llama-cpp-python's converter allows one space at most, so a model that writes its
+#: JSON indented (most do) is refused at every line break and pays a full mask there; llama.cpp's own
+#: converter allows what such JSON has (a line break or two, then an indent).
+_TIGHT_SPACE = 'space ::= " "?'
+_JSON_SPACE = r'space ::= | " " | "\n"{1,2} [ \t]{0,20}'
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
 
 @dataclass(frozen=True)
 class Grammar:
-    """A GBNF grammar and its start rule; ``what`` names it in errors (``response_format``...)."""
+    """A GBNF grammar and its start rule; ``what`` names it in errors (``response_format``...).
+
+    With a ``trigger`` the grammar is lazy: the text is free until the model writes the token that spells
+    ``trigger`` (one token of the vocabulary, such as Qwen's ``<tool_call>``), and follows the grammar from
+    that token on (the grammar's root starts with it). Where no single token spells it, nothing is
+    constrained."""
 
     text: str
     root: str = "root"
     what: str = "grammar"
+    trigger: str = ""
 
     @classmethod
     def gbnf(cls, text: str, *, root: str = "root") -> Grammar:
@@ -85,7 +96,13 @@ class Grammar:
         return cls(JSON_GBNF, "root", "response_format")
 
     @classmethod
-    def json_schema(cls, schema: Any, *, what: str = "response_format.json_schema.schema") -> Grammar:
+    def json_schema(
+        cls,
+        schema: Any,
+        *,
+        what: str = "response_format.json_schema.schema",
+        max_chars: int = MAX_SCHEMA_CHARS,
+    ) -> Grammar:
         """JSON matching ``schema`` (a JSON schema as a dict), converted by llama-cpp-python."""
         if not isinstance(schema, Mapping):
             raise GrammarError(
@@ -97,13 +114,13 @@ class Grammar:
             text = json.dumps(schema)
         except (TypeError, ValueError, RecursionError):
             raise GrammarError("the JSON schema is not plain JSON", param=what) from None
-        if len(text) > MAX_SCHEMA_CHARS:
+        if len(text) > max_chars:
             raise GrammarError(
-                f"the JSON schema is {len(text):,} characters, more than {MAX_SCHEMA_CHARS:,}",
+                f"the JSON schema is {len(text):,} characters, more than {max_chars:,}",
                 param=what,
                 hint="use $defs and $ref for repeated parts",
             )
-        _check_schema(schema, what)
+        check_schema(schema, what)
         try:
             gbnf = json_schema_to_gbnf(text)
         except RecursionError:
@@ -115,11 +132,12 @@ class Grammar:
                 hint="remote $ref and some keywords are not supported; "
                 "see llama.cpp's grammars/README.md for what is",
             ) from None
-        lines = [_JSON_CHAR if line == _LOOSE_CHAR else line for line in gbnf.splitlines()]
+        swap = {_LOOSE_CHAR: _JSON_CHAR, _TIGHT_SPACE: _JSON_SPACE}
+        lines = [swap.get(line, line) for line in gbnf.splitlines()]
         return cls("\n".join(lines) + "\n", "root", what)
 
 
-def _check_schema(schema: Any, what: str) -> None:
+def check_schema(schema: Any, what: str) -> None:
     """Refuse what would make the converter or llama.cpp's parser spend without bound."""
     stack: list[tuple[Any, int]] = [(schema, 1)]
     while stack:
@@ -199,20 +217,36 @@ def reply_grammar(response_format: Any, *, reads_calls: bool) -> Grammar | None:
 class Constraint:
     """One generation's grammar state over a vocabulary: what may come next, and taking a token.
 
-    ``textless`` are the ids that render as no text (never allowed, see the module docstring); ``eog`` the
-    end-of-generation ids (allowed where the grammar is complete). Not thread-safe: a generation's rounds
-    run one at a time under the engine's lock. :meth:`close` frees llama.cpp's state (also when collected).
+    ``textless`` are the ids that render as no text (never allowed, see the module docstring); an end of
+    generation is allowed where the grammar is complete; ``trigger_id`` is the token that starts a lazy
+    grammar (:attr:`Grammar.trigger`). Not thread-safe: a generation's rounds run one at a time under the
+    engine's lock. :meth:`close` frees llama.cpp's state (also when collected).
     """
 
-    def __init__(self, vocab: Any, n_vocab: int, grammar: Grammar, *, textless: np.ndarray) -> None:
+    def __init__(
+        self,
+        vocab: Any,
+        n_vocab: int,
+        grammar: Grammar,
+        *,
+        textless: np.ndarray,
+        trigger_id: int | None = None,
+    ) -> None:
         self._sampler: Any = None
         self.grammar = grammar
         self.n_vocab = n_vocab
         self._blocked = np.zeros(n_vocab, dtype=bool)
         self._blocked[textless] = True
-        self._sampler = llama_cpp.llama_sampler_init_grammar(
-            vocab, grammar.text.encode("utf-8"), grammar.root.encode("utf-8")
-        )
+        text, root = grammar.text.encode("utf-8"), grammar.root.encode("utf-8")
+        if grammar.trigger:
+            if trigger_id is None:
+                raise ValueError("a lazy grammar needs the id of its trigger token")
+            ids = (llama_cpp.llama_token * 1)(trigger_id)
+            self._sampler = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+                vocab, text, root, None, 0, ids, 1
+            )
+        else:
+            self._sampler = llama_cpp.llama_sampler_init_grammar(vocab, text, root)
         if not self._sampler:
             raise GrammarError(
                 f"llama.cpp could not parse the {grammar.what}: a syntax error, an undefined rule, left "

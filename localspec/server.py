@@ -990,7 +990,7 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
             message = exc.message + (f"; {exc.hint}" if exc.hint else "")
             code = "unsupported_parameter" if getattr(exc, "unsupported", False) else None
             raise APIError(400, message, param=exc.param, code=code) from None
-        format_chat = functools.partial(pipe.format_chat, tools=tools.tools, reply_prefix=tools.prefix)
+        format_chat = functools.partial(pipe.format_chat, tools=tools.tools)
         try:
             tokens, stops = await anyio.to_thread.run_sync(format_chat, messages)
         except LocalspecError as exc:
@@ -1000,8 +1000,8 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
                 400, f"the model's chat template refused these messages: {exc}", param="messages"
             ) from None
         kwargs = ep.kwargs(req, len(tokens), stops)
-        if grammar is not None:
-            kwargs["grammar"] = grammar
+        if grammar or tools.grammar:  # never both: response_format is refused where calls are read
+            kwargs["grammar"] = grammar or tools.grammar
         return await ep.run(request, req, tokens, kwargs, "chat", tools)
 
     @app.post("/v1/completions")

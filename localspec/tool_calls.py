@@ -7,13 +7,16 @@ models: each call is a JSON object ``{"name": ..., "arguments": {...}}`` between
 calls left in the text. The template renders the tools and the earlier turns (assistant ``tool_calls``,
 ``tool`` results) itself, so a prompt is what the model was trained on.
 
-``tool_choice`` is honoured without a grammar: ``"none"`` renders no tools, ``"required"`` starts the
-reply with the opening tag and the call's first key, a named function with the tag and its name
-(:func:`reply_prefix`); the model writes the rest, as the target always does. Text that is not a
-well-formed call stays text: a reply is never silently cut.
+A call is written under a grammar (:func:`call_grammar`: the tag, one of the declared functions' names
+and arguments matching that function's ``parameters`` schema, the closing tag): from the model's
+``<tool_call>`` token on with ``tool_choice`` ``"auto"`` (the text before it is free), from the reply's
+first token with ``"required"`` or a named function. So a call the model starts is always one the caller
+can run, and everything is still the target's own choice among what the grammar allows
+(:mod:`localspec.grammar`). ``"none"`` renders no tools. What a small model writes instead of the tag (a
+whole reply that is one JSON call, bare or fenced) is read too; other text stays text.
 
-Everything here is pure (no model, no I/O): :class:`CallSplitter` is what the server's stream runs,
-:func:`split_calls` what a whole reply is read with.
+Nothing here touches a model: :class:`CallSplitter` is what the server's stream runs, :func:`split_calls`
+what a whole reply is read with.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from localspec.errors import LocalspecError
+from localspec.errors import GrammarError, LocalspecError
+from localspec.grammar import MAX_GRAMMAR_CHARS, Grammar, check_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 #: The one format read (see the module docstring); a template's tool support is recognised by its tag.
@@ -55,7 +59,7 @@ class ToolUse:
     """What a chat request's tools mean for its prompt and its reply (:func:`tool_use` makes one)."""
 
     tools: list[dict[str, Any]] | None = None  # for the chat template; None: the model is not shown tools
-    prefix: str = ""  # the start of the reply that tool_choice forces, written after the template's prompt
+    grammar: Grammar | None = None  # what a call must look like (lazy for "auto", see call_grammar)
     read_calls: bool = False  # whether calls are read out of the reply
     parallel: bool = True  # False: the first call only
     names: tuple[str, ...] = ()  # the declared functions
@@ -65,17 +69,15 @@ class ToolUse:
         the reply as it is, and no calls, when calls are not read."""
         if not self.read_calls:
             return reply, []
-        text, calls = split_calls(self.prefix + reply, self.names)
+        text, calls = split_calls(reply, self.names)
         return text, calls if self.parallel else calls[:1]
 
     def splitter(self) -> CallSplitter | None:
-        """A :class:`CallSplitter` for a streamed reply, already fed the prefix; None when calls are not
-        read (the text streams as it is)."""
+        """A :class:`CallSplitter` for a streamed reply; None when calls are not read (the text streams as
+        it is)."""
         if not self.read_calls:
             return None
-        splitter = CallSplitter(self.names)
-        splitter.feed(self.prefix)
-        return splitter
+        return CallSplitter(self.names)
 
 
 #: A plain chat: no tools shown, the reply's text as it is.
@@ -103,7 +105,9 @@ def tool_use(tools: Any, tool_choice: Any, template: str | None, *, parallel: bo
             unsupported=True,
         )
     names = tuple(t["function"]["name"] for t in checked)
-    return ToolUse(checked, reply_prefix(choice), True, parallel, names)
+    only = choice.removeprefix("function:") if choice and choice.startswith("function:") else None
+    grammar = call_grammar(checked, only=only, parallel=parallel, lazy=choice == "auto")
+    return ToolUse(checked, grammar, True, parallel, names)
 
 
 def template_format(template: str | None) -> str | None:
@@ -186,14 +190,77 @@ def check_choice(choice: Any, tools: list[dict[str, Any]]) -> str | None:
     )
 
 
-def reply_prefix(choice: str | None) -> str:
-    """The start of the assistant's reply that ``choice`` (from :func:`check_choice`) forces: the model
-    writes on from it, and the prefix is part of the reply that :func:`split_calls` reads."""
-    if choice == "required":
-        return OPEN + '\n{"name": "'  # a tag alone is not enough for a small model: it may end right there
-    if choice is not None and choice.startswith("function:"):
-        return OPEN + '\n{"name": ' + json.dumps(choice.removeprefix("function:")) + ', "arguments":'
-    return ""
+def call_grammar(
+    tools: list[dict[str, Any]], *, only: str | None = None, parallel: bool = True, lazy: bool = False
+) -> Grammar:
+    """The grammar of a reply's calls: ``<tool_call>``, a newline, ``{"name": NAME, "arguments": ARGS}``
+    with ARGS matching that function's ``parameters`` (one of ``tools``, or ``only`` that one), a newline,
+    ``</tool_call>``; more calls after it when ``parallel``, then the end. ``lazy``: free text until the
+    model's ``<tool_call>`` token (``tool_choice`` auto). ``tools`` come checked (:func:`check_tools`).
+
+    Each function's schema keeps its own ``$defs``: they move under one root, renamed per function, and
+    its references with them, so two functions' definitions of one name cannot meet."""
+    defs: dict[str, Any] = {}
+    alternatives = []
+    for i, tool in enumerate(tools):
+        fn = tool["function"]
+        if only is not None and fn["name"] != only:
+            continue
+        key = f"f{i}"
+        where = f"tools[{i}].function.parameters"
+        try:
+            check_schema(fn["parameters"], where)  # bounded before anything walks it
+        except GrammarError as exc:
+            raise ToolCallError(exc.message, param=where, hint=exc.hint) from None
+        params = _rebased(fn["parameters"], key, defs)
+        defs[key] = params
+        alternatives.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, "arguments": {"$ref": f"#/$defs/{key}"}},
+                "required": ["name", "arguments"],
+            }
+        )
+    schema: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"oneOf": alternatives}
+    schema = {**schema, "$defs": defs}
+    try:
+        call = Grammar.json_schema(schema, what="tools", max_chars=MAX_GRAMMAR_CHARS)
+    except GrammarError as exc:
+        raise ToolCallError(
+            "tools: a function's parameters cannot be turned into a grammar for its calls: " + exc.message,
+            param="tools",
+            hint=exc.hint,
+        ) from None
+    one = f'"{OPEN}\\n" root "\\n{CLOSE}"'
+    rule = f"localspec-calls ::= {one}" + (f' ("\\n" {one})*' if parallel else "") + "\n"
+    return Grammar(call.text + rule, "localspec-calls", "tools", trigger=OPEN if lazy else "")
+
+
+def _rebased(schema: Any, key: str, defs: dict[str, Any]) -> Any:
+    """``schema`` with its ``$defs`` (or ``definitions``) moved into ``defs`` as ``KEY-NAME`` and every
+    local reference (``#``, ``#/$defs/NAME``) pointing there."""
+    if isinstance(schema, Mapping):
+        for section in ("$defs", "definitions"):
+            inner = schema.get(section)
+            if isinstance(inner, Mapping):
+                for name, sub in inner.items():
+                    defs[f"{key}-{name}"] = _rebased(sub, key, defs)
+        out = {}
+        for k, v in schema.items():
+            if k in ("$defs", "definitions"):
+                continue
+            if k == "$ref" and isinstance(v, str):
+                if v == "#":
+                    v = f"#/$defs/{key}"
+                else:
+                    for section in ("#/$defs/", "#/definitions/"):
+                        if v.startswith(section):
+                            v = f"#/$defs/{key}-" + v.removeprefix(section)
+            out[k] = _rebased(v, key, defs)
+        return out
+    if isinstance(schema, list):
+        return [_rebased(v, key, defs) for v in schema]
+    return schema
 
 
 def template_calls(calls: Any, where: str) -> list[dict[str, Any]]:

@@ -185,7 +185,7 @@ def test_json_schema_and_grammar_files_constrain_the_output(tmp_path):
     schema = tmp_path / "answer.json"
     schema.write_text('{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}')
     for value in (str(schema), schema.read_text()):  # a file, or the schema itself
-        res = invoke("run", "Is it?", "-n", "20", "--json-schema", value, "--json")
+        res = invoke("run", "Is it?", "-n", "200", "--json-schema", value, "--json")
         assert res.exit_code == 0, res.output
         assert isinstance(json.loads(json.loads(res.output)["text"])["ok"], bool)
     gbnf = tmp_path / "yn.gbnf"

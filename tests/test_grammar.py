@@ -179,8 +179,8 @@ def test_accepting_a_refused_token_is_an_error_not_an_abort(embedded_pipe):
 @pytest.mark.parametrize("strategy", ["none", "model", "ngram", "suffix"])
 def test_every_strategy_gives_the_target_alone_s_constrained_output(embedded_pipe, strategy):
     grammar = Grammar.json_schema(PERSON)
-    prompt = 'person = {"name": "Ada", "age": 36}\n' * 3 + "person = "
-    kw = dict(max_tokens=48, temperature=0, grammar=grammar)
+    prompt = '{"name": "Ada", "age": 36}\n' * 2
+    kw = dict(max_tokens=128, temperature=0, grammar=grammar)
     base, base_trace = traced(embedded_pipe, prompt, baseline=True, **kw)
     spec, spec_trace = traced(embedded_pipe, prompt, strategy=strategy, **kw)
     assert_lossless(base, base_trace, spec, spec_trace)  # token = the argmax among the allowed tokens
@@ -200,7 +200,7 @@ def test_json_object_chat_and_streaming_agree(embedded_pipe):
     assert streamed == str(whole) and str(whole).startswith("{")
     if whole.stats.finish_reason == "stop":
         assert isinstance(json.loads(str(whole)), dict)
-    with pytest.raises(GrammarError, match="not both"):
+    with pytest.raises(GrammarError, match="cannot be given with"):
         embedded_pipe.chat(messages, response_format=fmt, grammar=Grammar.gbnf(WORDS), max_tokens=4)
 
 
@@ -220,3 +220,77 @@ def test_sampling_under_a_grammar_keeps_the_target_s_distribution(embedded_pipe,
     assert len(set(base)) > 20, "the distribution is too peaked for the test to mean anything"
     assert drafted > n, "the drafts must reach the rule under test"
     assert chi2_pvalue(base, spec) > 1e-3
+
+
+# ------------------------------------------------------------------------------------------ tool calls
+def _accepts(pipe, grammar: Grammar, text: str, *, trigger_id: int | None = None) -> bool:
+    """Whether ``grammar`` lets the model write ``text`` (tokenized as the model would) and then end."""
+    t = pipe._target
+    c = Constraint(t.vocab, t.n_vocab, grammar, textless=t.textless_ids(), trigger_id=trigger_id)
+    try:
+        for tok in t.tokenize(text, add_bos=False, special=False):
+            if not c.allows(tok):
+                return False
+            c.accept(tok)
+        return c.allows(sorted(t.eog_ids)[0])
+    finally:
+        c.close()
+
+
+def test_the_call_grammar_takes_well_formed_calls_of_declared_functions_only(embedded_pipe):
+    from test_tool_calls import CALL, CLOCK, WEATHER
+
+    from localspec.tool_calls import call_grammar, check_tools
+
+    tools = check_tools([WEATHER, CLOCK])
+    many, one = call_grammar(tools), call_grammar(tools, parallel=False)
+    time_call = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    assert _accepts(embedded_pipe, many, CALL) and _accepts(embedded_pipe, many, time_call)
+    assert _accepts(embedded_pipe, many, CALL + "\n" + time_call)
+    assert _accepts(embedded_pipe, one, CALL) and not _accepts(embedded_pipe, one, CALL + "\n" + time_call)
+    indented = CALL.replace('{"name"', '{\n  "name"').replace('"}}', '"\n  }\n}')
+    assert _accepts(embedded_pipe, many, indented)
+    for bad in (
+        CALL.replace("get_weather", "launch"),  # not declared
+        CALL.replace('"Paris"', "7"),  # city is a string
+        CALL.replace('{"city": "Paris"}', "{}"),  # city is required
+        CALL.replace("</tool_call>", ""),  # never closed
+        "Sure! " + CALL,  # required: the reply is the calls
+    ):
+        assert not _accepts(embedded_pipe, many, bad), bad
+    only_time = call_grammar(tools, only="get_time")
+    assert _accepts(embedded_pipe, only_time, time_call) and not _accepts(embedded_pipe, only_time, CALL)
+
+
+def test_each_function_keeps_its_own_definitions(embedded_pipe):
+    from localspec.tool_calls import call_grammar, check_tools
+
+    def tool(name, item):
+        params = {"type": "object", "properties": {"x": {"$ref": "#/$defs/Item"}}, "required": ["x"]}
+        return {
+            "type": "function",
+            "function": {"name": name, "parameters": {**params, "$defs": {"Item": item}}},
+        }
+
+    grammar = call_grammar(check_tools([tool("a", {"type": "integer"}), tool("b", {"type": "boolean"})]))
+
+    def call(name, x):
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {{"x": {x}}}}}\n</tool_call>'
+
+    assert _accepts(embedded_pipe, grammar, call("a", "3")) and _accepts(
+        embedded_pipe, grammar, call("b", "true")
+    )
+    assert not _accepts(embedded_pipe, grammar, call("a", "true"))
+    assert not _accepts(embedded_pipe, grammar, call("b", "3"))
+
+
+def test_a_lazy_grammar_leaves_the_text_free_until_its_trigger_token(embedded_pipe):
+    t = embedded_pipe._target
+    (brace,) = t.tokenize("{", add_bos=False, special=False)
+    lazy = Grammar('root ::= "{" [a-z]+ "}"\n', trigger="{")
+    assert _accepts(embedded_pipe, lazy, "Any text at all, 123.", trigger_id=brace)
+    assert _accepts(embedded_pipe, lazy, "Text:\n{abc}", trigger_id=brace)
+    assert not _accepts(embedded_pipe, lazy, "Text:\n{abc1}", trigger_id=brace)
+    assert not _accepts(embedded_pipe, lazy, "Text:\n{abc", trigger_id=brace)
+    # the trigger is the token: " {" is another token of this vocabulary, and leaves the text free
+    assert _accepts(embedded_pipe, lazy, "Text, then {abc1}", trigger_id=brace)

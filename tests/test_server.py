@@ -265,7 +265,7 @@ class ScriptedPipe:
     chat_template = TOOL_TEMPLATE
 
     def __init__(self, pipe) -> None:
-        self._pipe, self.script, self.prompts = pipe, [], []
+        self._pipe, self.script, self.prompts, self.kwargs = pipe, [], [], []
 
     def __getattr__(self, name):
         return getattr(self._pipe, name)
@@ -279,6 +279,7 @@ class ScriptedPipe:
         from localspec.stats import GenerationStats
 
         self.prompts.append(list(tokens))
+        self.kwargs.append(kw)
         script = list(self.script)
 
         def gen():
@@ -364,19 +365,23 @@ def test_a_reply_without_a_call_is_text_and_a_broken_call_stays_text(tool_server
         assert text == "<tool_call>{broken</tool_call>"
 
 
-def test_tool_choice_starts_the_reply_and_earlier_calls_reach_the_template(tool_server, pipe):
+def test_tool_choice_picks_the_calls_grammar_and_earlier_calls_reach_the_template(tool_server, pipe):
     scripted, client = tool_server
-    scripted.script = ['{"city": "Oslo"}}', "\n</tool_call>"]
+    oslo = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    scripted.script = ["<tool_call>\n", oslo, "\n</tool_call>"]
     r = _chat(client, tool_choice={"type": "function", "function": {"name": "get_weather"}})
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Oslo"}
-    # the template got the tools, and the prompt ends with the forced start of the reply
+    # the template got the tools; the generation the grammar of that function's calls, from the first token
     messages = [{"role": "user", "content": "Weather in Paris?"}]
-    forced = '<tool_call>\n{"name": "get_weather", "arguments":'
-    assert scripted.formatted == (messages, {"tools": [WEATHER], "reply_prefix": forced})
-    plain, _ = pipe.format_chat(messages, tools=[WEATHER])
-    assert scripted.prompts[-1] == pipe.format_chat(messages, tools=[WEATHER], reply_prefix=forced)[0]
-    assert scripted.prompts[-1][: len(plain) - 2] == plain[:-2] and len(scripted.prompts[-1]) > len(plain)
+    assert scripted.formatted == (messages, {"tools": [WEATHER]})
+    assert scripted.prompts[-1] == pipe.format_chat(messages, tools=[WEATHER])[0]
+    grammar = scripted.kwargs[-1]["grammar"]
+    assert grammar.root == "localspec-calls" and grammar.trigger == "" and "get_weather" in grammar.text
+    _chat(client)  # auto: the same grammar, lazy (free text until the model writes <tool_call>)
+    assert scripted.kwargs[-1]["grammar"].trigger == "<tool_call>"
+    _chat(client, tool_choice="none")
+    assert "grammar" not in scripted.kwargs[-1]
     # the turn after a call: the assistant's call (arguments as an object) and the tool's result
     scripted.script = ["It is 14 C."]
     history = [
@@ -491,12 +496,12 @@ PERSON_FORMAT = {
 
 def test_response_format_makes_the_reply_that_json_streaming_and_not(client, pipe):
     messages = [{"role": "user", "content": "Who is Ada? Answer as JSON."}]
-    kw = dict(model="tiny-target", messages=messages, max_tokens=60, temperature=0)
+    kw = dict(model="tiny-target", messages=messages, max_tokens=200, temperature=0)
     r = client.chat.completions.create(response_format=PERSON_FORMAT, **kw)
     person = json.loads(r.choices[0].message.content)
     assert set(person) == {"name", "age"} and isinstance(person["age"], int)
     assert r.choices[0].finish_reason == "stop"
-    direct = pipe.chat(messages, response_format=PERSON_FORMAT, max_tokens=60, temperature=0)
+    direct = pipe.chat(messages, response_format=PERSON_FORMAT, max_tokens=200, temperature=0)
     assert r.choices[0].message.content == str(direct)
     chunks = list(client.chat.completions.create(response_format=PERSON_FORMAT, stream=True, **kw))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content

@@ -16,11 +16,11 @@ from localspec.tool_calls import (
     check_choice,
     check_tools,
     may_start_fenced_call,
-    reply_prefix,
     split_calls,
     template_calls,
     template_format,
     template_messages,
+    tool_use,
 )
 
 WEATHER = {
@@ -29,6 +29,13 @@ WEATHER = {
         "name": "get_weather",
         "description": "The weather in a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}},
     },
 }
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -73,25 +80,39 @@ def test_tools_are_checked_field_by_field():
         assert err.value.param == param, (tools, err.value)
 
 
-def test_tool_choice_and_the_reply_it_forces():
-    tools = check_tools([WEATHER])
-    assert check_choice(None, tools) == "auto" and reply_prefix("auto") == ""
-    assert check_choice("none", tools) == "none" and reply_prefix("none") == ""
-    required = reply_prefix(check_choice("required", tools))
-    assert required == '<tool_call>\n{"name": "'
-    assert _plain(split_calls(required + 'get_weather", "arguments": {}}')[1]) == [
-        ("function", "get_weather", {})
-    ]
-    named = check_choice({"type": "function", "function": {"name": "get_weather"}}, tools)
-    assert reply_prefix(named) == '<tool_call>\n{"name": "get_weather", "arguments":'
-    # the forced start and what a model writes after it read as one call
-    _, calls = split_calls(reply_prefix(named) + ' {"city": "Oslo"}}')  # as Qwen ends it: no closing tag
-    assert _plain(calls) == [("function", "get_weather", {"city": "Oslo"})]
+def test_tool_choice_picks_the_grammar_of_the_calls():
+    tools = check_tools([WEATHER, CLOCK])
+    assert check_choice(None, tools) == "auto" and check_choice("none", tools) == "none"
+    template = "{{ tools }} <tool_call>"
+    auto = tool_use([WEATHER, CLOCK], None, template).grammar
+    assert auto is not None and auto.trigger == "<tool_call>" and auto.root == "localspec-calls"
+    assert '"\\"get_weather\\""' in auto.text and '"\\"get_time\\""' in auto.text
+    required = tool_use([WEATHER, CLOCK], "required", template).grammar
+    assert required is not None and required.trigger == "" and required.text == auto.text
+    named = tool_use([WEATHER, CLOCK], {"type": "function", "function": {"name": "get_time"}}, template)
+    assert named.grammar is not None and "get_weather" not in named.grammar.text
+    assert tool_use([WEATHER], "none", template).grammar is None
+    one = tool_use([WEATHER], "required", template, parallel=False).grammar
+    assert one is not None and one.text.rstrip().endswith('"\\n</tool_call>"')
     with pytest.raises(ToolCallError, match="not in tools") as err:
         check_choice({"type": "function", "function": {"name": "launch"}}, tools)
     assert "get_weather" in (err.value.hint or "")
     with pytest.raises(ToolCallError):
         check_choice("always", tools)
+
+
+def test_parameters_that_cannot_become_a_grammar_name_the_function():
+    deep: dict = {"type": "string"}
+    for _ in range(50):
+        deep = {"type": "array", "items": deep}
+    for params, param in [
+        (deep, "tools[1].function.parameters"),
+        ({"type": "object", "properties": {"x": {"$ref": "https://example.com/s.json"}}}, "tools"),
+    ]:
+        bad = {"type": "function", "function": {"name": "bad", "parameters": params}}
+        with pytest.raises(ToolCallError) as err:
+            tool_use([WEATHER, bad], "auto", "{{ tools }} <tool_call>")
+        assert err.value.param == param, err.value
 
 
 def test_earlier_calls_are_given_to_the_template_with_arguments_as_objects():
