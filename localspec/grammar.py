@@ -26,10 +26,14 @@ bounded first). OpenAI's ``response_format`` maps onto them in :func:`response_f
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import io
 import json
+import os
 import re
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,21 +242,24 @@ class Constraint:
         self._blocked = np.zeros(n_vocab, dtype=bool)
         self._blocked[textless] = True
         text, root = grammar.text.encode("utf-8"), grammar.root.encode("utf-8")
-        if grammar.trigger:
-            if trigger_id is None:
-                raise ValueError("a lazy grammar needs the id of its trigger token")
-            ids = (llama_cpp.llama_token * 1)(trigger_id)
-            self._sampler = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
-                vocab, text, root, None, 0, ids, 1
-            )
-        else:
-            self._sampler = llama_cpp.llama_sampler_init_grammar(vocab, text, root)
+        if grammar.trigger and trigger_id is None:
+            raise ValueError("a lazy grammar needs the id of its trigger token")
+        with _llama_says() as said:  # llama.cpp prints why a grammar fails (and the whole grammar)
+            if grammar.trigger and trigger_id is not None:
+                ids = (llama_cpp.llama_token * 1)(trigger_id)
+                self._sampler = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+                    vocab, text, root, None, 0, ids, 1
+                )
+            else:
+                self._sampler = llama_cpp.llama_sampler_init_grammar(vocab, text, root)
         if not self._sampler:
+            why = next((line for line in said if "error" in line or "unsupported" in line), "")
             raise GrammarError(
-                f"llama.cpp could not parse the {grammar.what}: a syntax error, an undefined rule, left "
-                f"recursion, or no {grammar.root!r} rule",
+                f"llama.cpp could not parse the {grammar.what}"
+                + (f": {why.strip()[:300]}" if why else f": left recursion, or no {grammar.root!r} rule"),
                 param=grammar.what,
-                hint="llama.cpp printed the reason on stderr; see its grammars/README.md for the format",
+                hint="see llama.cpp's grammars/README.md for the format; a JSON schema's large counts "
+                "(maxLength, maxItems) are spelled out rule by rule and llama.cpp refuses more than 2000",
             )
         self._one = np.zeros(1, dtype=_TOKEN_DATA)
         self._one_arr = _token_array(self._one)
@@ -331,6 +338,31 @@ class Constraint:
                 hint="report it with the request that caused it",
             )
         llama_cpp.llama_sampler_accept(self._sampler, token)
+
+
+@contextlib.contextmanager
+def _llama_says() -> Iterator[list[str]]:
+    """What llama.cpp says while the block runs, as lines, kept from the terminal: its parser writes to
+    fd 2 from C, its log goes through llama-cpp-python's callback to ``sys.stderr`` (both taken for the
+    block's few milliseconds; another thread's stderr in that window is lost with them)."""
+    lines: list[str] = []
+    said = io.StringIO()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no real stderr (some notebook hosts)
+        saved = -1
+    with tempfile.TemporaryFile() as tmp, contextlib.redirect_stderr(said):
+        if saved >= 0:
+            os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            if saved >= 0:
+                os.dup2(saved, 2)
+                os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read(65536).decode("utf-8", "replace").splitlines())
+            lines.extend(said.getvalue()[:65536].splitlines())
 
 
 def _token_array(buf: np.ndarray) -> Any:

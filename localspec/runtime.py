@@ -209,9 +209,15 @@ class Model:
         return self._piece_buf.raw[:n]
 
     def textless_ids(self) -> np.ndarray:
-        """Ids that render as no text and do not end a generation (control tokens): computed once."""
+        """Ids that render as no text and do not end a generation (control tokens): computed once, with a
+        buffer of its own (callers need not hold the engine's lock, unlike :meth:`piece`)."""
         if self._textless is None:
-            ids = [t for t in range(self.n_vocab) if t not in self.eog_ids and not self.piece(t)]
+            buf = ctypes.create_string_buffer(8)
+            to_piece, vocab, eog = llama_cpp.llama_token_to_piece, self.vocab, self.eog_ids
+            # a piece longer than the buffer answers its length, negated: not empty either way
+            ids = [
+                t for t in range(self.n_vocab) if t not in eog and to_piece(vocab, t, buf, 8, 0, False) == 0
+            ]
             self._textless = np.array(ids, dtype=np.int64)
         return self._textless
 

@@ -3,7 +3,8 @@
     python scripts/bench_json_replies.py -t qwen2.5-coder-1.5b-instruct-q4_k_m.gguf [--repeats 3]
 
 One pipeline; eight order e-mails, each turned into the same schema's JSON by a chat request (greedy,
-``response_format`` json_schema), in order, as an extraction job does. Per repeat, interleaved: the target
+``response_format`` json_schema, the schema also in the system prompt so the model knows the fields), in
+order, as an extraction job does. Per repeat, interleaved: the target
 alone without the grammar (the cost baseline: its reply is free text, so it is compared per token), the
 target alone with the grammar, prompt lookup (``ngram``) with it, and the suffix cache with it (emptied at
 the start of every loop, so it drafts from the e-mail and from the loop's earlier replies). Each setting
@@ -65,18 +66,21 @@ EMAILS = [
     "Hello, Jonas Berg, jonas.berg@example.se. 3 cotton aprons at 18.90 each, express shipping. No gift. "
     "Leave the parcel with the neighbour if I'm out.",
 ]
-SYSTEM = "You extract orders from customer e-mails. Answer with the order as JSON only."
+SYSTEM = (
+    "You extract orders from customer e-mails. Answer with the order as JSON only, matching this JSON "
+    "schema:\n" + json.dumps(SCHEMA)
+)
 FORMAT = {"type": "json_schema", "json_schema": {"name": "order", "schema": SCHEMA}}
-SETTINGS = [  # (name, strategy, with the grammar)
-    ("alone, free text", "none", False),
-    ("alone, schema", "none", True),
-    ("ngram, schema", "ngram", True),
-    ("suffix, schema", "suffix", True),
+SETTINGS = [  # (name, strategy, with the grammar, n_max: None lets the suffix cache size its own drafts)
+    ("alone, free text", "none", False, None),
+    ("alone, schema", "none", True, None),
+    ("ngram k=4, schema", "ngram", True, 4),
+    ("suffix, schema", "suffix", True, None),
 ]
 
 
-def _loop(pipe, strategy: str, grammar: bool, counter: list[int]) -> dict:
-    tokens = seconds = masks = 0
+def _loop(pipe, strategy: str, grammar: bool, n_max: int | None, counter: list[int]) -> dict:
+    tokens = seconds = masks = drafted = accepted = 0
     valid = 0
     for email in EMAILS:
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": email}]
@@ -87,8 +91,11 @@ def _loop(pipe, strategy: str, grammar: bool, counter: list[int]) -> dict:
             max_tokens=320,
             temperature=0,
             strategy=strategy,
+            n_max=n_max,
         )
         masks += counter[0] - before
+        drafted += r.stats.drafted
+        accepted += r.stats.accepted
         tokens += r.stats.generated_tokens
         seconds += r.stats.total_seconds - r.stats.prompt_seconds
         if grammar:
@@ -97,7 +104,15 @@ def _loop(pipe, strategy: str, grammar: bool, counter: list[int]) -> dict:
                 valid += 1
             except ValueError:
                 pass
-    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "masks": masks, "valid": valid}
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tok_s": tokens / seconds,
+        "masks": masks,
+        "valid": valid,
+        "drafted": drafted,
+        "accepted": accepted,
+    }
 
 
 def main() -> None:
@@ -128,19 +143,20 @@ def main() -> None:
         )
         try:
             pipe.generate("warm up", max_tokens=4, strategy="suffix")  # the one-time cost measurement
-            runs: dict[str, list[dict]] = {name: [] for name, _, _ in SETTINGS}
+            runs: dict[str, list[dict]] = {name: [] for name, *_ in SETTINGS}
             for rep in range(args.repeats):
-                for name, strategy, with_grammar in SETTINGS:
+                for name, strategy, with_grammar, n_max in SETTINGS:
                     pipe.reset_suffix()  # every loop starts from an empty cache
-                    g = _loop(pipe, strategy, with_grammar, counter)
+                    g = _loop(pipe, strategy, with_grammar, n_max, counter)
                     runs[name].append(g)
                     print(
                         f"repeat {rep + 1} {name:17s}: {g['tokens']} tokens in {g['seconds']:.1f} s = "
-                        f"{g['tok_s']:.2f} tok/s; full masks {g['masks']}; valid JSON {g['valid']}/8",
+                        f"{g['tok_s']:.2f} tok/s; accepted {g['accepted']}/{g['drafted']} drafted; "
+                        f"full masks {g['masks']}; valid JSON {g['valid']}/8",
                         flush=True,
                     )
             base = "alone, schema"
-            for name, _, _ in SETTINGS:
+            for name, *_ in SETTINGS:
                 ratio = statistics.median(
                     r["tok_s"] / b["tok_s"] for r, b in zip(runs[name], runs[base], strict=True)
                 )

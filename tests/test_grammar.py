@@ -79,16 +79,24 @@ def test_a_schema_nested_past_the_bound_or_past_python_is_refused_not_a_crash():
         Grammar.json_schema(deep)
 
 
-def test_gbnf_text_is_checked_and_a_broken_one_fails_when_the_generation_is_asked_for(embedded_pipe):
+def test_gbnf_text_is_checked_and_a_broken_one_fails_when_the_generation_is_asked_for(embedded_pipe, capfd):
     for text in ("", "   ", 7):
         with pytest.raises(GrammarError):
             Grammar.gbnf(text)  # type: ignore[arg-type]
     with pytest.raises(GrammarError, match="characters"):
         Grammar.gbnf("root ::= " + '"a" ' * 100_000)
-    for broken in ('root ::= "a" undefined', 'root ::= root "a"', 'other ::= "a"', "root ::= ("):
+    capfd.readouterr()
+    for broken, why in [
+        ('root ::= "a" undefined', "Undefined rule identifier 'undefined'"),
+        ('root ::= root "a"', "left recursion"),  # llama.cpp logs nothing for these two: the likely causes
+        ('other ::= "a"', "no 'root' rule"),
+        ("root ::= (", "expecting ')'"),
+    ]:
         with pytest.raises(GrammarError, match="could not parse") as err:
             embedded_pipe.stream("x", max_tokens=4, grammar=Grammar.gbnf(broken))  # raises here, not at next
-        assert err.value.param == "grammar"
+        assert err.value.param == "grammar" and why in err.value.message, err.value.message
+    out = capfd.readouterr()
+    assert "parse" not in out.err and "root ::=" not in out.err, "llama.cpp's complaint goes into the error"
     with pytest.raises(SettingsError, match="localspec.Grammar"):
         embedded_pipe.generate("x", max_tokens=4, grammar='root ::= "a"')
 
@@ -294,3 +302,9 @@ def test_a_lazy_grammar_leaves_the_text_free_until_its_trigger_token(embedded_pi
     assert not _accepts(embedded_pipe, lazy, "Text:\n{abc", trigger_id=brace)
     # the trigger is the token: " {" is another token of this vocabulary, and leaves the text free
     assert _accepts(embedded_pipe, lazy, "Text, then {abc1}", trigger_id=brace)
+
+
+def test_textless_ids_are_the_tokens_that_render_as_nothing(embedded_pipe):
+    t = embedded_pipe._target
+    want = [i for i in range(t.n_vocab) if i not in t.eog_ids and not t.piece(i)]
+    assert list(t.textless_ids()) == want and want, "the embedded vocabulary has control tokens"
