@@ -48,6 +48,10 @@ from localspec.stats import GenerationStats
 
 #: How long another thread waits for a running generation's next round before taking the models over.
 HANDOVER_SECONDS = 0.25
+#: Under a grammar, a draft model's proposal is judged by the exact rejection rule only when at most this
+#: many tokens have a probability (top-k, top-p, min-p make it so): each of them is checked against the
+#: grammar. Wider, the target's draw is compared with it instead (exact too, see _verify_constrained).
+EXACT_SUPPORT = 4096
 #: Adaptive controllers kept per engine (one per distinct drafter setting; least recently used dropped).
 MAX_CONTROLLERS = 8
 
@@ -333,15 +337,19 @@ def _verify_constrained(
     for i in range(len(drafts) + 1):
         proposed = drafts[i] if i < len(drafts) else None
         allowed = constraint.masked(rows[i]) if trace is not None else None
+        p = None
         if params.greedy:
             tok = constraint.best(rows[i])
             ok = tok == proposed
         elif proposed is not None and draft.probs:
-            p = constraint.distribution(rows[i], params)
+            p = constraint.distribution(rows[i], params, max_support=EXACT_SUPPORT)
+        if p is not None and proposed is not None:
             ok, tok = accept_or_resample(p, draft.probs[i], proposed, rng)
-        else:
-            # A deterministic proposal (q one-hot): "accept with probability p(x), else draw from p without
-            # x" emits exactly a draw from p, so drawing and comparing is the same rejection rule.
+        elif not params.greedy:
+            # Draw from the constrained distribution and compare. For a deterministic proposal (q one-hot)
+            # this is the rejection rule itself ("accept with probability p(x), else draw from p without
+            # x" emits a draw from p); for a draft model's q it accepts less often than min(1, p/q) but
+            # emits the same distribution, without checking every token of a wide support.
             tok = constraint.sample(rows[i], params, rng)
             ok = tok == proposed
         if allowed is not None and trace is not None:

@@ -309,10 +309,16 @@ class Constraint:
             return token
         return int(self.masked(logits).argmax())
 
-    def distribution(self, logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-        """The request's distribution restricted to what the grammar allows (see the module docstring)."""
+    def distribution(
+        self, logits: np.ndarray, params: SamplingParams, *, max_support: int | None = None
+    ) -> np.ndarray | None:
+        """The request's distribution restricted to what the grammar allows (see the module docstring);
+        None when more than ``max_support`` tokens have a probability (checking them all would cost up to
+        a full mask: the caller draws with :meth:`sample` instead)."""
         p = distribution(logits, params)
         support = np.flatnonzero(p)
+        if max_support is not None and len(support) > max_support:
+            return None
         kept = np.isfinite(self._apply(support, logits))
         if kept.any():
             out = np.zeros_like(p)
@@ -328,7 +334,9 @@ class Constraint:
             token = sample(p, rng)
             if self.allows(token):
                 return token
-        return sample(self.distribution(logits, params), rng)
+        exact = self.distribution(logits, params)
+        assert exact is not None  # no max_support: always computed
+        return sample(exact, rng)
 
     def accept(self, token: int) -> None:
         """Take ``token`` (which :meth:`allows`): the grammar moves on past it."""

@@ -213,8 +213,18 @@ def test_json_object_chat_and_streaming_agree(embedded_pipe):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ngram", "model"])  # a one-hot proposal; a draft model's q
-def test_sampling_under_a_grammar_keeps_the_target_s_distribution(embedded_pipe, strategy):
+@pytest.mark.parametrize(
+    ("strategy", "exact_support"),
+    [
+        ("ngram", 4096),  # a one-hot proposal
+        ("model", 4096),  # a draft model's q, judged by min(1, p/q) (the tiny vocabulary is 2048 tokens)
+        ("model", 0),  # the same, judged by the target's own draw (what a wide support of a big one gets)
+    ],
+)
+def test_sampling_under_a_grammar_keeps_the_target_s_distribution(
+    embedded_pipe, strategy, exact_support, monkeypatch
+):
+    monkeypatch.setattr("localspec.engine.EXACT_SUPPORT", exact_support)
     grammar = Grammar.gbnf(WORDS)
     prompt = '["cat", "dog"]\n' * 3
     kw = dict(max_tokens=4, temperature=0.5, grammar=grammar)
@@ -308,3 +318,23 @@ def test_textless_ids_are_the_tokens_that_render_as_nothing(embedded_pipe):
     t = embedded_pipe._target
     want = [i for i in range(t.n_vocab) if i not in t.eog_ids and not t.piece(i)]
     assert list(t.textless_ids()) == want and want, "the embedded vocabulary has control tokens"
+
+
+def test_interleaved_streams_with_their_own_grammars_each_give_what_they_give_alone(embedded_pipe):
+    prompt = '{"name": "Ada", "age": 36}\n' * 2
+    kw = dict(max_tokens=60, temperature=0, strategy="suffix")
+    person, words = Grammar.json_schema(PERSON), Grammar.gbnf(WORDS)
+    alone = [str(embedded_pipe.generate(prompt, grammar=g, **kw)) for g in (person, words)]
+    a = embedded_pipe.stream(prompt, grammar=person, **kw)
+    b = embedded_pipe.stream(prompt, grammar=words, **kw)
+    got = ["", ""]
+    live = [a, b]
+    while any(live):  # one token of each in turn: the KV cache and the grammar states must not mix
+        for i, s in enumerate(live):
+            if s is not None:
+                r = next(s, None)
+                if r is None:
+                    live[i] = None
+                else:
+                    got[i] += r.text
+    assert got == alone
