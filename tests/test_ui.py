@@ -8,6 +8,7 @@ speedup and memory values from the page, and get readable messages for bad input
 from __future__ import annotations
 
 import html
+import json
 import math
 import re
 import time
@@ -279,6 +280,7 @@ class _FakePipe:
         self.pending = False
 
     def stream(self, prompt, **opts):
+        self.opts = opts
         try:
             for i in range(10):
                 yield _Token(f"t{i} ", i == 9)
@@ -333,6 +335,8 @@ def _values(app, **changes) -> dict:
         "p_min": 0.75,
         "adaptive": False,
         "strategy": "pair default",
+        "format": "Text",
+        "schema": "",
     }
     v.update(changes)
     return {c[k]: val for k, val in v.items()}
@@ -370,12 +374,39 @@ def test_stop_ends_only_the_run_of_the_session_that_pressed_it(app):
         ("temperature", float("nan"), "Temperature"),
         ("temperature", "hot", "not a number"),
         ("strategy", "magic", "strategy 'magic'"),
+        ("format", "XML", "output 'XML'"),
     ],
 )
 def test_every_number_is_bounded_before_anything_is_loaded(app, field, value, says):
     out, err = _last_output(app, _values(app, **{field: value}), "A")
     assert says in err and "Traceback" not in err
     assert app.loads == []  # refused before a 14 GB context (or anything) was allocated
+
+
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        ("", "the JSON schema box is empty"),
+        ("{not json", "not valid JSON"),
+        ('{"type": "array", "minItems": 99999}', "minItems 99999"),
+        ("[1, 2]", "must be an object"),
+    ],
+)
+def test_a_bad_json_schema_is_refused_before_anything_is_loaded(app, schema, says):
+    _, err = _last_output(app, _values(app, format="JSON schema", schema=schema), "A")
+    assert says in err and "Traceback" not in err and app.loads == []
+
+
+def test_the_output_setting_becomes_the_generation_s_grammar(app):
+    from localspec import Grammar
+
+    _last_output(app, _values(app), "A")
+    assert "grammar" not in app.fake.opts
+    _last_output(app, _values(app, format="JSON"), "A")
+    assert app.fake.opts["grammar"] == Grammar.json_object()
+    schema = '{"type": "object", "properties": {"ok": {"type": "boolean"}}}'
+    _last_output(app, _values(app, format="JSON schema", schema=schema), "A")
+    assert app.fake.opts["grammar"].text == Grammar.json_schema(json.loads(schema)).text
 
 
 def test_context_above_the_models_trained_length_is_refused(app):
@@ -484,3 +515,31 @@ def test_the_whole_answer_is_on_the_page_before_the_stream_is_cleaned_up(app):
     else:
         raise AssertionError("the answer never reached the page")
     assert list(run) == [] and app.fake.cleaned == 1
+
+
+@pytest.mark.browser
+def test_browser_json_output_is_json_and_a_bad_schema_says_so(ui):
+    page, _ = ui
+    fmt = page.locator("#ls-format")
+    if not fmt.is_visible():
+        page.click("#ls-settings .label-wrap")
+    try:
+        fmt.get_by_label("JSON schema", exact=True).check()
+        broken = '{"type": "object", "properties": {"ok": {"type": "boolean"}}'  # one } short
+        page.fill("#ls-schema textarea", broken)
+        _run(page, "Is it?")
+        page.wait_for_selector("#ls-error-box .ls-err", timeout=30_000)
+        assert "not valid JSON" in page.inner_text("#ls-error-box")
+
+        fmt.get_by_label("JSON", exact=True).check()
+        _run(page, "A cat, as JSON:")
+        page.wait_for_function(  # the error went with the new run, and its answer is on the page
+            "() => !document.querySelector('#ls-error-box .ls-err')"
+            " && document.querySelector('#ls-output').innerText.trim().startsWith('{')",
+            timeout=60_000,
+        )
+        page.wait_for_selector("#ls-result-box #ls-acceptance", timeout=60_000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-json.png"), full_page=True)
+    finally:
+        fmt.get_by_label("Text", exact=True).check()

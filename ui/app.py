@@ -8,6 +8,7 @@ the pipeline's ``stream``/``chat_stream``/``compare``.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ import gradio as gr
 from localspec import constants, presets
 from localspec.errors import LocalspecError, ModelNotFoundError
 from localspec.gguf_meta import read_metadata
+from localspec.grammar import Grammar
 from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, STRATEGIES
 
 from . import pairs
@@ -51,6 +53,8 @@ from .session import PairSpec, PipelineHolder
 PAIR_DEFAULT = "pair default"
 #: The Strategy radio: the pair's (or preset's) own strategy, or one of localspec's.
 STRATEGY_CHOICES = [PAIR_DEFAULT, *STRATEGIES]
+#: The Output setting: free text, any JSON object, or JSON matching a schema typed in the page.
+FORMAT_CHOICES = ["Text", "JSON", "JSON schema"]
 INTRO = (
     "## localspec: speculative decoding on your own machine\n"
     "A small draft (a model, or text seen before: the prompt, earlier requests, your files) proposes "
@@ -136,7 +140,7 @@ class App:
             raise LocalspecError(
                 f"strategy {strategy!r} is not one of {', '.join(STRATEGY_CHOICES)}", hint="pick one"
             )
-        return {
+        opts: dict[str, Any] = {
             "max_tokens": bounded_int(v[c["max_tokens"]], MAX_TOKENS_RANGE, "Max tokens"),
             "temperature": bounded_float(v[c["temperature"]], TEMPERATURE_RANGE, "Temperature"),
             "n_max": bounded_int(v[c["n_max"]], N_MAX_RANGE, "Draft length n_max"),
@@ -144,6 +148,10 @@ class App:
             "adaptive": bool(v[c["adaptive"]]),
             "strategy": None if strategy == PAIR_DEFAULT else strategy,
         }
+        grammar = output_grammar(v[c["format"]], v[c["schema"]])
+        if grammar is not None:
+            opts["grammar"] = grammar
+        return opts
 
     def on_preset(self, name: str):
         """The preset's facts, and its draft settings (strategy included) into the Settings controls."""
@@ -411,6 +419,19 @@ class App:
                                     label="Strategy",
                                     elem_id="ls-strategy",
                                 )
+                            with gr.Row():
+                                c["format"] = gr.Radio(
+                                    FORMAT_CHOICES,
+                                    value="Text",
+                                    label="Output (JSON: a grammar keeps every token valid JSON)",
+                                    elem_id="ls-format",
+                                )
+                                c["schema"] = gr.Textbox(
+                                    label="JSON schema (for the JSON schema output)",
+                                    lines=2,
+                                    elem_id="ls-schema",
+                                    placeholder='{"type": "object", "properties": {...}}',
+                                )
                         c["error"] = gr.HTML("", elem_id="ls-error-box")
                         c["output"] = gr.HTML(tokens_html([]), elem_id="ls-output-box")
                         gr.HTML(legend_html())
@@ -467,6 +488,26 @@ class App:
             )
         demo.queue(default_concurrency_limit=1)
         return demo
+
+
+def output_grammar(choice: str, schema_text: str | None) -> Grammar | None:
+    """The Output setting as a grammar: free text (None), any JSON object, or JSON matching the schema typed
+    in the box; a schema that is not JSON, or that a grammar cannot spell, is refused with the next step."""
+    if choice == "Text":
+        return None
+    if choice == "JSON":
+        return Grammar.json_object()
+    if choice != "JSON schema":
+        raise LocalspecError(f"output {choice!r} is not one of {', '.join(FORMAT_CHOICES)}", hint="pick one")
+    text = (schema_text or "").strip()
+    example = 'e.g. {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
+    if not text:
+        raise LocalspecError("the JSON schema box is empty", hint="type a schema, " + example)
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise LocalspecError(f"the JSON schema is not valid JSON ({exc})", hint=example) from None
+    return Grammar.json_schema(schema, what="JSON schema")
 
 
 def theme() -> Any:
