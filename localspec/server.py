@@ -745,10 +745,14 @@ class _Endpoint:
                 _, text, _from_draft, reason = event
                 generated += 1
                 finish = reason or finish
+                deltas = None
                 if splitter is not None:
                     text = splitter.feed(text)
+                    deltas = splitter.take_deltas()  # a call's name, then its arguments as they come
                 if text:
                     yield _sse(chunk(text, None))
+                if deltas:
+                    yield _sse(chunk(None, None, deltas))
             elif event[0] == "error":
                 yield _sse(event[1].body())
                 await self._drain(job)
@@ -764,9 +768,10 @@ class _Endpoint:
             rest, calls = splitter.finish()
             if rest:
                 yield _sse(chunk(rest, None))
+            closing = splitter.take_deltas()  # what completes the calls: the rest, or calls read whole
+            if closing:
+                yield _sse(chunk(None, None, closing))
             if calls:
-                for i, call in enumerate(calls if tools.parallel else calls[:1]):
-                    yield _sse(chunk(None, None, [{"index": i, **call}]))
                 finish = _calls_finish(finish)
         yield _sse(chunk(None, finish, localspec=_localspec_stats(stats, self.pipe, job.queue_seconds)))
         if include_usage:

@@ -15,8 +15,8 @@ can run, and everything is still the target's own choice among what the grammar 
 (:mod:`localspec.grammar`). ``"none"`` renders no tools. What a small model writes instead of the tag (a
 whole reply that is one JSON call, bare or fenced) is read too; other text stays text.
 
-Nothing here touches a model: :class:`CallSplitter` is what the server's stream runs, :func:`split_calls`
-what a whole reply is read with.
+Nothing here touches a model: :func:`split_calls` reads a whole reply, :class:`CallSplitter` a streamed one
+(its calls' names and arguments as they are written), both with the one rule of :class:`_CallReader`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ MAX_NAME_CHARS = 64
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # what OpenAI allows in a function name (dots too)
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 _FENCED = re.compile(r"```(?:json)?\s*(\{.*\})\s*```|(\{.*\})", re.DOTALL)  # fenced, or bare
+#: The start of a call as the <tool_call> format writes it, up to its arguments' opening brace: from there
+#: the call is started, and its arguments are read (and streamed) as the model writes them.
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_.\-]{1,64})"\s*,\s*"arguments"\s*:\s*')
+_HEAD_MAX = 256  # a block's start longer than this without matching _HEAD is read whole when it ends
 
 
 class ToolCallError(LocalspecError, ValueError):
@@ -77,7 +81,7 @@ class ToolUse:
         it is)."""
         if not self.read_calls:
             return None
-        return CallSplitter(self.names)
+        return CallSplitter(self.names, parallel=self.parallel)
 
 
 #: A plain chat: no tools shown, the reply's text as it is.
@@ -369,50 +373,187 @@ def may_start_fenced_call(text: str) -> bool:
 
 
 def split_calls(text: str, names: Collection[str] = ()) -> tuple[str, list[dict[str, Any]]]:
-    """A reply as (its text outside the calls, stripped; the calls in OpenAI's shape). A block that does
-    not hold a well-formed call stays in the text, and so does an unclosed one unless its body is a
-    whole call (a reply that ended right after the JSON). With ``names`` (the declared functions), a reply
-    that is nothing but one JSON call of one of them, bare or fenced, is read as that call too."""
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    pos = 0
-    for m in _BLOCK.finditer(text):
-        call = _call(m.group(1).strip())
-        kept.append(text[pos : m.start()] if call else text[pos : m.end()])
-        if call:
-            calls.append(call)
-        pos = m.end()
-    rest = text[pos:]
-    at = rest.find(OPEN)
-    if at >= 0:
-        call = _call(rest[at + len(OPEN) :].strip())
-        if call:
-            calls.append(call)
-            rest = rest[:at]
-    kept.append(rest)
+    """A reply as (its text outside the calls, stripped; the calls in OpenAI's shape), read by
+    :class:`_CallReader` (the rule is there; a stream reads with the same one). With ``names`` (the declared
+    functions), a reply that is nothing but one JSON call of one of them, bare or fenced, is that call."""
+    reader = _CallReader()
+    reader.feed(text)
+    return _read(reader, text, names)
+
+
+def _read(reader: _CallReader, text: str, names: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
+    """What :func:`split_calls` returns, from ``reader`` fed all of ``text``."""
+    reader.end()
+    calls = [c.as_openai() for c in reader.calls]
     if not calls and names:
         fenced = _fenced_call(text.strip(), names)
         if fenced is not None:
             return "", [fenced]
-    return "".join(kept).strip(), calls
+    return "".join(reader.text).strip(), calls
+
+
+def _tag_start(text: str) -> int:
+    """How many of ``text``'s last characters may be the start of ``<tool_call>``."""
+    top = min(len(OPEN) - 1, len(text))
+    return next((k for k in range(top, 0, -1) if OPEN.startswith(text[-k:])), 0)
+
+
+@dataclass
+class _Call:
+    id: str
+    name: str
+    arguments: str  # as written (a started call), or as _call gives it (a block read whole)
+
+    def as_openai(self) -> dict[str, Any]:
+        fn = {"name": self.name, "arguments": self.arguments}
+        return {"id": self.id, "type": "function", "function": fn}
+
+
+@dataclass
+class _CallReader:
+    """The one rule a reply's ``<tool_call>`` blocks are read by, whole or as they stream in.
+
+    A block whose start is ``{"name": NAME, "arguments": {`` (what the format teaches, and what the calls'
+    grammar makes a model write) is a *started* call from that brace on: its arguments are the JSON object
+    that follows, as written, read up to its closing brace (strings and escapes respected, so a
+    ``</tool_call>`` inside an argument string is text of the argument) or, cut short, up to the end of the
+    reply or a ``<`` outside any string; whatever else the block holds after them is ignored. Any other
+    block is read whole when its closing tag (or the reply) ends it: a call if it is one JSON object
+    ``{"name", "arguments"}`` (keys in any order), else it stays text. So a call that a stream has begun to
+    send is a call of the whole reply too, with the same arguments.
+
+    :attr:`events` collects ``("start", call)`` and ``("arguments", index, text)`` for a stream; the work per
+    fed piece is bounded by the piece (and by :data:`_HEAD_MAX`), not by the reply.
+    """
+
+    text: list[str] = field(default_factory=list)  # the reply outside the calls
+    calls: list[_Call] = field(default_factory=list)
+    events: list[tuple] = field(default_factory=list)
+    _mode: str = "text"  # text | head | args | tail
+    _buf: str = ""  # text: what may start OPEN; head: the block so far; tail: what may end with CLOSE
+    _block: list[str] = field(default_factory=list)  # a block read whole: its text since OPEN
+    _depth: int = 0
+    _in_string: bool = False
+    _escaped: bool = False
+
+    def feed(self, piece: str) -> None:
+        i, n = 0, len(piece)
+        while i < n:
+            mode = self._mode
+            if mode == "text":
+                buf = self._buf + piece[i:]
+                at = buf.find(OPEN)
+                if at < 0:
+                    keep = _tag_start(buf)
+                    self.text.append(buf[: len(buf) - keep])
+                    self._buf = buf[len(buf) - keep :]
+                    return
+                self.text.append(buf[:at])
+                consumed = at + len(OPEN) - len(self._buf)  # of this piece
+                self._buf, self._mode, self._block = "", "head", [OPEN]
+                i += consumed
+            elif mode == "head":
+                ch = piece[i]
+                i += 1
+                self._buf += ch
+                self._block.append(ch)
+                if ch == "{" and (m := _HEAD.fullmatch(self._buf[:-1])):
+                    call = _Call("call_" + uuid.uuid4().hex[:24], m.group(1), "{")
+                    self.calls.append(call)
+                    self.events.append(("start", call))
+                    self.events.append(("arguments", len(self.calls) - 1, "{"))
+                    self._mode, self._depth, self._in_string, self._escaped = "args", 1, False, False
+                    self._block = []  # a started call: never read whole
+                elif self._buf.endswith(CLOSE):
+                    self._close_whole()
+                elif len(self._buf) > _HEAD_MAX:
+                    self._mode, self._buf = "tail", self._buf[-len(CLOSE) :]
+            elif mode == "args":
+                j = i
+                while j < n:
+                    ch = piece[j]
+                    if self._in_string:
+                        if self._escaped:
+                            self._escaped = False
+                        elif ch == "\\":
+                            self._escaped = True
+                        elif ch == '"':
+                            self._in_string = False
+                    elif ch == '"':
+                        self._in_string = True
+                    elif ch in "{[":
+                        self._depth += 1
+                    elif ch in "}]":
+                        self._depth -= 1
+                        if self._depth == 0:
+                            j += 1
+                            self._mode, self._buf = "tail", ""
+                            break
+                    elif ch == "<":  # not JSON: the arguments were cut short (a tag follows)
+                        self._mode, self._buf = "tail", ""
+                        break
+                    j += 1
+                if j > i:
+                    self.calls[-1].arguments += piece[i:j]
+                    self.events.append(("arguments", len(self.calls) - 1, piece[i:j]))
+                i = j
+            else:  # tail: the rest of a block, up to its closing tag
+                ch = piece[i]
+                i += 1
+                if self._block:
+                    self._block.append(ch)
+                self._buf = (self._buf + ch)[-len(CLOSE) :]
+                if self._buf == CLOSE:
+                    if self._block:
+                        self._close_whole()
+                    else:
+                        self._mode, self._buf = "text", ""
+
+    def _close_whole(self) -> None:
+        """A block read whole ends (its closing tag, or the reply): a call, or text as it was."""
+        block = "".join(self._block)
+        body = block[len(OPEN) :].removesuffix(CLOSE).strip()
+        call = _call(body)
+        if call is None:
+            self.text.append(block)
+        else:
+            fn = call["function"]
+            self.calls.append(_Call(call["id"], fn["name"], fn["arguments"]))
+            self.events.append(("whole", self.calls[-1]))
+        self._mode, self._buf, self._block = "text", "", []
+
+    def end(self) -> None:
+        """The reply is over."""
+        if self._mode == "text":
+            self.text.append(self._buf)
+        elif self._block:  # a block read whole that never closed: a call if its body is one
+            self._close_whole()
+        self._mode, self._buf = "text", ""
 
 
 @dataclass
 class CallSplitter:
     """A streamed reply, fed piece by piece. :meth:`feed` returns the text that can go to the client now:
     the reply's text stripped as :func:`split_calls` strips it, with trailing whitespace and what may be
-    the start of ``<tool_call>`` held back; from the first ``<tool_call>`` on everything is held.
-    :meth:`finish` returns the rest, so the pieces sent add up to exactly :func:`split_calls`' text."""
+    the start of ``<tool_call>`` held back; from the first ``<tool_call>`` on the text is held.
+    :meth:`take_deltas` returns the calls as OpenAI's streamed ``tool_calls`` entries: a started call's
+    name as soon as it is written, then its arguments as they come (:class:`_CallReader`), a call read
+    whole when its block ends. :meth:`finish` returns the rest: the pieces sent add up to exactly
+    :func:`split_calls`' text, and the entries to its calls (ids included)."""
 
     names: Collection[str] = ()  # the declared functions (see split_calls)
+    parallel: bool = True  # False: the first call only
     _pieces: list[str] = field(default_factory=list)  # the whole reply so far, joined only at the end
     _pending: str = ""  # what came after the text sent so far and is held (a few characters, usually)
     _sent: int = 0  # characters of the stripped text returned so far
     _in_call: bool = False
+    _reader: _CallReader = field(default_factory=_CallReader)
+    _fenced: dict[str, Any] | None = None
 
     def feed(self, piece: str) -> str:
         """The text that can go out now; the work per piece is bounded by what is held, not the reply."""
         self._pieces.append(piece)
+        self._reader.feed(piece)
         if self._in_call:
             return ""
         pending = self._pending + piece
@@ -421,11 +562,7 @@ class CallSplitter:
             self._in_call = True
             safe = pending[:at]
         else:
-            keep = next(
-                (k for k in range(min(len(OPEN) - 1, len(pending)), 0, -1) if OPEN.startswith(pending[-k:])),
-                0,
-            )
-            safe = pending[: len(pending) - keep]
+            safe = pending[: len(pending) - _tag_start(pending)]
         drop = 0
         if not self._sent:  # nothing sent yet: the reply's leading whitespace goes, and it may be a call
             drop = len(safe) - len(safe.lstrip())
@@ -439,7 +576,33 @@ class CallSplitter:
         self._pending = pending
         return out
 
+    def take_deltas(self) -> list[dict[str, Any]]:
+        """OpenAI ``delta.tool_calls`` entries for what was read since the last call (none: [])."""
+        out: list[dict[str, Any]] = []
+        index = {id(c): i for i, c in enumerate(self._reader.calls)}
+        for event in self._reader.events:
+            if event[0] == "arguments":
+                _, i, text = event
+                if out and out[-1]["index"] == i:
+                    out[-1]["function"]["arguments"] += text  # one entry per call and take
+                else:
+                    out.append({"index": i, "function": {"arguments": text}})
+                continue
+            call = event[1]
+            entry = {"index": index[id(call)], **call.as_openai()}
+            if event[0] == "start":
+                entry["function"] = {"name": call.name, "arguments": ""}
+            out.append(entry)
+        self._reader.events.clear()
+        if self._fenced is not None:
+            out.append({"index": 0, **self._fenced})
+            self._fenced = None
+        return [e for e in out if self.parallel or e["index"] == 0]
+
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        """(the text not sent yet, the calls)."""
-        content, calls = split_calls("".join(self._pieces), self.names)
-        return content[self._sent :], calls
+        """(the text not sent yet, the calls); :meth:`take_deltas` then gives the entries that complete
+        them."""
+        content, calls = _read(self._reader, "".join(self._pieces), self.names)
+        if calls and not self._reader.calls:  # the whole reply is one call written without the tag
+            self._fenced = calls[0]
+        return content[self._sent :], calls if self.parallel else calls[:1]

@@ -308,6 +308,17 @@ CALL_PIECES = [
 ]
 
 
+def _streamed_calls(chunks) -> list[tuple[str, str]]:
+    """(name, arguments) of the calls a stream sent, put together by index as OpenAI's clients do."""
+    calls: dict[int, list] = {}
+    for c in chunks:
+        for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            call = calls.setdefault(d.index, ["", ""])
+            call[0] += d.function.name or ""
+            call[1] += d.function.arguments or ""
+    return [tuple(v) for _, v in sorted(calls.items())]
+
+
 def _chat(client, stream=False, **kw):
     kw.setdefault("messages", [{"role": "user", "content": "Weather in Paris?"}])
     return client.chat.completions.create(model="tiny-target", tools=[WEATHER], stream=stream, **kw)
@@ -324,9 +335,10 @@ def test_a_tool_call_in_the_reply_is_returned_as_a_call_streaming_and_not(tool_s
     chunks = list(_chat(client, stream=True))
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # no tag leaks as text
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
-    assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas] == [
-        (0, "get_weather", {"city": "Paris"})
-    ]
+    # the name as soon as the call's start is written, then the arguments as they come
+    assert deltas[0].function.name == "get_weather" and deltas[0].id.startswith("call_") and len(deltas) > 1
+    assert all(d.index == 0 and d.id is None and d.function.name is None for d in deltas[1:])
+    assert _streamed_calls(chunks) == [("get_weather", call.function.arguments)]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # text before two calls; parallel_tool_calls=False keeps the first
     scripted.script = [
@@ -344,7 +356,7 @@ def test_a_tool_call_in_the_reply_is_returned_as_a_call_streaming_and_not(tool_s
     ]
     streamed = list(_chat(client, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "Checking."
-    assert len([d for c in streamed if c.choices for d in c.choices[0].delta.tool_calls or []]) == 2
+    assert [json.loads(a)["city"] for _, a in _streamed_calls(streamed)] == ["Paris", "Rome"]
     assert len(_chat(client, parallel_tool_calls=False).choices[0].message.tool_calls) == 1
 
 
@@ -424,10 +436,7 @@ def test_qwen_calls_a_tool_and_answers_from_its_result():
             assert call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
             assert json.loads(call.function.arguments)["city"].lower().startswith("paris")
             chunks = list(client.chat.completions.create(messages=ask, tool_choice=choice, stream=True, **kw))
-            deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
-            assert [(d.function.name, d.function.arguments) for d in deltas] == [
-                (call.function.name, call.function.arguments)
-            ]
+            assert _streamed_calls(chunks) == [(call.function.name, call.function.arguments)]
         result = {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 14, "sky": "cloudy"}'}
         r2 = client.chat.completions.create(
             messages=[*ask, r.choices[0].message.model_dump(exclude_none=True), result],

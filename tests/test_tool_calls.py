@@ -205,27 +205,67 @@ def test_a_stream_holds_a_reply_back_only_while_it_may_be_a_fenced_call():
 
 
 PIECES = ["Sure", " ", "\n", "<tool_call>", "</tool_call>", CALL, "<tool", "_call>", "<", "x", "é", "{"]
-PIECES += ["```", "json", '{"name": "get_weather", ', '"arguments": {}}', FENCED, "}"]
+PIECES += ["```", "json", '{"name": "get_weather", ', '"arguments": {}}', FENCED, "}", '"', "\\", ", "]
+PIECES += ['{"a": "</tool_call>"', '"arguments": {"b": [1, {"c": "}"}]}', '{"arguments": {}, "name": "f"}']
 
 
-@given(st.lists(st.sampled_from(PIECES), max_size=12), st.data(), st.booleans())
-def test_a_streamed_reply_adds_up_to_the_whole_reply(parts, data, declared):
+def _assembled(entries: list[dict]) -> list[tuple[str, str, str]]:
+    """Streamed tool_calls entries put together as a client does: by index, arguments appended."""
+    calls: dict[int, dict] = {}
+    for e in entries:
+        c = calls.setdefault(e["index"], {"id": None, "name": None, "arguments": ""})
+        c["id"] = e.get("id", c["id"])
+        c["name"] = e.get("function", {}).get("name", c["name"])
+        c["arguments"] += e.get("function", {}).get("arguments", "")
+    return [(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())]
+
+
+@given(st.lists(st.sampled_from(PIECES), max_size=12), st.data(), st.booleans(), st.booleans())
+def test_a_streamed_reply_adds_up_to_the_whole_reply(parts, data, declared, parallel):
     """However the reply is cut into pieces, the text sent piece by piece plus what finish returns is
-    split_calls' text, and the calls are the same; nothing after an opening tag is sent early."""
+    split_calls' text, the streamed call entries put together are exactly the calls (ids and arguments as
+    split_calls reads them), and nothing after an opening tag is sent as text."""
     reply = "".join(parts)
     names = ["get_weather"] if declared else []
     cuts = sorted(data.draw(st.lists(st.integers(0, len(reply)), max_size=6)))
     pieces = [reply[a:b] for a, b in zip([0, *cuts], [*cuts, len(reply)], strict=True)]
-    splitter = CallSplitter(names)
-    sent = ""
+    splitter = CallSplitter(names, parallel=parallel)
+    sent, entries = "", []
     for piece in pieces:
         out = splitter.feed(piece)
         sent += out
+        entries += splitter.take_deltas()
         assert "<tool_call>" not in sent
     rest, calls = splitter.finish()
+    entries += splitter.take_deltas()
     text, whole = split_calls(reply, names)
     assert sent + rest == text
-    assert _plain(calls) == _plain(whole)
+    assert [(n, a) for _, n, a in _assembled(entries)] == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in (whole if parallel else whole[:1])
+    ]
+    assert [i for i, _, _ in _assembled(entries)] == [c["id"] for c in calls]
+
+
+def test_a_started_call_streams_its_name_then_its_arguments_as_written():
+    s = CallSplitter(["get_weather"])
+    assert s.feed("<tool_call>\n") == "" and s.take_deltas() == []
+    s.feed('{"name": "get_weather", "argu')
+    assert s.take_deltas() == []  # the start is not complete yet
+    s.feed('ments": {"city": "Pa')
+    (first,) = s.take_deltas()
+    assert first["index"] == 0 and first["id"].startswith("call_") and first["type"] == "function"
+    assert first["function"] == {"name": "get_weather", "arguments": '{"city": "Pa'}
+    s.feed('ris, </tool_call> too"}}\n</tool_call>')  # the tag inside a string is the argument's text
+    assert s.take_deltas() == [{"index": 0, "function": {"arguments": 'ris, </tool_call> too"}'}}]
+    rest, calls = s.finish()
+    assert rest == "" and s.take_deltas() == []
+    assert calls[0]["id"] == first["id"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris, </tool_call> too"}
+    # cut short (max_tokens): still the call, with what was written of its arguments
+    cut = CallSplitter()
+    cut.feed('<tool_call>\n{"name": "f", "arguments": {"a": 1')
+    assert cut.finish()[1][0]["function"]["arguments"] == '{"a": 1'
+    assert split_calls('<tool_call>\n{"name": "f", "arguments": {"a": 1')[1][0]["function"]["name"] == "f"
 
 
 def test_a_stream_holds_back_only_what_may_start_a_call():
