@@ -400,6 +400,7 @@ def _tag_start(text: str) -> int:
 
 @dataclass
 class _Call:
+    index: int  # its place among the reply's calls (a stream's tool_calls index)
     id: str
     name: str
     arguments: str  # as written (a started call), or as _call gives it (a block read whole)
@@ -458,7 +459,7 @@ class _CallReader:
                 self._buf += ch
                 self._block.append(ch)
                 if ch == "{" and (m := _HEAD.fullmatch(self._buf[:-1])):
-                    call = _Call("call_" + uuid.uuid4().hex[:24], m.group(1), "{")
+                    call = _Call(len(self.calls), "call_" + uuid.uuid4().hex[:24], m.group(1), "{")
                     self.calls.append(call)
                     self.events.append(("start", call))
                     self.events.append(("arguments", len(self.calls) - 1, "{"))
@@ -518,7 +519,7 @@ class _CallReader:
             self.text.append(block)
         else:
             fn = call["function"]
-            self.calls.append(_Call(call["id"], fn["name"], fn["arguments"]))
+            self.calls.append(_Call(len(self.calls), call["id"], fn["name"], fn["arguments"]))
             self.events.append(("whole", self.calls[-1]))
         self._mode, self._buf, self._block = "text", "", []
 
@@ -579,7 +580,6 @@ class CallSplitter:
     def take_deltas(self) -> list[dict[str, Any]]:
         """OpenAI ``delta.tool_calls`` entries for what was read since the last call (none: [])."""
         out: list[dict[str, Any]] = []
-        index = {id(c): i for i, c in enumerate(self._reader.calls)}
         for event in self._reader.events:
             if event[0] == "arguments":
                 _, i, text = event
@@ -589,7 +589,7 @@ class CallSplitter:
                     out.append({"index": i, "function": {"arguments": text}})
                 continue
             call = event[1]
-            entry = {"index": index[id(call)], **call.as_openai()}
+            entry = {"index": call.index, **call.as_openai()}
             if event[0] == "start":
                 entry["function"] = {"name": call.name, "arguments": ""}
             out.append(entry)
