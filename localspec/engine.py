@@ -337,12 +337,14 @@ def _verify_constrained(
     for i in range(len(drafts) + 1):
         proposed = drafts[i] if i < len(drafts) else None
         allowed = constraint.masked(rows[i]) if trace is not None else None
-        p = None
+        p = full = None
         if params.greedy:
             tok = constraint.best(rows[i])
             ok = tok == proposed
-        elif proposed is not None and draft.probs:
-            p = constraint.distribution(rows[i], params, max_support=EXACT_SUPPORT)
+        else:
+            full = distribution(rows[i], params)  # once per position, whichever rule uses it
+            if proposed is not None and draft.probs:
+                p = constraint.distribution(rows[i], params, max_support=EXACT_SUPPORT, unconstrained=full)
         if p is not None and proposed is not None:
             ok, tok = accept_or_resample(p, draft.probs[i], proposed, rng)
         elif not params.greedy:
@@ -350,7 +352,7 @@ def _verify_constrained(
             # this is the rejection rule itself ("accept with probability p(x), else draw from p without
             # x" emits a draw from p); for a draft model's q it accepts less often than min(1, p/q) but
             # emits the same distribution, without checking every token of a wide support.
-            tok = constraint.sample(rows[i], params, rng)
+            tok = constraint.sample(rows[i], params, rng, unconstrained=full)
             ok = tok == proposed
         if allowed is not None and trace is not None:
             trace.extend(_margins(allowed[None, :], [tok], int(ok)))

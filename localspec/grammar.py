@@ -26,14 +26,10 @@ bounded first). OpenAI's ``response_format`` maps onto them in :func:`response_f
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import io
 import json
-import os
 import re
-import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +38,7 @@ import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from localspec.errors import GrammarError, LocalspecError
+from localspec.runtime import llama_said
 from localspec.sampling import SamplingParams, distribution, sample
 
 #: Refused draws before a sampled token is drawn from the fully masked distribution instead.
@@ -244,7 +241,7 @@ class Constraint:
         text, root = grammar.text.encode("utf-8"), grammar.root.encode("utf-8")
         if grammar.trigger and trigger_id is None:
             raise ValueError("a lazy grammar needs the id of its trigger token")
-        with _llama_says() as said:  # llama.cpp prints why a grammar fails (and the whole grammar)
+        with llama_said(python_too=True) as said:  # why a grammar fails (and the whole grammar)
             if grammar.trigger and trigger_id is not None:
                 ids = (llama_cpp.llama_token * 1)(trigger_id)
                 self._sampler = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
@@ -310,12 +307,18 @@ class Constraint:
         return int(self.masked(logits).argmax())
 
     def distribution(
-        self, logits: np.ndarray, params: SamplingParams, *, max_support: int | None = None
+        self,
+        logits: np.ndarray,
+        params: SamplingParams,
+        *,
+        max_support: int | None = None,
+        unconstrained: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """The request's distribution restricted to what the grammar allows (see the module docstring);
         None when more than ``max_support`` tokens have a probability (checking them all would cost up to
-        a full mask: the caller draws with :meth:`sample` instead)."""
-        p = distribution(logits, params)
+        a full mask: the caller draws with :meth:`sample` instead). ``unconstrained``: the request's
+        distribution of ``logits``, when the caller has it already."""
+        p = distribution(logits, params) if unconstrained is None else unconstrained
         support = np.flatnonzero(p)
         if max_support is not None and len(support) > max_support:
             return None
@@ -326,15 +329,22 @@ class Constraint:
             return out / out.sum()
         return distribution(self.masked(logits), params)
 
-    def sample(self, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    def sample(
+        self,
+        logits: np.ndarray,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        *,
+        unconstrained: np.ndarray | None = None,
+    ) -> int:
         """One draw from :meth:`distribution`, by rejection (cheap when the model already follows the
         grammar), exact either way."""
-        p = distribution(logits, params)
+        p = distribution(logits, params) if unconstrained is None else unconstrained
         for _ in range(REJECTION_TRIES):
             token = sample(p, rng)
             if self.allows(token):
                 return token
-        exact = self.distribution(logits, params)
+        exact = self.distribution(logits, params, unconstrained=p)
         assert exact is not None  # no max_support: always computed
         return sample(exact, rng)
 
@@ -346,31 +356,6 @@ class Constraint:
                 hint="report it with the request that caused it",
             )
         llama_cpp.llama_sampler_accept(self._sampler, token)
-
-
-@contextlib.contextmanager
-def _llama_says() -> Iterator[list[str]]:
-    """What llama.cpp says while the block runs, as lines, kept from the terminal: its parser writes to
-    fd 2 from C, its log goes through llama-cpp-python's callback to ``sys.stderr`` (both taken for the
-    block's few milliseconds; another thread's stderr in that window is lost with them)."""
-    lines: list[str] = []
-    said = io.StringIO()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no real stderr (some notebook hosts)
-        saved = -1
-    with tempfile.TemporaryFile() as tmp, contextlib.redirect_stderr(said):
-        if saved >= 0:
-            os.dup2(tmp.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            if saved >= 0:
-                os.dup2(saved, 2)
-                os.close(saved)
-            tmp.seek(0)
-            lines.extend(tmp.read(65536).decode("utf-8", "replace").splitlines())
-            lines.extend(said.getvalue()[:65536].splitlines())
 
 
 def _token_array(buf: np.ndarray) -> Any:

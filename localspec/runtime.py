@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -330,20 +333,36 @@ class Model:
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
+def _quiet_stderr() -> Iterator[None]:
     """llama.cpp prints its load log to fd 2 from C; hide it unless LOCALSPEC_VERBOSE is set."""
     if os.environ.get("LOCALSPEC_VERBOSE"):
         yield
         return
-    try:
-        fd = os.dup(2)
-    except OSError:  # no real stderr (some notebook hosts)
+    with llama_said():
         yield
-        return
+
+
+@contextlib.contextmanager
+def llama_said(*, python_too: bool = False) -> Iterator[list[str]]:
+    """What llama.cpp says while the block runs, as lines (the first 64 KB), kept from the terminal: what
+    it writes to fd 2 from C and, with ``python_too``, its log, which llama-cpp-python's callback prints to
+    ``sys.stderr`` (taken for the block: another thread's stderr in that window goes with it)."""
+    lines: list[str] = []
+    said = io.StringIO()
     try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(fd, 2)
-        os.close(fd)
+        saved = os.dup(2)
+    except OSError:  # no real stderr (some notebook hosts)
+        saved = -1
+    redirect = contextlib.redirect_stderr(said) if python_too else contextlib.nullcontext()
+    with tempfile.TemporaryFile() as tmp, redirect:
+        if saved >= 0:
+            os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            if saved >= 0:
+                os.dup2(saved, 2)
+                os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read(65536).decode("utf-8", "replace").splitlines())
+            lines.extend(said.getvalue()[:65536].splitlines())
