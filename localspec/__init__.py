@@ -15,6 +15,7 @@ __all__ = [
     "Pipeline",
     "GenerationResult",
     "TokenResponse",
+    "ChatResponse",
     "GenerationStats",
     "MemoryReport",
     "Comparison",
@@ -27,7 +28,7 @@ __all__ = [
 
 def __getattr__(name: str):
     # Lazy: `import localspec` stays cheap (no llama.cpp load) for the CLI's scan/pair commands.
-    if name in ("generate", "load", "Pipeline", "GenerationResult", "PairInfo"):
+    if name in ("generate", "load", "Pipeline", "GenerationResult", "ChatResponse", "PairInfo"):
         from localspec import api
 
         return getattr(api, name)

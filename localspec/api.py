@@ -35,7 +35,7 @@ from localspec.settings import LOOKUP_N_MAX, MODEL_STRATEGIES, SUFFIX_STRATEGIES
 from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.store import SuffixStore
 from localspec.suffix import Cell, SuffixDrafter, SuffixIndex
-from localspec.tool_calls import ToolUse, template_messages, tool_use
+from localspec.tool_calls import ChatResponse, ToolUse, template_messages, tool_use
 
 
 class GenerationResult(str):
@@ -51,7 +51,10 @@ class GenerationResult(str):
     from_draft: list[bool]
     pieces: list[str]
     sources: list[str | None]
+    #: a chat reply's calls (:meth:`Pipeline.chat` with ``tools``), in OpenAI's shape
     tool_calls: list[dict]
+    #: a chat reply's text outside its calls (OpenAI's ``message.content``); the whole text otherwise
+    content: str
 
     def __new__(
         cls,
@@ -69,6 +72,7 @@ class GenerationResult(str):
         obj.pieces = pieces if pieces is not None else []
         obj.sources = sources if sources is not None else []
         obj.tool_calls = []
+        obj.content = str(obj)
         return obj
 
     def __getnewargs__(self) -> tuple[str]:  # copy and pickle: the text; the attributes follow as state
@@ -473,12 +477,14 @@ class Pipeline:
         tool_choice: Any = None,
         response_format: Any = None,
         **kwargs,
-    ) -> Iterator[TokenResponse]:
-        """Stream a reply to ``messages`` formatted with the model's own chat template. ``tools``,
-        ``tool_choice`` and ``response_format`` as in OpenAI's API (see :func:`localspec.tool_calls.tool_use`
-        and :func:`localspec.grammar.response_format_grammar`); the stream is the model's text,
-        ``<tool_call>`` tags included: :meth:`chat` reads the calls out of it."""
-        return self._chat_reply(messages, tools, tool_choice, response_format, kwargs)[0]
+    ) -> Iterator[ChatResponse]:
+        """Stream a reply to ``messages`` formatted with the model's own chat template, one
+        :class:`ChatResponse` per token: ``.text`` as the model wrote it, ``.content`` and ``.tool_calls``
+        as a chat client shows them (the calls' markup read out, their names and arguments streamed as
+        they are written). ``tools``, ``tool_choice`` and ``response_format`` as in OpenAI's API (see
+        :func:`localspec.tool_calls.tool_use` and :func:`localspec.grammar.response_format_grammar`)."""
+        stream, use = self._chat_reply(messages, tools, tool_choice, response_format, kwargs)
+        return use.responses(stream)
 
     def chat(
         self,
@@ -490,11 +496,12 @@ class Pipeline:
         **kwargs,
     ) -> GenerationResult:
         """A whole reply to ``messages``; with ``tools``, ``result.tool_calls`` holds the calls it made
-        (OpenAI's shape: ``id``, ``type``, ``function.name``, ``function.arguments`` as a JSON string).
+        (OpenAI's shape: ``id``, ``type``, ``function.name``, ``function.arguments`` as a JSON string) and
+        ``result.content`` the text outside them (the result itself is the text as the model wrote it).
         ``response_format={"type": "json_object"}`` (or ``json_schema``) makes the reply that JSON."""
         stream, use = self._chat_reply(messages, tools, tool_choice, response_format, kwargs)
         result = _collect(stream)
-        result.tool_calls = use.split(result.text)[1]
+        result.content, result.tool_calls = use.split(result.text)
         return result
 
     def _chat_reply(

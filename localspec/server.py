@@ -304,6 +304,7 @@ class _Job:
     kwargs: dict[str, Any]
     loop: asyncio.AbstractEventLoop
     endpoint: str = "completions"  # "chat" | "completions": the label of its outcome in /metrics
+    tools: ToolUse = NO_TOOLS  # a chat's: how its tokens read as content and tool calls
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     enqueued: float = field(default_factory=time.perf_counter)
@@ -440,9 +441,9 @@ class Worker:
         t0 = time.perf_counter()
         try:
             stream = self.pipe.stream_tokens(job.tokens, **job.kwargs)
-            for r in stream:
+            for r in job.tools.responses(stream):  # (content is the text when no tools were offered)
                 last = r
-                job.emit("token", r.text, r.from_draft, r.finish_reason)
+                job.emit("token", r.text, r.from_draft, r.finish_reason, r.content, r.tool_calls)
                 if r.finish_reason:
                     outcome = "ok"
                     break  # the answer is complete: the client gets it before the stream is closed
@@ -600,7 +601,7 @@ class _Endpoint:
         tools: ToolUse = NO_TOOLS,
     ):
         endpoint = "chat" if kind == "chat" else "completions"
-        job = _Job(tokens, kw, asyncio.get_running_loop(), endpoint)
+        job = _Job(tokens, kw, asyncio.get_running_loop(), endpoint, tools=tools)
         try:
             self.worker.submit(job)
         except queue.Full:
@@ -624,8 +625,8 @@ class _Endpoint:
             raise first[1]
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
-            return _JobStream(self._sse(job, first, rid, kind, req, tools), job)
-        return await self._collect(request, job, first, rid, kind, tools)
+            return _JobStream(self._sse(job, first, rid, kind, req), job)
+        return await self._collect(request, job, first, rid, kind)
 
     async def _next(self, request: Request, job: _Job) -> tuple | None:
         """The job's next event, or None when the client disconnected first (the job is then cancelled)."""
@@ -653,7 +654,7 @@ class _Endpoint:
             "total_tokens": len(job.tokens) + completion,
         }
 
-    async def _collect(self, request: Request, job: _Job, first: tuple, rid: str, kind: str, tools: ToolUse):
+    async def _collect(self, request: Request, job: _Job, first: tuple, rid: str, kind: str):
         pieces: list[str] = []
         finish = None
         generated = 0
@@ -683,7 +684,7 @@ class _Endpoint:
         text = "".join(pieces)
         choice: dict[str, Any]
         if kind == "chat":
-            content, calls = tools.split(text)  # (the text as it is when no tools were offered)
+            content, calls = job.tools.split(text)  # (the text as it is when no tools were offered)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 message = {"role": "assistant", "content": content or None, "tool_calls": calls}
@@ -704,9 +705,7 @@ class _Endpoint:
             }
         )
 
-    async def _sse(
-        self, job: _Job, first: tuple, rid: str, kind: str, req: _Common, tools: ToolUse
-    ) -> AsyncIterator[bytes]:
+    async def _sse(self, job: _Job, first: tuple, rid: str, kind: str, req: _Common) -> AsyncIterator[bytes]:
         chat = kind == "chat"
         base = {
             "id": rid,
@@ -738,20 +737,19 @@ class _Endpoint:
             yield _sse(role)
         finish = None
         generated = 0
+        called = False
         event = first
-        splitter = tools.splitter()
         while True:
             if event[0] == "token":
-                _, text, _from_draft, reason = event
+                _, text, _from_draft, reason, content, deltas = event
                 generated += 1
                 finish = reason or finish
-                deltas = None
-                if splitter is not None:
-                    text = splitter.feed(text)
-                    deltas = splitter.take_deltas()  # a call's name, then its arguments as they come
+                # a chat's content (calls read out), and its calls' name, then arguments, as they come
+                text = content if chat else text
                 if text:
                     yield _sse(chunk(text, None))
                 if deltas:
+                    called = True
                     yield _sse(chunk(None, None, deltas))
             elif event[0] == "error":
                 yield _sse(event[1].body())
@@ -764,15 +762,8 @@ class _Endpoint:
         if finish is None:
             yield _sse(APIError(503, "the server is shutting down", type="server_error").body())
             return
-        if splitter is not None:
-            rest, calls = splitter.finish()
-            if rest:
-                yield _sse(chunk(rest, None))
-            closing = splitter.take_deltas()  # what completes the calls: the rest, or calls read whole
-            if closing:
-                yield _sse(chunk(None, None, closing))
-            if calls:
-                finish = _calls_finish(finish)
+        if called:
+            finish = _calls_finish(finish)
         yield _sse(chunk(None, finish, localspec=_localspec_stats(stats, self.pipe, job.queue_seconds)))
         if include_usage:
             yield _sse({**base, "choices": [], "usage": self._usage(job, stats, generated)})

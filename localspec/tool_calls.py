@@ -16,7 +16,9 @@ can run, and everything is still the target's own choice among what the grammar 
 whole reply that is one JSON call, bare or fenced) is read too; other text stays text.
 
 Nothing here touches a model: :func:`split_calls` reads a whole reply, :class:`CallSplitter` a streamed one
-(its calls' names and arguments as they are written), both with the one rule of :class:`_CallReader`.
+(its calls' names and arguments as they are written), both with the one rule of :class:`_CallReader`;
+:meth:`ToolUse.responses` gives a stream's tokens as a chat client shows them (:class:`ChatResponse`: what
+``Pipeline.chat_stream`` yields and the server streams).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from localspec.engine import TokenResponse
 from localspec.errors import GrammarError, LocalspecError
 from localspec.grammar import MAX_GRAMMAR_CHARS, Grammar, check_schema
 
@@ -82,6 +85,43 @@ class ToolUse:
         if not self.read_calls:
             return None
         return CallSplitter(self.names, parallel=self.parallel)
+
+    def responses(self, stream: Iterable[TokenResponse]) -> Iterator[ChatResponse]:
+        """``stream``'s tokens with their chat ``content`` and ``tool_calls`` entries (see
+        :class:`ChatResponse`); the last token (the one with a ``finish_reason``) also carries what was
+        held back until the reply ended."""
+        splitter = self.splitter()
+        for r in stream:
+            content, calls = r.text, []
+            if splitter is not None:
+                content = splitter.feed(r.text)
+                calls = splitter.take_deltas()  # a call's name, then its arguments as they come
+                if r.finish_reason is not None:
+                    rest, _ = splitter.finish()
+                    content += rest
+                    calls += splitter.take_deltas()  # what completes the calls: the rest, or calls read whole
+            yield ChatResponse(**{f: getattr(r, f) for f in _TOKEN_FIELDS}, content=content, tool_calls=calls)
+
+
+@dataclass
+class ChatResponse(TokenResponse):
+    """One token of a chat reply, with what a chat client shows of it (``Pipeline.chat_stream`` yields these).
+
+    ``text`` is the token's text as the model wrote it. ``content`` is the part of the reply's text
+    outside tool calls that can be shown now: with ``tools``, what may start a ``<tool_call>`` (and
+    trailing whitespace) is held back until it is known, and a call's markup never shows; without tools it
+    is ``text``. ``tool_calls`` holds OpenAI's streamed ``delta.tool_calls`` entries read at this token:
+    a call's ``index``, ``id``, ``type`` and ``function.name`` as soon as its name is written, then pieces
+    of its ``function.arguments`` (put them together by ``index``). A stream's contents add up to the
+    text outside the calls that :meth:`ToolUse.split` reads from the whole reply, and its entries to the
+    same calls (each reading draws its own ids).
+    """
+
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+_TOKEN_FIELDS = tuple(f.name for f in fields(TokenResponse))
 
 
 #: A plain chat: no tools shown, the reply's text as it is.

@@ -4,6 +4,7 @@ streams, settings from presets, per-token results, bad values. All on the embedd
 from __future__ import annotations
 
 import copy
+import json
 import math
 import pickle
 import threading
@@ -316,6 +317,69 @@ def test_chat_with_tools_needs_a_template_that_calls_them(embedded_pipe):
     plain = embedded_pipe.chat(ask, max_tokens=6, temperature=0)
     shown_none = embedded_pipe.chat(ask, tools=[WEATHER], tool_choice="none", max_tokens=6, temperature=0)
     assert shown_none == plain and plain.tool_calls == shown_none.tool_calls == []
+
+
+#: enough of a Qwen2.5-style template for the pipeline to know its tool-call format (the embedded pair's
+#: own template has none)
+TOOL_TEMPLATE = "{% if tools %}<tools>{{ tools | tojson }}</tools> <tool_call>{% endif %}"
+
+
+def _assembled(responses) -> tuple[str, list[tuple[str, str]]]:
+    """A chat stream's content and calls (name, arguments), put together by index as a client does."""
+    calls: dict[int, list[str]] = {}
+    for r in responses:
+        for d in r.tool_calls:
+            call = calls.setdefault(d["index"], ["", ""])
+            call[0] += d.get("function", {}).get("name") or ""
+            call[1] += d.get("function", {}).get("arguments") or ""
+    return "".join(r.content for r in responses), [(n, a) for _, (n, a) in sorted(calls.items())]
+
+
+def test_chat_stream_reads_calls_out_as_they_are_written(embedded_pipe, monkeypatch):
+    from test_tool_calls import WEATHER
+
+    from localspec.engine import TokenResponse
+
+    monkeypatch.setattr(type(embedded_pipe), "chat_template", property(lambda self: TOOL_TEMPLATE))
+    pieces = ["Checking.", "\n", "<tool", "_call>\n", '{"name": "get_weather", ', '"arguments": {"city": ']
+    pieces += ['"Paris"}}\n', "</tool_call>"]
+
+    def scripted(tokens, **kw):
+        for i, piece in enumerate(pieces):
+            yield TokenResponse(piece, i, False, GenerationStats(), "stop" if i == len(pieces) - 1 else None)
+
+    monkeypatch.setattr(embedded_pipe, "stream_tokens", scripted)
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    responses = list(embedded_pipe.chat_stream(ask, tools=[WEATHER]))
+    assert isinstance(responses[0], localspec.ChatResponse) and [r.text for r in responses] == pieces
+    # the name once `"arguments": ` is written, then the arguments as they come
+    assert [bool(r.tool_calls) for r in responses] == [False] * 5 + [True, True, False]
+    first = responses[5].tool_calls[0]
+    assert first["id"].startswith("call_") and first["index"] == 0
+    assert first["function"]["name"] == "get_weather"
+    content, calls = _assembled(responses)
+    whole = embedded_pipe.chat(ask, tools=[WEATHER])
+    assert content == whole.content == "Checking." and "<tool" not in content and whole == "".join(pieces)
+    assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in whole.tool_calls]
+    assert json.loads(calls[0][1]) == {"city": "Paris"}
+    plain = list(embedded_pipe.chat_stream(ask))  # no tools: the content is the text
+    assert [r.content for r in plain] == pieces and not any(r.tool_calls for r in plain)
+
+
+def test_a_required_call_streams_as_the_whole_reply_reads_it(embedded_pipe, monkeypatch):
+    """The real model under the calls' grammar (tool_choice required): what the stream sends, put
+    together, is what chat() reads out of the same greedy reply."""
+    from test_tool_calls import WEATHER
+
+    monkeypatch.setattr(type(embedded_pipe), "chat_template", property(lambda self: TOOL_TEMPLATE))
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    kw = dict(tools=[WEATHER], tool_choice="required", max_tokens=80, temperature=0)
+    responses = list(embedded_pipe.chat_stream(ask, **kw))
+    whole = embedded_pipe.chat(ask, **kw)
+    assert "".join(r.text for r in responses) == whole
+    content, calls = _assembled(responses)
+    assert calls and calls == [(c["function"]["name"], c["function"]["arguments"]) for c in whole.tool_calls]
+    assert content == whole.content and calls[0][0] == "get_weather"
 
 
 # Placement ---------------------------------------------------------------------------------------

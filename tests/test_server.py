@@ -448,6 +448,16 @@ def test_qwen_calls_a_tool_and_answers_from_its_result():
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in direct.tool_calls] == [
             (call.function.name, call.function.arguments)
         ]
+        streamed: dict[int, list[str]] = {}
+        for piece in qwen.chat_stream(
+            ask, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=80
+        ):
+            assert "<tool_call>" not in piece.content
+            for d in piece.tool_calls:
+                entry = streamed.setdefault(d["index"], ["", ""])
+                entry[0] += d["function"].get("name") or ""
+                entry[1] += d["function"].get("arguments") or ""
+        assert [tuple(v) for v in streamed.values()] == [(call.function.name, call.function.arguments)]
     finally:
         srv.stop()
         qwen.close()
