@@ -325,6 +325,26 @@ class _Group:
         self.recent = _EMPTY_PART
         self.recent_from = self.size
 
+    def withdraw(self, n: int) -> bool:
+        """Take the last ``n`` requests back out, as if they had never been added; False (and nothing
+        changed) unless they all lie in the recent part. Their tokens are cut from the end of ``buf``
+        (refilled with the separator, as a grown buffer is) and their entries (positions from the first
+        one's start on) filtered out of the recent part's sorted arrays, which keeps them sorted: 0.6-1 ms
+        for a recent part of 24K-60K tokens; the base part and its search directory are not touched."""
+        if n <= 0 or n > len(self.starts) or len(self.starts) != self.added - self.dropped:
+            return False
+        cut = self.starts[-n]
+        if cut < self.recent_from:
+            return False  # merged into the base part
+        keys, pos = self.recent
+        keep = pos < cut
+        self.recent = (keys[keep], pos[keep])
+        self.buf[cut : self.size] = -1
+        self.size = cut
+        del self.starts[-n:]
+        self.added -= n
+        return True
+
     def evict(self, max_tokens: int) -> int:
         """Drop the oldest requests until at most ``max_tokens`` remain; returns how many were dropped."""
         if self.n_tokens <= max_tokens:
@@ -604,6 +624,13 @@ class SuffixIndex:
         """Remember a finished request (prompt and output) for every later one."""
         self.history.add(tokens)
         self.history.evict(self.max_history_tokens)
+
+    def withdraw(self, n: int) -> bool:
+        """Take the last ``n`` requests added to the history back out (False, and nothing changed, when
+        they were merged into its base part since, or evicted): what a store does to put another process's
+        requests before this one's, in the order its files hold them (see
+        :meth:`localspec.store.SuffixStore.save`)."""
+        return self.history.withdraw(n)
 
     def adopt(self, other: SuffixIndex) -> None:
         """Hold ``other``'s history and corpus instead of this index's own (the current request's tables

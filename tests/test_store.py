@@ -479,6 +479,302 @@ def test_writer_dying_mid_append_leaves_a_store_that_loads(tmp_path, monkeypatch
     assert st.load().history_requests == 3 + 2 and st.problem is None
 
 
+# Two writers on one store --------------------------------------------------------------------------
+class _Counting(SuffixStore):
+    """A store that counts its loads (the first one included): a save that takes in another writer's
+    files whole does it with :meth:`SuffixStore.load`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loads = 0
+
+    def load(self):
+        self.loads += 1
+        return super().load()
+
+
+def _in_sync(s: SuffixStore, ix: SuffixIndex) -> None:
+    """A store's bookkeeping matches its files: the snapshot is the one it knows, the journal ends where it
+    says, and the journal's records are the index's last requests."""
+    synced = s._synced
+    assert synced is not None and synced.history() is ix.history and synced.added == ix.history_added
+    assert storemod._identity(os.stat(s.path)) == synced.snapshot
+    if synced.journal is None:
+        assert not s.journal_path.exists() and synced.journal_tokens == 0
+        return
+    st = os.stat(s.journal_path)
+    assert (st.st_dev, st.st_ino) == synced.journal and st.st_size == synced.journal_end
+    records, end = storemod._parse_journal(
+        s.journal_path.read_bytes(), FP, "default", synced.snapshot_id, 1000
+    )
+    assert end == st.st_size and synced.journal_tokens == sum(r.size for r in records)
+    held = _held(ix)
+    assert [r.tolist() for r in records] == held[len(held) - len(records) :]
+
+
+def test_a_save_after_another_writers_append_reads_only_its_new_records(tmp_path):
+    """Two servers on one store, each saving after the other's append: the records after the ones a store
+    knows are read and added (no load of the whole store, the snapshot is not rewritten), its own request
+    is appended once after them, and each index is what a fresh load of the files gives."""
+    a = _Counting(tmp_path, FP, n_vocab=1000)
+    ix_a = a.load()
+    ix_a.add_request(list(range(100, 300)))
+    assert a.save(ix_a)  # a snapshot, no journal yet: b starts the journal's read from its header
+    b = _Counting(tmp_path, FP, n_vocab=1000)
+    ix_b = b.load()
+    snapshot = os.stat(a.path)
+    on_disk = [list(range(100, 300))]
+    head = len(storemod._journal_header(FP, "default", "0" * 16))
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        for s, ix in ((a, ix_a), (b, ix_b)):
+            request = rng.integers(0, 1000, int(rng.integers(1, 40))).tolist()
+            ix.add_request(request)
+            # the size before, or the header's when this save starts the journal
+            before = s.journal_path.stat().st_size if s.journal_path.exists() else head
+            assert s.save(ix) and s.problem is None
+            on_disk.append(request)
+            assert s.journal_path.stat().st_size == before + 8 + 4 * len(request), (
+                "this request's record, once, and none of the other writer's again"
+            )
+            _in_sync(s, ix)
+            assert _held(ix) == on_disk  # theirs first, then this one's: the disk order
+            back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
+            _same(ix, back)
+    assert a.loads == 1 and b.loads == 1, "no save loaded the store again"
+    assert os.stat(a.path).st_ino == snapshot.st_ino and os.stat(a.path).st_mtime_ns == snapshot.st_mtime_ns
+    _same_lookups(ix_a, SuffixStore(tmp_path, FP, n_vocab=1000).load())
+    assert _files(tmp_path) == sorted([a.path.name, a.journal_path.name]), "no lock file is left"
+
+
+def test_interleaved_saves_of_two_writers_keep_every_request_in_disk_order(tmp_path, monkeypatch):
+    """Any interleaving of two writers' saves (none, one or two requests each time, journals folded into
+    snapshots now and then, a corpus set): a fresh load holds every request of both in the order they
+    reached the files, and equals the last saver's index; a store loads the files whole only after the
+    other wrote a snapshot."""
+    monkeypatch.setattr(storemod, "JOURNAL_MIN_TOKENS", 300)  # a new snapshot every ten requests or so
+    stores = [_Counting(tmp_path, FP, n_vocab=1000) for _ in range(2)]
+    indexes = [s.load() for s in stores]
+    pending: list[list[list[int]]] = [[], []]
+    on_disk: list[list[int]] = []
+    loads, stale = [1, 1], [False, False]  # stale: the other one wrote a snapshot since
+    rng = np.random.default_rng(11)
+    snapshots = 0
+    for step in range(150):
+        w = int(rng.integers(0, 2))
+        s, ix = stores[w], indexes[w]
+        for _ in range(int(rng.integers(0, 3))):
+            request = rng.integers(0, 1000, int(rng.integers(1, 50))).tolist()
+            ix.add_request(request)
+            pending[w].append(request)
+        if step % 37 == 36:
+            ix.set_corpus([rng.integers(0, 1000, 30).tolist()])  # `localspec index`: a new snapshot
+        before = storemod._identity(os.stat(s.path)) if s.path.exists() else None
+        assert s.save(ix) and s.problem is None
+        on_disk += pending[w]
+        pending[w] = []
+        loads[w] += stale[w]
+        stale[w] = False
+        if storemod._identity(os.stat(s.path)) != before:
+            stale[1 - w] = True
+            snapshots += 1
+        assert s.loads == loads[w], step
+        back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
+        assert _held(back) == on_disk == _held(ix), step
+        _same(ix, back)
+        _in_sync(s, ix)
+    # a reload per snapshot at most (14 snapshots, 13 reloads in 150 saves): the rest read appends only
+    assert 5 < snapshots < 30 and sum(loads) - 2 <= snapshots
+
+
+@pytest.mark.parametrize("change", ["snapshot", "journal-replaced", "journal-truncated"])
+def test_files_another_writer_rewrote_are_loaded_whole(tmp_path, change):
+    """Anything but an append since this store was in sync (a new snapshot, a journal that is another file
+    or shorter than what this store knows of it): the files are loaded whole, as before."""
+    a = _Counting(tmp_path, FP, n_vocab=1000)
+    ix_a = a.load()
+    ix_a.add_request(list(range(50)))
+    assert a.save(ix_a)
+    ix_a.add_request([1, 1, 1])
+    assert a.save(ix_a)  # the journal starts
+    b = _Counting(tmp_path, FP, n_vocab=1000)
+    ix_b = b.load()
+    ix_a.add_request([2, 2])
+    if change == "snapshot":
+        ix_a.set_corpus([[9, 9, 9, 9]])
+        assert a.save(ix_a) and not a.journal_path.exists()
+        want = [list(range(50)), [1, 1, 1], [2, 2]]
+    elif change == "journal-replaced":  # the same bytes and a record more, under another inode
+        data = a.journal_path.read_bytes() + storemod._record(np.array([2, 2]))
+        tmp = tmp_path / "swap"
+        tmp.write_bytes(data)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, a.journal_path)
+        want = [list(range(50)), [1, 1, 1], [2, 2]]
+    else:  # cut back to the snapshot's requests alone
+        data = a.journal_path.read_bytes()
+        a.journal_path.write_bytes(data[: len(data) - 8 - 12])
+        want = [list(range(50))]
+    ix_b.add_request([3, 3, 3, 3])
+    assert b.save(ix_b) and b.problem is None
+    assert b.loads == 2, "loaded whole"
+    assert _held(ix_b) == [*want, [3, 3, 3, 3]]
+    back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
+    _same(ix_b, back)
+    _in_sync(b, ix_b)
+    assert back.corpus_tokens == (4 if change == "snapshot" else 0)
+
+
+@pytest.mark.parametrize("damage", ["torn", "flipped"])
+def test_a_damaged_record_another_writer_appended_is_handled_as_at_load(tmp_path, monkeypatch, damage):
+    """The other writer died in the middle of an append (a torn last record), or its record fails its
+    checksum: the next save of this store loads the files whole, keeps every complete record before it
+    (the other writer's good one included), and writes a new snapshot instead of appending after it."""
+    a, ix_a, requests = _journaled(tmp_path, n_appended=1)
+    b = _Counting(tmp_path, FP, n_vocab=1000)
+    ix_b = b.load()
+    ix_a.add_request([4, 4, 4])
+    assert a.save(ix_a)  # a good record b does not know yet
+    ix_a.add_request(list(range(100)))
+    if damage == "torn":
+        real_write = os.write
+
+        def dying_write(fd, data):
+            real_write(fd, bytes(data)[: len(data) // 2])
+            raise _Killed
+
+        monkeypatch.setattr(os, "write", dying_write)
+        with pytest.raises(_Killed):
+            a.save(ix_a)
+        monkeypatch.undo()
+    else:
+        assert a.save(ix_a)
+        data = bytearray(a.journal_path.read_bytes())
+        data[-7] ^= 0x01  # a token of the last record: only its checksum tells
+        a.journal_path.write_bytes(bytes(data))
+    assert not a.lock_path.exists()  # the dying save let go of the lock
+    ix_b.add_request([5, 5])
+    assert b.save(ix_b) and b.problem is None
+    assert b.loads == 2
+    first = _held(SuffixStore(tmp_path, FP, n_vocab=1000).load())[:-2]
+    assert _held(ix_b) == [*first, [4, 4, 4], [5, 5]] and len(first) == 3 + len(requests)
+    assert not b.journal_path.exists(), "a new snapshot, nothing appended after the damaged record"
+    _same(ix_b, SuffixStore(tmp_path, FP, n_vocab=1000).load())
+    _in_sync(b, ix_b)
+
+
+def _save_many(directory: str, who: int, n: int, start, out) -> None:
+    """One of two processes saving at once (:func:`test_two_processes_saving_at_once_lose_nothing`)."""
+    storemod.JOURNAL_MIN_TOKENS = 400  # snapshots under contention too, every ten requests or so
+    s = SuffixStore(directory, FP, n_vocab=1000)
+    ix = s.load()
+    start.wait()
+    failed = 0
+    for i in range(n):
+        ix.add_request([who, i, *range(10, 10 + 20 + i % 17)])
+        failed += not s.save(ix)
+    out.put((who, failed, _held(ix)))
+
+
+def test_two_processes_saving_at_once_lose_nothing(tmp_path):
+    """Two processes (spawned: nothing shared but the files) saving after each of many requests at once:
+    they take turns under the lock, so the store ends with every request of both, each once, in each
+    one's order, loads without a problem, and is what the last saver held."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    n = 40
+    procs = [ctx.Process(target=_save_many, args=(str(tmp_path), who, n, start, out)) for who in (1, 2)]
+    for p in procs:
+        p.start()
+    start.set()
+    results = {}
+    for _ in procs:
+        who, failed, held = out.get(timeout=60)
+        results[who] = held
+        assert failed == 0
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    st = SuffixStore(tmp_path, FP, n_vocab=1000)
+    back = st.load()
+    assert st.problem is None
+    held = _held(back)
+    assert len(held) == 2 * n
+    for who in (1, 2):
+        assert [r[1] for r in held if r[0] == who] == list(range(n)), "each one's requests, once, in order"
+    assert held in (results[1], results[2])
+    assert set(_files(tmp_path)) <= {st.path.name, st.journal_path.name}, "no lock file is left"
+
+
+# The lock ------------------------------------------------------------------------------------------
+@pytest.mark.skipif(sys.platform == "win32", reason="no fcntl: saves go on unlocked")
+def test_a_save_waits_a_bounded_time_for_a_held_lock_then_skips(tmp_path, monkeypatch, caplog):
+    """A lock held past the wait (a stuck process): the save is skipped, reported in one line, and the
+    generation goes on; later saves only try once until they get it; the next save that does writes the
+    requests the skipped ones did not."""
+    import fcntl
+
+    monkeypatch.setattr(storemod, "LOCK_WAIT_SECONDS", 0.5)
+    s = SuffixStore(tmp_path, FP, n_vocab=1000)
+    ix = s.load()
+    ix.add_request([1, 2, 3])
+    assert s.save(ix)
+    assert not s.lock_path.exists()  # it exists only while a save holds it
+    fd = os.open(s.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another process's save, stuck
+        ix.add_request([4, 5, 6])
+        t = time.monotonic()
+        assert s.save(ix) is False
+        assert 0.5 <= time.monotonic() - t < 3
+        assert s.problem and "lock" in s.problem and "\n" not in s.problem and s.problem in caplog.text
+        ix.add_request([7, 7])
+        t = time.monotonic()
+        assert s.save(ix) is False
+        assert time.monotonic() - t < 0.25, "once stuck, a save tries only once"
+    finally:
+        os.close(fd)  # the holder is done (its lock file stays, as a killed holder's does)
+    ix.add_request([8])
+    assert s.save(ix) and s.problem is None
+    assert _held(SuffixStore(tmp_path, FP, n_vocab=1000).load()) == [[1, 2, 3], [4, 5, 6], [7, 7], [8]]
+    assert not s.lock_path.exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no fcntl: saves go on unlocked")
+def test_lock_file_is_0600_never_followed_and_not_a_store(tmp_path, caplog):
+    modes = []
+
+    class Spy(SuffixStore):
+        def _take_in(self, index):
+            modes.append(stat.S_IMODE(os.lstat(self.lock_path).st_mode))
+            return super()._take_in(index)
+
+    s = Spy(tmp_path, FP, n_vocab=1000)
+    ix = s.load()
+    ix.add_request([1, 2, 3])
+    assert s.save(ix)
+    assert modes == [0o600]
+    # a symlink where the lock file goes is not followed: the save goes on unlocked, and says so once
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    s.lock_path.symlink_to(target)
+    for request in ([4], [5]):
+        ix.add_request(request)
+        assert s.save(ix) and s.problem is None
+    assert caplog.text.count("without the lock") == 1
+    assert target.read_text() == "keep" and s.lock_path.is_symlink()
+    assert _held(SuffixStore(tmp_path, FP, n_vocab=1000).load()) == [[1, 2, 3], [4], [5]]
+    # a lock file left by a writer killed while it saved is not a store, and clear deletes it
+    s.lock_path.unlink()
+    target.unlink()
+    s.lock_path.write_bytes(b"")
+    (info,) = list_stores(tmp_path)
+    assert info.path == s.path and info.problem is None
+    assert s.lock_path in storemod.clear(tmp_path) and _files(tmp_path) == []
+
+
 def test_version_1_store_is_ignored_with_a_clear_reason(tmp_path):
     s = SuffixStore(tmp_path, FP)
     s.save(_index())

@@ -187,6 +187,36 @@ def test_index_equals_brute_force(history, corpus, prompt, output, k, merge_at, 
     _check_against_brute(again, context, kept, corpus, k)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    history=st.lists(seqs, max_size=8),
+    n=st.integers(0, 8),
+    merge_at=st.sampled_from([1, 16, 40, 1 << 16]),
+)
+def test_withdrawn_requests_leave_the_index_as_if_never_added(history, n, merge_at):
+    """withdraw(n) gives the index that adding all but the last n would have built (the same arrays), or
+    refuses and changes nothing when they were merged into the base part."""
+    ix = SuffixIndex(merge_at=merge_at)
+    for r in history:
+        ix.add_request(r)
+    before = {k: v.copy() for k, v in ix.state().items()}
+    kept = [r for r in history if r]
+    n = min(n, len(kept))
+    if not ix.withdraw(n):
+        assert n == 0 or ix.history.starts[-n] < ix.history.recent_from
+        assert all(np.array_equal(before[k], v) for k, v in ix.state().items())
+        return
+    fresh = SuffixIndex(merge_at=merge_at)
+    for r in kept[: len(kept) - n]:
+        fresh.add_request(r)
+    mine, theirs = ix.state(), fresh.state()
+    assert mine.keys() == theirs.keys() and all(np.array_equal(mine[k], theirs[k]) for k in mine)
+    assert ix.history_added == fresh.history_added and ix.history_tokens == fresh.history_tokens
+    for r in kept[len(kept) - n :]:  # adding them again gives the index before
+        ix.add_request(r)
+    assert all(np.array_equal(before[k], v) for k, v in ix.state().items())
+
+
 def test_hash_collisions_never_propose_a_wrong_continuation(monkeypatch):
     """With every n-gram hashing to the same key, only verified occurrences count."""
     monkeypatch.setattr(suffix, "_mix_np", lambda x: np.zeros(x.shape, np.uint32))
