@@ -241,7 +241,7 @@ class Constraint:
         text, root = grammar.text.encode("utf-8"), grammar.root.encode("utf-8")
         if grammar.trigger and trigger_id is None:
             raise ValueError("a lazy grammar needs the id of its trigger token")
-        with llama_said(python_too=True) as said:  # why a grammar fails (and the whole grammar)
+        with llama_said() as said:  # why a grammar fails (and the whole grammar)
             if grammar.trigger and trigger_id is not None:
                 ids = (llama_cpp.llama_token * 1)(trigger_id)
                 self._sampler = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
@@ -250,10 +250,11 @@ class Constraint:
             else:
                 self._sampler = llama_cpp.llama_sampler_init_grammar(vocab, text, root)
         if not self._sampler:
-            why = next((line for line in said if "error" in line or "unsupported" in line), "")
+            # a parse error is printed to fd 2 (those lines come first), the rest is logged as an error
+            errors = [line for line in said.lines if "error" in line] + said.errors
+            why = errors[0] if errors else ""
             raise GrammarError(
-                f"llama.cpp could not parse the {grammar.what}"
-                + (f": {why.strip()[:300]}" if why else f": left recursion, or no {grammar.root!r} rule"),
+                f"llama.cpp could not parse the {grammar.what}" + (f": {why.strip()[:300]}" if why else ""),
                 param=grammar.what,
                 hint="see llama.cpp's grammars/README.md for the format; a JSON schema's large counts "
                 "(maxLength, maxItems) are spelled out rule by rule and llama.cpp refuses more than 2000",

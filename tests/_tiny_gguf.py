@@ -11,16 +11,24 @@ from localspec.gguf_meta import read_metadata
 
 
 def write_tiny_llama(
-    path: Path, vocab_source: Path, *, n_embd: int = 16, n_layer: int = 1, seed: int = 0
+    path: Path,
+    vocab_source: Path,
+    *,
+    n_embd: int = 16,
+    n_layer: int = 1,
+    seed: int = 0,
+    arch: str = "llama",
 ) -> Path:
-    """A 1-layer llama with the tokenizer of ``vocab_source`` (a GGUF, e.g. a vocab-only file)."""
+    """A 1-layer llama with the tokenizer of ``vocab_source`` (a GGUF, e.g. a vocab-only file); ``arch``
+    names another architecture in the header (with llama's tensors: for an architecture llama.cpp
+    does not know)."""
     meta = read_metadata(vocab_source, tensors=False)
     tokens = meta.kv["tokenizer.ggml.tokens"]
     n_vocab = len(tokens)
     n_head, n_ff = 2, 2 * n_embd
     rng = np.random.default_rng(seed)
 
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-test")
     w.add_context_length(256)
     w.add_embedding_length(n_embd)

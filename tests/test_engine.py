@@ -155,6 +155,16 @@ def test_missing_and_corrupt_files_name_the_file(tmp_path):
         localspec.load(target=junk, draft="none", n_ctx=256)
 
 
+def test_a_model_llama_cpp_refuses_gets_llama_cpps_reason(tmp_path):
+    """The header reads fine, llama.cpp refuses the model: its own reason is the message (llama-cpp-python
+    drops llama.cpp's logged errors unless verbose), not a bare "failed to load"."""
+    vocab = next((__import__("pathlib").Path(__file__).parent / "data" / "vocab").glob("*gpt-2*.gguf"))
+    odd = write_tiny_llama(tmp_path / "odd.gguf", vocab, arch="nosucharch")
+    with pytest.raises(GGUFError, match="unknown model architecture: 'nosucharch'") as err:
+        localspec.load(target=odd, draft="none", n_ctx=256)
+    assert "odd.gguf" in err.value.message and "llama-cpp-python" in (err.value.hint or "")
+
+
 def test_incompatible_and_unusable_drafts_are_refused_before_loading(tmp_path):
     vocab = __import__("pathlib").Path(__file__).parent / "data" / "vocab"
     gpt2_vocab = next(vocab.glob("*gpt-2*.gguf"))

@@ -88,8 +88,8 @@ def test_gbnf_text_is_checked_and_a_broken_one_fails_when_the_generation_is_aske
     capfd.readouterr()
     for broken, why in [
         ('root ::= "a" undefined', "Undefined rule identifier 'undefined'"),
-        ('root ::= root "a"', "left recursion"),  # llama.cpp logs nothing for these two: the likely causes
-        ('other ::= "a"', "no 'root' rule"),
+        ('root ::= root "a"', "left recursion detected"),  # these two are llama.cpp's logged errors
+        ('other ::= "a"', "grammar does not contain a 'root' symbol"),
         ("root ::= (", "expecting ')'"),
     ]:
         with pytest.raises(GrammarError, match="could not parse") as err:
