@@ -155,6 +155,34 @@ def test_missing_and_corrupt_files_name_the_file(tmp_path):
         localspec.load(target=junk, draft="none", n_ctx=256)
 
 
+def test_ctrl_c_while_llama_cpp_loads_is_raised_once_the_load_returns(monkeypatch):
+    """A SIGINT handled inside a callback from C (llama-cpp-python's log callback, during a load) used to
+    be printed as ignored and lost, and the whole generation ran: it is raised when the load is done."""
+    import ctypes
+    import os
+    import signal
+
+    import llama_cpp
+
+    from localspec.runtime import Model
+
+    real = llama_cpp.Llama
+
+    def loading(**kw):
+        def in_the_callback() -> None:  # Python runs the signal handler here, inside the C call
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+
+        ctypes.CFUNCTYPE(None)(in_the_callback)()
+        return real(**kw)
+
+    monkeypatch.setattr(llama_cpp, "Llama", loading)
+    with pytest.raises(KeyboardInterrupt):
+        Model(constants.EMBEDDED_DRAFT, n_ctx=64, n_threads=1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_model_llama_cpp_refuses_gets_llama_cpps_reason(tmp_path):
     """The header reads fine, llama.cpp refuses the model: its own reason is the message (llama-cpp-python
     drops llama.cpp's logged errors unless verbose), not a bare "failed to load"."""
