@@ -130,8 +130,10 @@ class Pipeline:
         # before anything failed: lower it to what the header says, before loading. ``n_ctx`` tells.
         threads = constants.default_threads() if n_threads is None else n_threads
         check_load_settings(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers or 0, what="target")
+        #: the n_ctx asked for, when it was lowered to the trained context (errors and the CLI say so)
+        self.n_ctx_asked: int | None = None
         if info.n_ctx_train and n_ctx > info.n_ctx_train:
-            n_ctx = info.n_ctx_train
+            self.n_ctx_asked, n_ctx = n_ctx, info.n_ctx_train
         offload = supports_gpu_offload()
         # what the measured costs depend on: threads, and GPU layers of the target and the draft
         self._load_facts = (
@@ -392,7 +394,12 @@ class Pipeline:
             )
         n = len(tokens)
         if n + max_tokens > self.n_ctx:
-            if n >= self.n_ctx:
+            trained = self.info.n_ctx_train
+            if trained and self.n_ctx >= trained:  # a larger n_ctx would be lowered to this again
+                room = self.n_ctx - n
+                hint = "shorten the prompt" + (f" or lower max_tokens to {room} or less" if room > 0 else "")
+                hint += f": the model was trained on {trained} tokens, the most it is loaded with"
+            elif n >= self.n_ctx:
                 hint = (
                     f"the prompt alone needs {n} tokens: shorten it, or load with an n_ctx of at least "
                     f"{n + max_tokens}"
@@ -402,9 +409,14 @@ class Pipeline:
                     f"shorten the prompt, lower max_tokens to {self.n_ctx - n} or less, "
                     "or load with a larger n_ctx"
                 )
+            lowered = (
+                f" (n_ctx {self.n_ctx_asked} lowered to the model's trained context)"
+                if self.n_ctx_asked
+                else ""
+            )
             raise ContextOverflowError(
                 f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds the context "
-                f"window of {self.n_ctx} tokens",
+                f"window of {self.n_ctx} tokens{lowered}",
                 hint=hint,
             )
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)

@@ -14,6 +14,8 @@ Variable                    Effect (accessor)
                             (``:`` on Linux and macOS, ``;`` on Windows) (:func:`extra_model_dirs`)
 ``LOCALSPEC_PEER_DIR``      where ``bench --peer`` builds llama.cpp's server (:func:`peer_dir`)
 ``LOCALSPEC_VERBOSE``       any non-empty value: llama.cpp's own log is shown (:func:`verbose`)
+``LOCALSPEC_API_KEY``       ``serve``'s API key, as ``--api-key`` (read by click: ``cli/serve.py``)
+``LOCALSPEC_UI_AUTH``       ``ui``'s ``user:password`` login, as ``--auth`` (read by click: ``cli/ui.py``)
 ``LOCALSPEC_TRUST_AMX``     any non-empty value: load models without first checking that the llama.cpp
                             build's AMX kernels survive here (:func:`trust_amx`, :mod:`localspec.llama_build`)
 ``LLAMA_CPP_LIB_PATH``      read by llama-cpp-python: load another llama.cpp build; part of the key of a

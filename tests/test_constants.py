@@ -25,6 +25,17 @@ def test_every_variable_read_by_localspec_is_in_the_table():
     assert missing == [], f"read but not listed in constants.py's docstring: {missing}"
 
 
+def test_the_readmes_table_lists_every_variable_of_constants_table():
+    table = constants.__doc__ or ""
+    listed = set(re.findall(r"^``([A-Z0-9_]+)``", table, re.MULTILINE))
+    assert {"LOCALSPEC_HOME", "LOCALSPEC_API_KEY", "LLAMA_CPP_LIB_PATH"} <= listed
+    readme = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    start = readme.index("Every variable localspec reads")
+    rows = readme[start : readme.index("\n\n", readme.index("| --- |", start))]
+    missing = sorted(v for v in listed if f"`{v}`" not in rows)
+    assert missing == [], f"in constants.py's table but not the README's: {missing}"
+
+
 def test_the_accessors_follow_the_environment(monkeypatch):
     monkeypatch.delenv("LOCALSPEC_VERBOSE", raising=False)
     assert constants.verbose() is False

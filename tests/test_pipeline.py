@@ -60,6 +60,20 @@ def test_a_prompt_longer_than_the_context_is_refused_with_a_true_hint(small_pipe
     with pytest.raises(ContextOverflowError) as exc:  # here lowering max_tokens does help
         small_pipe.generate(PROMPT_60_WORDS, max_tokens=small_pipe.n_ctx)
     assert f"max_tokens to {small_pipe.n_ctx - n} or less" in exc.value.hint
+    assert "larger n_ctx" in exc.value.hint
+
+
+def test_an_n_ctx_past_the_trained_context_is_lowered_and_the_refusal_says_so():
+    pipe = localspec.load(n_ctx=200_000, n_threads=1)
+    try:
+        trained = pipe.info.n_ctx_train
+        assert pipe.n_ctx == trained and pipe.n_ctx_asked == 200_000
+        with pytest.raises(ContextOverflowError) as exc:
+            pipe.generate("def f():", max_tokens=trained)
+        assert "n_ctx 200000 lowered to the model's trained context" in exc.value.message
+        assert "larger n_ctx" not in exc.value.hint and f"trained on {trained} tokens" in exc.value.hint
+    finally:
+        pipe.close()
 
 
 def test_a_draft_longer_than_one_pass_is_refused_and_the_longest_one_is_verified(small_pipe, embedded_pipe):
