@@ -36,7 +36,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import Receive, Scope, Send
 
 from localspec.errors import GrammarError, LocalspecError
@@ -854,6 +853,38 @@ def _prometheus(metrics: Metrics, worker: Worker, model_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _LoopbackHosts:
+    """On a loopback server, a request whose ``Host`` is not a loopback name gets OpenAI's error JSON (400)
+    naming the header and what to do: a web page that reached the server through DNS rebinding sends its
+    own site's name there. Starlette's ``TrustedHostMiddleware`` answered a bare text "Invalid host
+    header", which told a user behind a proxy that rewrites ``Host`` neither why nor what next."""
+
+    def __init__(self, app: Callable, names: set[str]) -> None:
+        self.app, self.names = app, names
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # (no websocket routes here)
+            await self.app(scope, receive, send)
+            return
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        if host.startswith("["):  # [::1]:8080
+            name = host[: host.index("]") + 1] if "]" in host else host
+        else:
+            name = host.split(":", 1)[0]
+        if name.lower() in self.names:
+            await self.app(scope, receive, send)
+            return
+        error = APIError(
+            400,
+            f"the Host header {host[:100]!r} is not a name of this server: on a loopback address it answers "
+            "only to localhost, 127.0.0.1 and [::1] (so a web page cannot reach it through DNS rebinding); "
+            "send one of those (a reverse proxy: set the Host it forwards), or serve on another --host with "
+            "--api-key",
+            code="bad_host",
+        )
+        await error.response()(scope, receive, send)
+
+
 class _InternalErrors:
     """A bug answers OpenAI's error JSON with status 500 and the exception's type (the traceback goes to the
     log), and the connection stays usable: Starlette's own last-resort handler re-raises after answering,
@@ -907,7 +938,7 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
         # A loopback server is reachable from this machine's browser; refusing foreign Host headers stops
         # web pages from reading it through DNS rebinding.
         names = {"127.0.0.1", "localhost", "::1", "[::1]", opts.host.lower(), opts.host.strip("[]").lower()}
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=sorted(names))
+        app.add_middleware(_LoopbackHosts, names=names)
 
     @app.exception_handler(APIError)
     async def _api_error(_request: Request, exc: APIError) -> JSONResponse:

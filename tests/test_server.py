@@ -565,7 +565,11 @@ def test_bad_json_bad_types_and_unknown_paths_get_openai_error_json(server):
         r = h.get("/v1/chat/completions")
         assert r.status_code == 405 and "error" in r.json()
         # DNS rebinding: a page on another origin that resolves to 127.0.0.1 sends its own Host header
-        assert h.get("/health", headers={"host": "attacker.example"}).status_code == 400
+        refused = h.get("/health", headers={"host": "attacker.example:8000"})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "bad_host"
+        assert "'attacker.example:8000'" in refused.json()["error"]["message"]
+        for host in ("localhost:1", "127.0.0.1", "[::1]:8000", "LOCALHOST"):
+            assert h.get("/health", headers={"host": host}).json()["status"] == "ok", host
         assert h.get("/health").json()["status"] == "ok"
 
 
