@@ -32,7 +32,7 @@ import codecs
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -210,13 +210,14 @@ class Engine:
                     stats.verify_tokens += n_d + 1
 
                     t = time.perf_counter()
+                    complete = False  # the grammar's text is done (nothing but whitespace may follow)
                     if constraint is None:
                         emitted, m = _verify(rows, draft, params, rng)
                         if trace is not None:
                             trace.extend(_margins(rows, emitted, m))
                     else:
-                        emitted, m = _verify_constrained(
-                            rows, draft, params, rng, constraint, target.eog_ids, trace
+                        emitted, m, complete = _verify_constrained(
+                            rows, draft, params, rng, constraint, target.eog_ids, target.space_ids, trace
                         )
                     target.truncate(len(ctx) + m)
                     stats.sample_seconds += time.perf_counter() - t
@@ -249,7 +250,7 @@ class Engine:
                             )
                             break
                         piece, hit_stop = text_out.push(tok)
-                        if hit_stop:
+                        if hit_stop or (complete and i == len(emitted) - 1):
                             finish = "stop"
                         elif generated >= max_tokens:
                             finish = "length"
@@ -327,11 +328,14 @@ def _verify_constrained(
     rng,
     constraint: Constraint,
     eog: frozenset[int],
+    space: Callable[[], np.ndarray],
     trace: list[tuple[int, bool, int, float]] | None = None,
-) -> tuple[list[int], int]:
+) -> tuple[list[int], int, bool]:
     """:func:`_verify` under a grammar: each position's token is the constrained one, and the grammar
     takes every emitted token in order (so no state needs rolling back: only final tokens reach it).
-    A ``trace`` gets what :func:`_margins` gives, over the tokens the grammar allows there."""
+    A ``trace`` gets what :func:`_margins` gives, over the tokens the grammar allows there. The third
+    value says the last emitted token completed the text (:meth:`Constraint.complete`: only whitespace
+    or the end may follow): the reply ends there, a prefix of the target's own constrained text."""
     drafts = draft.tokens
     out: list[int] = []
     for i in range(len(drafts) + 1):
@@ -358,11 +362,12 @@ def _verify_constrained(
             trace.extend(_margins(allowed[None, :], [tok], int(ok)))
         constraint.accept(tok)
         out.append(tok)
-        if not ok:
-            return out, i
+        complete = tok not in eog and constraint.complete(eog, space)
+        if not ok or complete:
+            return out, i + int(ok), complete
         if tok in eog:  # an accepted end of generation: nothing after it is read
-            return out, i + 1
-    return out, len(drafts)
+            return out, i + 1, False
+    return out, len(drafts), False
 
 
 def _margins(rows: np.ndarray, emitted: list[int], m: int) -> list[tuple[int, bool, int, float]]:

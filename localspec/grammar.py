@@ -29,7 +29,7 @@ from __future__ import annotations
 import ctypes
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -357,6 +357,22 @@ class Constraint:
                 hint="report it with the request that caused it",
             )
         llama_cpp.llama_sampler_accept(self._sampler, token)
+
+    def complete(self, ends: frozenset[int], space: Callable[[], np.ndarray]) -> bool:
+        """Whether the text so far is complete and nothing but whitespace may follow it: an end of
+        generation (one of ``ends``) is allowed, and every other token allowed is in ``space()`` (the
+        vocabulary's whitespace-only ids, asked for only then). JSON grammars allow a little whitespace
+        after the top-level value (llama.cpp's ``space`` rule: up to two newlines and 20 blanks); a model
+        that prefers a blank to its end token then wrote it up to that bound, or a token budget
+        (``max_tokens``) on a small model, before it ended. The check costs microseconds where the end is
+        not allowed (inside the value); where it is, one mask of the whole vocabulary (15-55 ms at 152K
+        tokens: once at the end of an object, at each digit of a top-level number). Never for a lazy
+        grammar: before its trigger everything is allowed, and the end with it."""
+        if self.grammar.trigger or not any(self.allows(t) for t in ends):
+            return False
+        allowed = np.flatnonzero(np.isfinite(self._apply(self._ids, np.zeros(self.n_vocab, np.float32))))
+        others = np.setdiff1d(allowed, np.fromiter(ends, dtype=np.int64, count=len(ends)))
+        return bool(np.isin(others, space()).all())
 
 
 def _token_array(buf: np.ndarray) -> Any:

@@ -168,6 +168,7 @@ class Model:
             self._batch.seq_id[i][0] = 0
         self._piece_buf = ctypes.create_string_buffer(64)
         self._textless: np.ndarray | None = None
+        self._space: np.ndarray | None = None
         self.eog_ids = frozenset(
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
         )
@@ -240,6 +241,20 @@ class Model:
             ]
             self._textless = np.array(ids, dtype=np.int64)
         return self._textless
+
+    def space_ids(self) -> np.ndarray:
+        """Ids whose text is whitespace only (a space, newlines, indentation): computed once, with a buffer
+        of its own (like :meth:`textless_ids`)."""
+        if self._space is None:
+            buf = ctypes.create_string_buffer(128)
+            to_piece, vocab = llama_cpp.llama_token_to_piece, self.vocab
+            ids = []
+            for t in range(self.n_vocab):
+                n = to_piece(vocab, t, buf, 128, 0, False)
+                if 0 < n and buf.raw[:n].isspace():
+                    ids.append(t)
+            self._space = np.array(ids, dtype=np.int64)
+        return self._space
 
     # KV cache ---------------------------------------------------------------------------------
     def truncate(self, n: int) -> None:

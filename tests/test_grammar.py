@@ -147,6 +147,23 @@ def test_end_of_generation_is_allowed_exactly_where_the_grammar_is_complete(embe
     assert _constraint(embedded_pipe, Grammar.gbnf(WORDS), '["ab"]').allows(eog)
 
 
+def test_the_reply_ends_where_nothing_but_whitespace_may_follow(embedded_pipe):
+    """The tiny model prefers a blank to its end token: after a complete JSON value it wrote the
+    whitespace the JSON rule allows after it, then spent max_tokens (a walkthrough's `run --json-schema`
+    ended with "length"). The reply now ends at the value's last token: a prefix of the same text."""
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    for strategy in ("none", "ngram", "suffix"):
+        r = embedded_pipe.generate(
+            "def f():", max_tokens=48, grammar=Grammar.json_schema(schema), strategy=strategy
+        )
+        assert r.stats.finish_reason == "stop" and str(r).endswith("}"), (strategy, str(r))
+        assert set(json.loads(str(r))) == {"x"}
+    spaced = embedded_pipe.generate("x", max_tokens=20, grammar=Grammar.gbnf('root ::= "ab" " "*'))
+    assert str(spaced) == "ab" and spaced.stats.finish_reason == "stop"
+    number = embedded_pipe.generate("x", max_tokens=24, grammar=Grammar.json_schema({"type": "integer"}))
+    assert str(number).isdigit()  # a digit may follow every digit: ends by the rule's bound or the model
+
+
 @pytest.mark.parametrize(
     "params",
     [
