@@ -221,8 +221,9 @@ def add_ceilings(cells: list[CellResult], slope: float | None = None) -> float:
     included), so its ceiling is the best over 1..k and never below 1x. The loss factors multiply to the
     efficiency: ``draft_length`` (rounds yield fewer tokens or cost other than the ideal k-token round:
     p_min stops, n-gram misses, rejected tails), ``loop_overhead`` (time outside draft and verify passes:
-    sampling, Python, n-gram lookup), ``baseline_overhead`` (the same kind of time in the baseline, which
-    counts in our favour) and ``residual`` (median-of-prompts vs pooled totals, run-to-run noise).
+    sampling, Python; a lookup counts as drafting), ``baseline_overhead`` (the same kind of time in the
+    baseline, which counts in our favour) and ``residual`` (median-of-prompts vs pooled totals, run-to-run
+    noise).
     """
     spec = [c for c in cells if c.strategy != BASELINE.strategy and not math.isnan(c.v_at_batch)]
     if slope is None:

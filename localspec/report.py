@@ -14,7 +14,7 @@ from localspec.workloads import WORKLOAD_TITLES
 
 LOSS_NAMES = {
     "draft_length": "draft length / acceptance pattern",
-    "loop_overhead": "loop overhead (sampling, Python, lookup)",
+    "loop_overhead": "loop overhead (sampling, Python)",
     "baseline_overhead": "baseline's own overhead (in our favour)",
     "residual": "median vs pooled, noise",
 }
