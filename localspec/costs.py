@@ -26,6 +26,23 @@ b = 16). Another process can only slow a pass down, so each width's cost is near
 second-fastest, see :func:`typical`), and the sweeps go on (up to :data:`MAX_SWEEPS`) until the two fastest
 timings of a one-token pass, and of nearly every width, agree within :data:`AGREEMENT`. A curve that never
 settles is kept, marked unsteady, and said so.
+
+The draft model's token cost ``c`` (``auto`` routes by ``c / T``) is held to the same rule. It used to be
+timed once the sweeps were over, in 6-12 back-to-back passes, and nothing checked it: one busy spell then
+covered every one of them, and a curve marked steady kept "a draft-model token 4.81 of a target token" for
+a 0.5B draft of a 1.5B target (0.46-0.52 on a quiet machine, 0.68-0.69 on this one), so ``auto`` never
+chose the draft model until ``cache clear --costs``. Now the draft is timed twice in every sweep, before
+the middle width and before the widest (:data:`DRAFT_POINTS`), so its timings spread over the whole
+20-30 s like the widths'; it costs its second-fastest timing, and the sweeps go on until its two fastest
+agree within :data:`AGREEMENT` as well. A draft that never settles marks the measurement unsteady and is
+said so the same way. The draft passes add 1.2% to a sweep (0.17 s of 14 s for that pair on 2 cores: four
+draft passes against some 250 one-token target passes' worth over the 33 widths); on a quiet machine the
+ratio is the old method's within 2% (0.684 and 0.692 against 0.681 and 0.680). Each timed draft pass
+follows an uncounted one: right after a target pass a draft pass of the cache-resident embedded pair
+costs 0.28 of a target token, the next 0.18, later ones 0.16 (its ratio reads 0.17 now, 0.12 from
+back-to-back passes, where a run of drafts costs 0.16-0.28 a token). Curves kept with a draft model's
+cost by the version before (cache version 3) are measured again once; those without one are kept (their
+verify curve is measured the same way now).
 """
 
 from __future__ import annotations
@@ -54,8 +71,15 @@ MIN_SWEEPS, MAX_SWEEPS = 3, 6
 AGREEMENT = 0.05
 #: A curve is steady when width 1 and all but this fraction of the widths agree (see :func:`unsteady_widths`).
 UNSTEADY_SHARE = 0.1
-#: 3: the second-fastest timing of each width, sweeps until steady (2: the median of 3; 1: 15 widths)
-_VERSION = 3
+#: Where each sweep times the draft model's token: before these shares of the widths (the middle one and the
+#: widest; never right before width 1, which every V(b) is divided by), one uncounted pass then a timed one
+#: at each, so that the timed pass runs with the draft model's own data warm, as in a run of drafts.
+DRAFT_POINTS = (0.5, 1.0)
+#: 4: the draft model's token timed in every sweep and checked for agreement (3: the second-fastest timing
+#: of each width, sweeps until steady, the draft timed once after them; 2: the median of 3; 1: 15 widths)
+_VERSION = 4
+#: Curves of version 3 without a draft model were measured as version 4 measures them, and are kept.
+_SAME_WITHOUT_DRAFT = 3
 
 
 @dataclass
@@ -98,6 +122,21 @@ class MachineCosts:
         """False when the timings never agreed while measuring (something else was using the machine)."""
         return bool(self.details.get("steady", True))
 
+    @property
+    def unsteady_timings(self) -> str:
+        """Which timings disagreed while measuring, for a message ("" when steady): the draft model's token,
+        the pass widths (named, up to five), or both."""
+        if self.steady:
+            return ""
+        parts = []
+        if self.details.get("draft_steady") is False:
+            parts.append("the draft model's token")
+        widths = [str(w) for w in self.details.get("unsteady_widths") or []]
+        if widths:
+            more = f" and {len(widths) - 5} more" if len(widths) > 5 else ""
+            parts.append(f"pass width{'s' if len(widths) > 1 else ''} {', '.join(widths[:5])}{more}")
+        return " and ".join(parts) or "pass widths"
+
     def ceiling(self, k: int) -> float:
         """The speedup of perfect ``k``-token drafts that cost nothing: ``(k + 1) / V(k + 1)``."""
         return (k + 1) / self.V(k + 1)
@@ -110,7 +149,12 @@ class MachineCosts:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> MachineCosts:
-        if d.get("version") != _VERSION:
+        version = d.get("version")
+        if version == _SAME_WITHOUT_DRAFT and d.get("draft_token_seconds") is not None:
+            raise ValueError(
+                "its draft-model cost was measured by an older localspec without a check for load"
+            )
+        if version not in (_VERSION, _SAME_WITHOUT_DRAFT):
             raise ValueError("measured by another version of localspec")
         verify = {int(k): float(v) for k, v in d["verify"].items()}
         if 1 not in verify or len(verify) < 2 or not all(_usable(v) for v in verify.values()):
@@ -227,14 +271,16 @@ def typical(timings: list[float]) -> float:
     return _two_fastest(timings)[-1]
 
 
+def agrees(timings: list[float], agreement: float = AGREEMENT) -> bool:
+    """Whether the two fastest timings differ by at most ``agreement`` (a fraction of the faster); one
+    timing agrees with nothing."""
+    fastest = _two_fastest(timings)
+    return len(fastest) == 2 and fastest[1] <= fastest[0] * (1.0 + agreement)
+
+
 def unsteady_widths(times: dict[int, list[float]], agreement: float = AGREEMENT) -> list[int]:
     """The widths whose two fastest timings differ by more than ``agreement`` (a fraction of the faster)."""
-    out = []
-    for w, ts in sorted(times.items()):
-        fastest = _two_fastest(ts)
-        if len(fastest) < 2 or fastest[1] > fastest[0] * (1.0 + agreement):
-            out.append(w)
-    return out
+    return [w for w, ts in sorted(times.items()) if not agrees(ts, agreement)]
 
 
 def is_steady(times: dict[int, list[float]], agreement: float = AGREEMENT) -> bool:
@@ -257,6 +303,9 @@ def measure(
     """Measure V(b) on ``target`` and the draft's token cost: sweeps over every width (interleaved, so a
     slow spell touches all widths alike), at least ``min_sweeps`` and more up to ``max_sweeps`` until
     :func:`is_steady`; each width costs its :func:`typical` timing (near the fastest: a load only slows).
+    The draft model's token is timed in every sweep too (at :data:`DRAFT_POINTS`, so a busy spell of a
+    few seconds reaches only some of its timings), costs its :func:`typical` timing, and must
+    :func:`agrees` as well for the sweeps to stop and the result to be steady.
 
     Uses a neutral context of repeated ordinary tokens after a short prefix; the caches are restored.
     """
@@ -266,20 +315,36 @@ def measure(
     target.reset()
     _time_pass(target, base, filler[:1], timer)  # warm-up, uncounted
     times: dict[int, list[float]] = {w: [] for w in widths}
+    draft_times: list[float] = []
+    draft_at = [min(len(widths) - 1, max(0, math.ceil(share * len(widths)) - 1)) for share in DRAFT_POINTS]
+    if draft is not None:
+        draft.reset()
+
+    def settled() -> bool:
+        return is_steady(times) and (draft is None or agrees(draft_times))
+
     sweeps = 0
-    while sweeps < max(1, min_sweeps) or (sweeps < max_sweeps and not is_steady(times)):
-        for w in widths:
+    while sweeps < max(1, min_sweeps) or (sweeps < max_sweeps and not settled()):
+        for i, w in enumerate(widths):
+            if draft is not None:
+                for _ in range(draft_at.count(i)):
+                    _time_pass(draft, base, filler[:1], timer)  # uncounted: warms the draft's data
+                    draft_times.append(_time_pass(draft, base, filler[:1], timer))
             times[w].append(_time_pass(target, base, filler[:w], timer))
         sweeps += 1
     one = typical(times[1]) if 1 in times else typical(times[widths[0]]) / widths[0]
     verify = {w: typical(ts) / one for w, ts in times.items()}
     verify[1] = 1.0
+    details: dict[str, Any] = {
+        "sweeps": sweeps,
+        "widths": list(widths),
+        "steady": settled(),
+        "unsteady_widths": unsteady_widths(times),
+    }
     draft_s = None
     if draft is not None:
-        draft.reset()
-        dbase = base[:]
-        _time_pass(draft, dbase, filler[:1], timer)
-        draft_s = typical([_time_pass(draft, dbase, filler[:1], timer) for _ in range(2 * max(3, sweeps))])
+        draft_s = typical(draft_times)
+        details["draft_steady"] = agrees(draft_times)
         draft.reset()
     target.reset()
     return MachineCosts(
@@ -287,12 +352,7 @@ def measure(
         verify=verify,
         draft_token_seconds=draft_s,
         measured=clock(),
-        details={
-            "sweeps": sweeps,
-            "widths": list(widths),
-            "steady": is_steady(times),
-            "unsteady_widths": unsteady_widths(times),
-        },
+        details=details,
     )
 
 
@@ -347,10 +407,12 @@ def machine_costs(
         "gpu_layers": [gpu_layers, draft_gpu_layers],
     }
     if notify is not None and not costs.steady:
+        routed = " and `auto` may choose the draft model wrongly" if draft is not None else ""
         notify(
-            f"the machine was busy while measuring (timings of one pass width still differed by more than "
-            f"{AGREEMENT:.0%} after {costs.details['sweeps']} sweeps), so drafts may be sized for the wrong "
-            "costs: when it is idle, `localspec cache clear --costs` has them measured again"
+            f"the machine was busy while measuring (the timings of {costs.unsteady_timings} still differed "
+            f"by more than {AGREEMENT:.0%} after {costs.details['sweeps']} sweeps), so drafts may be sized "
+            f"for the wrong costs{routed}: when it is idle, `localspec cache clear --costs` has them "
+            "measured again"
         )
     try:
         write_costs(costs)

@@ -73,9 +73,19 @@ def _curve(w: int) -> float:  # the machine's true cost of a w-token pass, in ms
 WIDTHS = tuple(range(1, 34))
 
 
-def _measure(cost: Callable[[int, int], float], **kw) -> MachineCosts:
+def _measure(
+    cost: Callable[[int, int], float], draft: Callable[[int, int], float] | None = None, **kw
+) -> MachineCosts:
     clock = _Clock()
-    return measure(_Model(clock, cost), widths=WIDTHS, timer=clock, clock=lambda: "now", **kw)
+    drafter = _Model(clock, draft, name="draft.gguf") if draft is not None else None
+    return measure(_Model(clock, cost), drafter, widths=WIDTHS, timer=clock, clock=lambda: "now", **kw)  # type: ignore[arg-type]
+
+
+DRAFT_MS = 10.0  # the draft model's true cost of a one-token pass: half the target's
+
+
+# The draft model's passes in sweep s (0-based) are numbered 4s - 1 to 4s + 2: at each of the two points of
+# a sweep an uncounted one, then a timed one (4s and 4s + 2; pass -1 is the fake's warm-up, free).
 
 
 def test_a_quiet_machine_is_measured_in_three_sweeps_exactly():
@@ -111,6 +121,66 @@ def test_a_machine_that_never_settles_is_marked_unsteady_after_the_last_sweep():
     assert costs.details["sweeps"] == costsmod.MAX_SWEEPS and not costs.steady
     assert costs.details["unsteady_widths"]
     assert MachineCosts.from_json(json.loads(json.dumps(costs.as_json()))).steady is False  # kept as such
+
+
+def test_the_draft_model_is_timed_in_every_sweep_and_costs_its_second_fastest_timing():
+    costs = _measure(lambda w, i: _curve(w), lambda w, i: DRAFT_MS)
+    assert costs.details["sweeps"] == 3 and costs.steady and costs.details["draft_steady"] is True
+    assert costs.draft_ratio == pytest.approx(0.5)
+    assert costs.V(16) == pytest.approx(_curve(16) / _curve(1))  # the draft's passes do not bend the curve
+
+
+def test_a_busy_spell_over_the_draft_timings_only_is_measured_through():
+    """What a kept curve of a 0.5B draft and a 1.5B target held after a busy spell: "a draft-model token
+    4.81 of it" and steady (the draft was timed after the sweeps, in back-to-back passes nothing checked).
+    Here the draft's first five timings (two and a half sweeps) cost 10x: with one fast timing the two
+    fastest disagree, a fourth sweep gives a second, and the ratio is the quiet machine's."""
+    costs = _measure(lambda w, i: _curve(w), lambda w, i: DRAFT_MS * (10.0 if i < 9 else 1.0))
+    assert costs.details["sweeps"] == 4 and costs.steady and costs.details["draft_steady"] is True
+    assert costs.draft_ratio == pytest.approx(0.5)
+    assert costs.details["unsteady_widths"] == []
+
+
+def test_a_draft_model_that_never_settles_marks_the_measurement_busy(tmp_path, monkeypatch):
+    """Every timing of the draft 19% under the one before (a load easing off all the way): the verify curve
+    agrees in three sweeps, the draft never does; the sweeps go to the last, the result is unsteady, the
+    first run says so naming the draft model, and ``cache info`` shows it as measured on a busy machine."""
+    costs = _measure(lambda w, i: _curve(w), lambda w, i: DRAFT_MS * 3.0 * 0.9**i)
+    assert costs.details["sweeps"] == costsmod.MAX_SWEEPS and not costs.steady
+    assert costs.details["draft_steady"] is False and costs.details["unsteady_widths"] == []
+    assert costs.unsteady_timings == "the draft model's token"
+    assert MachineCosts.from_json(json.loads(json.dumps(costs.as_json()))).steady is False  # kept as such
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    clock = _Clock()
+    target = _Model(clock, lambda w, i: _curve(w), name="target.gguf")
+    draft = _Model(clock, lambda w, i: DRAFT_MS * 3.0 * 0.9**i, name="draft.gguf")
+    real = costsmod.measure
+    monkeypatch.setattr(costsmod, "measure", lambda t, d: real(t, d, widths=WIDTHS, timer=clock))
+    monkeypatch.setattr(costsmod, "_key_of", lambda *a, **k: "k-draft-busy")
+    said: list[str] = []
+    kept = costsmod.machine_costs(target, draft, threads=2, notify=said.append)  # type: ignore[arg-type]
+    assert not kept.steady and len(said) == 2
+    assert "busy" in said[1] and "the draft model's token still differed by more than 5%" in said[1]
+    assert "`auto` may choose the draft model wrongly" in said[1] and "cache clear --costs" in said[1]
+    out = _invoke("cache", "info").output
+    assert "measured while the machine was busy (the timings of the draft model's token disagreed)" in out
+
+
+def test_curves_kept_by_the_previous_version_are_kept_unless_they_hold_a_draft_cost(tmp_path, monkeypatch):
+    """Version 3 timed the draft model unchecked (the 4.81 above), so its curves with a draft are measured
+    again; its verify curves were measured as now and are kept."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    for key, draft in (("k-alone", None), ("k-pair", 0.322)):
+        old = MachineCosts(0.067, {1: 1.0, 2: 1.9}, draft, key=key, measured="2026-12-01T03:00:00")
+        old.details = {"steady": True}
+        write_costs(old)
+        path = costsmod.costs_path(key)
+        path.write_text(path.read_text().replace('"version": 4', '"version": 3'))
+    assert costsmod.read_costs("k-alone") is not None and costsmod.read_costs("k-pair") is None
+    out = _invoke("cache", "info").output
+    assert "draft-model cost was measured by an older localspec without a check for load" in out
+    assert "measured again the next time it is needed" in out and "4.81" not in out
 
 
 def test_steadiness_is_width_one_and_nearly_every_width_agreeing():
