@@ -1116,3 +1116,125 @@ def test_index_info_clear_commands(tmp_path):
     empty.mkdir()
     r = runner.invoke(cli, ["index", str(empty), "--dir", str(cache_dir)])
     assert r.exit_code == 1 and "no text files" in r.output
+
+
+# A damaged store: what `cache info` shows, and what the load says is lost --------------------------------
+def _flip_middle(path: Path) -> None:
+    """Two bytes flipped in the middle of the payload (of the file, for a store of some size): the header,
+    checksummed apart, stays intact."""
+    data = bytearray(path.read_bytes())
+    _, _, n, _ = storemod._PREAMBLE.unpack_from(data)
+    mid = (storemod._aligned(storemod._PREAMBLE.size + n) + len(data)) // 2
+    data[mid] ^= 0xFF
+    data[mid + 1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_payload_is_listed_as_unusable_and_the_load_names_the_corpus_it_loses(tmp_path, caplog):
+    """What a walkthrough found: `cache info` listed such a store as fine, and the next run dropped the
+    indexed corpus saying only "ignoring it (the next save replaces it)"."""
+    proj = tmp_path / "proj"
+    s = SuffixStore(tmp_path / "c", FP, n_vocab=1000)
+    s.corpus_root = str(proj)
+    assert s.save(_index())
+    _flip_middle(s.path)
+    (info,) = list_stores(tmp_path / "c")
+    assert info.problem == "its contents are corrupted (checksum mismatch)"
+    assert info.corpus_root == str(proj) and info.corpus_documents == 3 and info.history_requests == 20
+    back = SuffixStore(tmp_path / "c", FP, n_vocab=1000)
+    assert back.load().history_tokens == 0 and back.load().corpus_tokens == 0
+    problem = back.problem or ""
+    assert "\n" not in problem and problem in caplog.text and str(s.path) in problem
+    assert (
+        "checksum mismatch" in problem
+        and f"the corpus indexed from {proj} (600 tokens in 3 files)" in problem
+    )
+    assert "is gone, and its 20 earlier request(s) (6,000 tokens) with it" in problem
+    # not the embedded target's vocabulary, not the default folder: the command says -t and --dir
+    assert f"run `localspec index {proj} -t TARGET.gguf --dir {tmp_path / 'c'}` again" in problem
+    assert back.unusable is not None and back.unusable.corpus_root == str(proj)
+    assert back.save(_index(seed=1)) and back.load().history_tokens > 0 and back.problem is None
+    assert back.unusable is None and list_stores(tmp_path / "c")[0].problem is None
+
+
+def test_a_damaged_store_without_a_corpus_or_a_readable_header_starts_empty(tmp_path):
+    s = SuffixStore(tmp_path, FP, n_vocab=1000)
+    assert s.save(_index(n_requests=2))
+    _flip_middle(s.path)
+    s.load()
+    assert s.problem and "checksum mismatch" in s.problem and "corpus indexed" not in s.problem
+    assert "the cache starts empty, without its 2 earlier request(s) (600 tokens)" in s.problem
+    data = bytearray(s.path.read_bytes())
+    data[30] ^= 0x01  # the header: what the store held cannot be read
+    s.path.write_bytes(bytes(data))
+    s.load()
+    assert s.problem and "its header is corrupted" in s.problem
+    assert "the cache starts empty (what it held cannot be read; if a folder was indexed" in s.problem
+    (info,) = list_stores(tmp_path)
+    assert info.problem == "its header is corrupted (checksum mismatch)" and info.fingerprint == ""
+
+
+def test_list_stores_checks_what_a_load_checks(tmp_path):
+    """A well-formed file with a valid checksum that a load refuses (an index past its tokens), and a
+    store renamed to another namespace, are listed as unusable too; a damaged journal is noted."""
+    bad = SuffixStore(tmp_path, FP, n_vocab=1000)
+    bad.save(_index())
+
+    def mutate(header, arrays, payload):
+        pos = arrays["history_pos"]
+        pos[0] = 10**8
+        _put(header, payload, "history_pos", pos)
+
+    _rewrite(bad.path, mutate)
+    moved = SuffixStore(tmp_path, OTHER, namespace="a", n_vocab=1000)
+    moved.save(_index(n_requests=3))
+    os.replace(moved.path, tmp_path / moved.path.name.replace("-a.", "-b."))
+    s, _, requests = _journaled(tmp_path / "j")
+    raw = bytearray(s.journal_path.read_bytes())
+    raw[storemod._PREAMBLE.size + 2] ^= 0x01  # the journal's header
+    s.journal_path.write_bytes(bytes(raw))
+    infos = {i.path.name: i for i in list_stores(tmp_path)}
+    assert infos[bad.path.name].problem == "its history index points outside its tokens"
+    assert infos[f"{OTHER[:16]}-b.lsstore"].problem == "it belongs to another namespace"
+    (journaled,) = list_stores(tmp_path / "j")
+    assert journaled.problem is None and journaled.history_requests == 3  # the snapshot's, as a load gets
+    assert journaled.journal_problem == "its header is corrupted (checksum mismatch)"
+
+
+def test_the_embedded_targets_store_in_the_default_folder_is_indexed_again_by_the_plain_command(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    fp = storemod._embedded_fingerprint()
+    assert fp
+    info = storemod.StoreInfo(store_path(storemod.default_dir(), fp), 1, fingerprint=fp, namespace="default")
+    info.corpus_root = str(tmp_path / "my proj")
+    assert storemod.reindex_command(info) == f"localspec index '{tmp_path / 'my proj'}'"
+    info.namespace = "key-0123456789abcdef"
+    assert storemod.reindex_command(info).endswith(" --namespace key-0123456789abcdef")
+
+
+def test_cache_info_and_index_on_a_damaged_store(tmp_path):
+    from click.testing import CliRunner
+
+    src = tmp_path / "repo"
+    src.mkdir()
+    (src / "util.py").write_text("def add(a, b):\n    return a + b\n")
+    cache_dir = tmp_path / "cache"
+    runner, cli = CliRunner(), _cli()
+    assert runner.invoke(cli, ["index", str(src), "--dir", str(cache_dir)]).exit_code == 0
+    (info,) = list_stores(cache_dir)
+    _flip_middle(info.path)
+    out = runner.invoke(cli, ["cache", "info", "--dir", str(cache_dir)]).output
+    assert "unusable: its contents are corrupted (checksum mismatch)" in out and "Traceback" not in out
+    assert f"it held history 0 tokens in 0 requests; corpus {info.corpus_tokens} tokens in 1 files" in out
+    assert f"-> the next run ignores it: the cache starts empty, so the corpus indexed from {src}" in out
+    assert f"run `localspec index {src} --dir {cache_dir}` again" in out  # the embedded target: no -t
+    # indexing again says what it replaces, once (not the load's "run `localspec index` again" as well)
+    r = runner.invoke(cli, ["index", str(src), "--dir", str(cache_dir)])
+    assert r.exit_code == 0 and "Indexed 1 file(s)" in r.output
+    assert (
+        r.output.count("checksum mismatch") == 1
+        and "starting it afresh with this folder's corpus" in r.output
+    )
+    assert list_stores(cache_dir)[0].problem is None

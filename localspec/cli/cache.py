@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -25,7 +26,11 @@ def cache() -> None:
 @cache.command("info")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), help=_DIR_HELP)
 def info(directory: str | None) -> None:
-    """List the store files: vocabulary, tokens, requests, corpus, size on disk, path."""
+    """List the store files: vocabulary, tokens, requests, corpus, size on disk, path.
+
+    Each store is checked as a run's load checks it (its checksums and structure: about 66 ms for a
+    million tokens), so one the next run would ignore is shown as unusable, with what it held and what to do.
+    """
     where = Path(directory) if directory else storemod.default_dir()
     stores = storemod.list_stores(where)
     if not stores:
@@ -33,15 +38,26 @@ def info(directory: str | None) -> None:
     for s in stores:
         click.echo(str(s.path))
         if s.problem:
-            click.echo(f"  unusable: {s.problem} (the next save for its model replaces it)")
-            continue
-        saved = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.saved_at)) if s.saved_at else "-"
-        click.echo(f"  vocabulary {s.fingerprint[:16]}  namespace {s.namespace}  saved {saved}")
-        click.echo(
-            f"  history {s.history_tokens:,} tokens in {s.history_requests:,} requests; "
-            f"corpus {s.corpus_tokens:,} tokens in {s.corpus_documents:,} files"
-            + (f" from {s.corpus_root}" if s.corpus_root else "")
-        )
+            click.echo(f"  unusable: {s.problem}")
+        if s.fingerprint:  # the header reads (a damaged payload still has it): what the store holds, or held
+            saved = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.saved_at)) if s.saved_at else "-"
+            click.echo(f"  vocabulary {s.fingerprint[:16]}  namespace {s.namespace}  saved {saved}")
+            click.echo(
+                ("  it held history " if s.problem else "  history ")
+                + f"{s.history_tokens:,} tokens in {s.history_requests:,} requests; "
+                f"corpus {s.corpus_tokens:,} tokens in {s.corpus_documents:,} files"
+                + (f" from {s.corpus_root}" if s.corpus_root else "")
+            )
+        if s.problem:
+            click.echo(
+                f"  -> the next run ignores it: {storemod.what_is_lost(s)}; its next save replaces the file "
+                "(`localspec cache clear` deletes it now)"
+            )
+        elif s.journal_problem:
+            click.echo(
+                f"  its journal is not loaded ({s.journal_problem}): the requests saved since the last "
+                "snapshot are lost, and the next save starts a new journal"
+            )
         click.echo(f"  {format_bytes(s.size_bytes)} on disk")
     if stores:
         total = sum(s.size_bytes for s in stores)
@@ -86,8 +102,8 @@ def _costs_info() -> None:
         )
         if not c.costs.steady:
             click.echo(
-                "  measured while the machine was busy (timings disagreed): "
-                "`localspec cache clear --costs` when it is idle"
+                f"  measured while the machine was busy (the timings of {c.costs.unsteady_timings} "
+                "disagreed): `localspec cache clear --costs` when it is idle"
             )
     click.echo(f"{len(curves)} curve(s). `localspec cache clear --costs` has them measured again.")
 
@@ -175,8 +191,23 @@ def index(
         )
     documents = _tokenize(model, [text for _, text in scan.files])
     st = storemod.SuffixStore(directory, vocab.fingerprint, namespace=namespace, n_vocab=vocab.n_vocab)
-    ix = st.load()
-    if st.problem:
+    quiet = logging.getLogger(storemod.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # what the load would log is said below, in an index's words, once
+    try:
+        ix = st.load()
+    finally:
+        quiet.setLevel(level)
+    if st.unusable is not None:  # this corpus replaces the one it held: only its requests are lost
+        lost = st.unusable
+        held = (
+            f" (its {lost.history_requests:,} earlier request(s) are gone)" if lost.history_requests else ""
+        )
+        click.echo(
+            f"suffix cache {st.path}: {lost.problem}; starting it afresh with this folder's corpus{held}",
+            err=True,
+        )
+    elif st.problem:
         click.echo(st.problem, err=True)
     ix.set_corpus(documents)
     st.corpus_root = str(scan.root.resolve())
