@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -537,6 +538,62 @@ def test_bench_command_end_to_end(tmp_path):
     result = CliRunner().invoke(main, ["bench", "--prompts", str(bad), "--out", str(out)])
     assert result.exit_code == 1
     assert f"{bad}:2:" in result.output and "not valid JSON" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "accepted"),
+    [
+        (["--repeats", "0"], "--repeats", "x>=1"),
+        (["--limit", "0"], "--limit", "x>=1"),  # nothing documents 0 as "all"; without --limit: all
+        (["--limit", "-1"], "--limit", "x>=1"),
+        (["--threads", "0"], "--threads", "1<=x<=512"),
+        (["-n", "0"], "--max-tokens", "x>=1"),
+        (["--n-max", "0"], "--n-max", "1<=x<=64"),
+        (["--p-min", "5"], "--p-min", "0.0<=x<=1.0"),
+        (["--p-min", "nan"], "--p-min", "not a finite number"),
+        (["--n-ctx", "1"], "--n-ctx", "16<=x<=1048576"),
+        (["--temperature", "-1"], "--temperature", "x>=0.0"),
+        (["--sessions", "agent", "--repeats", "0"], "--repeats", "x>=1"),
+    ],
+)
+def test_bench_refuses_what_run_refuses_before_anything_loads(monkeypatch, tmp_path, args, option, accepted):
+    """The same bounds as `run` (one declaration), so a usage error: exit 2, the accepted range named."""
+    from click.testing import CliRunner
+
+    import localspec
+    from localspec.cli import main
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded for an invalid option")
+
+    monkeypatch.setattr(bench, "benchmark", no_load)
+    monkeypatch.setattr(localspec, "load", no_load)
+    res = CliRunner().invoke(main, ["bench", "-q", "--out", str(tmp_path / "out"), *args])
+    assert res.exit_code == 2, res.output
+    assert f"Invalid value for '{option}'" in res.output and accepted in res.output
+    assert not (tmp_path / "out").exists()
+    run_res = CliRunner().invoke(main, ["run", *args[-2:], "x"]) if option != "--limit" else None
+    if run_res is not None and option != "--repeats":  # `run` words it the same way
+        assert run_res.exit_code == 2 and res.output.splitlines()[-1] == run_res.output.splitlines()[-1]
+
+
+def test_bench_help_shows_the_ranges():
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    text = " ".join(CliRunner().invoke(main, ["bench", "--help"]).output.split())
+    for option, accepted in [
+        ("--limit", "[x>=1]"),
+        ("--repeats", "x>=1]"),
+        ("--threads", "[1<=x<=512]"),
+        ("--max-tokens", "x>=1]"),
+        ("--n-ctx", "[16<=x<=1048576]"),
+        ("--n-max", "[1<=x<=64]"),
+        ("--p-min", "[0.0<=x<=1.0]"),
+    ]:
+        shown = re.search(rf"{option} [A-Z ]+ [^[]*(\[[^]]*\])", text)  # the first [...] after it
+        assert shown and accepted in shown[1], (option, shown)
 
 
 @pytest.mark.slow

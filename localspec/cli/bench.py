@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from localspec.cli.options import COUNT, MAX_TOKENS, TEMPERATURE, shared_options
 from localspec.sessions import SESSION_WORKLOADS
 from localspec.settings import SPECULATIVE_STRATEGIES
 from localspec.workloads import WORKLOADS
@@ -28,12 +29,15 @@ def _split(values: tuple[str, ...]) -> list[str]:
     help=f"Multi-request workloads instead ({', '.join(SESSION_WORKLOADS)}): the suffix cache cold and warm "
     "against fixed-length n-gram lookup, each session run in order through one pipeline.",
 )
-@click.option("--limit", type=int, help="Use only the first N prompts of each workload.")
-@click.option("--max-tokens", "-n", default=128, show_default=True, type=int)
-@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
-@click.option("--repeats", default=1, show_default=True, type=int, help="Runs per prompt and setting.")
-@click.option("--threads", type=int, help="CPU threads (default: physical cores).")
-@click.option("--n-ctx", type=int, help="Context size (default 4096 or the preset's).")
+@click.option(
+    "--limit", type=COUNT, help="Use only the first N prompts of each workload (default: all; --tune: 2)."
+)
+@click.option(
+    "--max-tokens", "-n", default=128, show_default=True, type=MAX_TOKENS, help="Tokens per prompt at most."
+)
+@click.option("--temperature", default=0.0, show_default=True, type=TEMPERATURE, help="0 = greedy.")
+@click.option("--repeats", default=1, show_default=True, type=COUNT, help="Runs per prompt and setting.")
+@shared_options("threads", "n_ctx")
 @click.option(
     "--strategy",
     "strategies",
@@ -41,8 +45,7 @@ def _split(values: tuple[str, ...]) -> list[str]:
     type=click.Choice(SPECULATIVE_STRATEGIES),
     help="Strategies to measure (default: model and ngram with a draft, else ngram).",
 )
-@click.option("--n-max", type=int, help="Draft length k (default: the pair's / preset's).")
-@click.option("--p-min", type=float, help="Draft confidence cut-off (default: the pair's / preset's).")
+@shared_options("n_max", "p_min")
 @click.option(
     "--adaptive",
     is_flag=True,

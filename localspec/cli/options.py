@@ -1,5 +1,6 @@
-"""The options every command that loads a pair shares (``run``, ``serve``): declared once, with the bounds
-from :mod:`localspec.settings`, and the one place that turns them into :func:`localspec.load` arguments."""
+"""The options every command that loads a pair shares (``run``, ``serve``; ``bench`` takes some of them):
+declared once, with the bounds from :mod:`localspec.settings`, and the one place that turns them into
+:func:`localspec.load` arguments."""
 
 from __future__ import annotations
 
@@ -26,64 +27,99 @@ class FiniteFloat(click.FloatRange):
 
 
 N_MAX = click.IntRange(*settings.N_MAX_RANGE)
+N_MIN = click.IntRange(0, settings.N_MAX_RANGE[1])
+P_MIN = FiniteFloat(*settings.P_MIN_RANGE)
+N_CTX = click.IntRange(*settings.N_CTX_RANGE)
 THREADS = click.IntRange(*settings.THREADS_RANGE)
+#: A count of something that must happen at least once: tokens to generate, prompts, repeats.
+COUNT = click.IntRange(min=1)
+#: Tokens to generate at most (``run``'s and ``bench``'s ``--max-tokens``).
+MAX_TOKENS = COUNT
+#: Sampling temperature: 0 is greedy; no upper bound, but always finite.
+TEMPERATURE = FiniteFloat(min=0.0)
 _GPU_LAYERS_HELP = (
     "layers to offload to a GPU (-1: all, 0: none; default: all when llama.cpp was built with GPU "
     "offload, else 0)."
 )
 
-_MODEL_OPTIONS = [
-    click.option(
+_OPTIONS: dict[str, Callable[[Any], Any]] = {
+    "target": click.option(
         "--target", "-t", type=click.Path(dir_okay=False), help="Target GGUF (default: embedded pair)."
     ),
-    click.option("--draft", "-d", help="Draft GGUF path, 'ngram', 'none' or 'auto' (default: auto)."),
-    click.option("--preset", "-p", help="A preset name (see `localspec presets`); downloads on first use."),
-    click.option(
+    "draft": click.option(
+        "--draft", "-d", help="Draft GGUF path, 'ngram', 'none' or 'auto' (default: auto)."
+    ),
+    "preset": click.option(
+        "--preset", "-p", help="A preset name (see `localspec presets`); downloads on first use."
+    ),
+    "strategy": click.option(
         "--strategy",
         type=click.Choice(settings.STRATEGIES),
         help="Drafting strategy (default: the pair's or preset's own).",
     ),
-    click.option("--n-max", type=N_MAX, help="Longest draft per round."),
-    click.option(
+    "n_max": click.option("--n-max", type=N_MAX, help="Longest draft per round."),
+    "n_min": click.option(
         "--n-min",
-        type=click.IntRange(0, settings.N_MAX_RANGE[1]),
+        type=N_MIN,
         help="Draft at least this many tokens before p-min can stop it.",
     ),
-    click.option(
+    "p_min": click.option(
         "--p-min",
-        type=FiniteFloat(*settings.P_MIN_RANGE),
+        type=P_MIN,
         help="Stop drafting when the draft's top probability falls below this.",
     ),
-    click.option(
+    "adaptive": click.option(
         "--adaptive/--fixed", default=None, help="Adapt the draft length to measured acceptance and cost."
     ),
-    click.option(
+    "corpus": click.option(
         "--corpus",
         type=click.Path(exists=True, file_okay=False),
         help="A folder (your repository, notes) the suffix cache drafts from (strategies suffix/auto).",
     ),
-    click.option(
+    "no_store": click.option(
         "--no-store",
         is_flag=True,
         help="Keep the suffix cache in memory only: nothing is written to disk, and it is forgotten at exit.",
     ),
-    click.option(
+    "n_ctx": click.option(
         "--n-ctx",
-        type=click.IntRange(*settings.N_CTX_RANGE),
+        type=N_CTX,
         help=f"Context size in tokens, for each model (default {constants.DEFAULT_N_CTX} or the preset's).",
     ),
-    click.option("--threads", type=THREADS, help="CPU threads for the target (default: physical cores)."),
-    click.option("--draft-threads", type=THREADS, help="CPU threads for the draft (default: as target)."),
-    click.option("--gpu-layers", type=click.IntRange(min=-1), help="Target " + _GPU_LAYERS_HELP),
-    click.option("--draft-gpu-layers", type=click.IntRange(min=-1), help="Draft " + _GPU_LAYERS_HELP),
-]
+    "threads": click.option(
+        "--threads", type=THREADS, help="CPU threads for the target (default: physical cores)."
+    ),
+    "draft_threads": click.option(
+        "--draft-threads", type=THREADS, help="CPU threads for the draft (default: as target)."
+    ),
+    "gpu_layers": click.option(
+        "--gpu-layers", type=click.IntRange(min=-1), help="Target " + _GPU_LAYERS_HELP
+    ),
+    "draft_gpu_layers": click.option(
+        "--draft-gpu-layers", type=click.IntRange(min=-1), help="Draft " + _GPU_LAYERS_HELP
+    ),
+}
 
 
 def model_options(f: F) -> F:
     """Add the pair-loading options to a command; the command receives them as keyword arguments."""
-    for option in reversed(_MODEL_OPTIONS):
-        f = option(f)
-    return f
+    return shared_options(*_OPTIONS)(f)
+
+
+def shared_options(*names: str) -> Callable[[F], F]:
+    """Add some of :func:`model_options`' options by parameter name (``"n_max"``, ``"threads"``, ...), with
+    the same types, bounds and help, so a command that takes only a few of them refuses what ``run``
+    refuses, the same way (a usage error naming the accepted range, exit status 2)."""
+    unknown = [n for n in names if n not in _OPTIONS]
+    if unknown:
+        raise KeyError(f"no shared option {', '.join(unknown)}; known: {', '.join(_OPTIONS)}")
+
+    def add(f: F) -> F:
+        for name in reversed(names):
+            f = _OPTIONS[name](f)
+        return f
+
+    return add
 
 
 def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
