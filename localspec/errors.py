@@ -66,7 +66,13 @@ class SettingsError(LocalspecError, ValueError):
 
 
 class PresetError(LocalspecError, ValueError):
-    """A preset name that does not exist or a preset file that does not validate."""
+    """A preset name that does not exist or a preset file that does not validate.
+
+    ``path`` is the file (or folder) that was skipped because of it, when
+    :func:`localspec.presets.load_presets` reports one; None otherwise.
+    """
+
+    path: str | None = None
 
 
 class DownloadError(LocalspecError, OSError):

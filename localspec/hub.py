@@ -323,8 +323,9 @@ def cached_paths(resolved: ResolvedRef) -> list[Path | None]:
     return [p if p.is_file() else None for p in paths]
 
 
-def resolve_cached(ref: ModelRef) -> list[Path]:
-    """Resolve a Hub reference from the cache only (offline); raises OfflineError naming what is missing."""
+def resolve_cached(ref: ModelRef, preset: str = "PRESET") -> list[Path]:
+    """Resolve a Hub reference from the cache only (offline); raises OfflineError naming what is missing
+    (and, in its hint, the ``preset`` to download)."""
     repo_id, pattern, revision = _hub_parts(ref)
     commit = _cached_commit(repo_id, revision)
     snap = _repo_cache_dir(repo_id) / "snapshots" / (commit or "-")
@@ -337,7 +338,7 @@ def resolve_cached(ref: ModelRef) -> list[Path]:
         raise OfflineError(
             f"HF_HUB_OFFLINE is set and {repo_id}@{revision}/{pattern} is not in the cache "
             f"({constants.hf_hub_cache()})",
-            hint="unset HF_HUB_OFFLINE and run `localspec download PRESET` with network access, "
+            hint=f"unset HF_HUB_OFFLINE and run `localspec download {preset}` with network access, "
             "or copy a Hugging Face cache that holds the files",
         ) from None
     return [safe_join(snap, n) for n in chosen]
@@ -547,11 +548,13 @@ def ensure_preset(name: str, *, progress: Progress | None = None, check: bool = 
             if not ref.path or not ref.path.is_file():
                 raise ModelNotFoundError(
                     f"preset '{name}': {stage} file {ref.path} does not exist",
-                    hint="reinstall localspec (embedded files) or fix the `path` in the preset",
+                    hint="reinstall localspec (its embedded files are missing)"
+                    if ref.kind == "embedded"
+                    else f"fix the `path` of the preset's {stage} (in {preset.source})",
                 )
             local[stage] = ref.path
         elif constants.hf_offline():
-            local[stage] = resolve_cached(ref)[0]
+            local[stage] = resolve_cached(ref, name)[0]
         else:
             remote[stage] = resolve_remote(ref)
     # What is already complete in the cache needs no download; the rest must fit on the disk.

@@ -7,11 +7,12 @@ skipped, and nothing found here is written to disk (downloads go through :mod:`l
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
 from localspec import constants, gguf_meta, vocab
-from localspec.errors import DownloadError, LocalspecError
+from localspec.errors import DownloadError, LocalspecError, OfflineError
 from localspec.hub import (
     SHARD_RE,
     api_client,
@@ -23,10 +24,39 @@ from localspec.hub import (
 from localspec.presets import REPO_ID_RE
 
 
+def _offline_error(repo_id: str, variable: str = "HF_HUB_OFFLINE") -> OfflineError:
+    """Searching and reading remote headers always needs the Hub: offline mode cannot serve them from the
+    cache (the cache holds whole files, never a listing of the Hub)."""
+    return OfflineError(
+        f"find-draft searches the Hub ({constants.hf_endpoint()}) for drafts of {repo_id}, but {variable} "
+        "is set: offline mode makes no network request",
+        hint=f"unset {variable} for this command (`env -u {variable} localspec find-draft {repo_id}`); "
+        "without a network, `localspec pair TARGET` ranks the drafts among the GGUF files on this machine",
+    )
+
+
+def _check_online(repo_id: str) -> None:
+    """Refuse before any request when offline mode is on (as :mod:`localspec.hub` reads it)."""
+    if constants.hf_offline():
+        raise _offline_error(repo_id)
+
+
+def _translate(exc: Exception, repo_id: str, filename: str | None = None) -> LocalspecError:
+    """:func:`localspec.hub.translate_error`, except that huggingface_hub's own offline mode (which also
+    follows TRANSFORMERS_OFFLINE) says that the search needs the Hub, not that the network is down."""
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    if isinstance(exc, OfflineModeIsEnabled):
+        only_transformers = not constants.hf_offline() and os.environ.get("TRANSFORMERS_OFFLINE")
+        return _offline_error(repo_id, "TRANSFORMERS_OFFLINE" if only_transformers else "HF_HUB_OFFLINE")
+    return translate_error(exc, repo_id, filename)
+
+
 def remote_metadata(repo_id: str, filename: str, revision: str | None = None):
     """The GGUF header (key/value section only) of a file on the Hub, read through HTTP range requests."""
     from huggingface_hub import HfFileSystem
 
+    _check_online(repo_id)
     if revision is not None:
         check_hub_revision(repo_id, revision)
     fs = HfFileSystem(endpoint=constants.hf_endpoint(), token=constants.hf_token(), skip_instance_cache=True)
@@ -42,7 +72,7 @@ def remote_metadata(repo_id: str, filename: str, revision: str | None = None):
             hint="check the repository id and file name",
         ) from exc
     except Exception as exc:
-        raise translate_error(exc, repo_id, filename) from exc
+        raise _translate(exc, repo_id, filename) from exc
 
 
 def remote_fingerprint(repo_id: str, filename: str, revision: str | None = None):
@@ -119,11 +149,12 @@ def search_hub_drafts(
     """
     if not REPO_ID_RE.match(repo_id):
         raise DownloadError(f"{repo_id!r} is not a Hub repository id", hint='write it as "org/name"')
+    _check_online(repo_id)
     api = api_client()
     try:
         info = api.model_info(repo_id, files_metadata=True)
     except Exception as exc:
-        raise translate_error(exc, repo_id) from exc
+        raise _translate(exc, repo_id) from exc
     t_sizes = {s.rfilename: s.size for s in info.siblings or []}
     t_file = filename or pick_gguf(t_sizes)
     if t_file is None:
@@ -142,7 +173,7 @@ def search_hub_drafts(
                 if isinstance(m.id, str) and REPO_ID_RE.match(m.id) and m.id != repo_id and m.id not in seen:
                     seen[m.id] = m
     except Exception as exc:
-        raise translate_error(exc, repo_id) from exc
+        raise _translate(exc, repo_id) from exc
 
     def smaller(cand_id: str) -> bool:
         p = params_from_name(cand_id)

@@ -443,7 +443,9 @@ def _load_dir(folder: Path, source: str, problems: list[PresetError]) -> list[Pr
     try:
         paths = sorted(p for p in folder.glob("*.toml") if p.is_file()) if folder.is_dir() else []
     except OSError as exc:
-        problems.append(PresetError(f"{folder}: cannot list ({exc})", hint="check the folder's permissions"))
+        problem = PresetError(f"{folder}: cannot list ({exc})", hint="check the folder's permissions")
+        problem.path = str(folder)
+        problems.append(problem)
         return []
     presets: list[Preset] = []
     seen: dict[str, Path] = {}
@@ -457,6 +459,7 @@ def _load_dir(folder: Path, source: str, problems: list[PresetError]) -> list[Pr
                         hint="rename one of them",
                     )
         except PresetError as exc:
+            exc.path = str(path)
             problems.append(exc)
             continue
         for preset in loaded:

@@ -85,3 +85,45 @@ def test_find_draft(env):
     assert [c["repo_id"] for c in found] == ["org/Toy-0.5B-GGUF"] and found[0]["verdict"] == "identical"
     res = CliRunner().invoke(main, ["find-draft", "org/Toy-7B-GGUF"])
     assert "identical  org/Toy-0.5B-GGUF" in res.output
+
+
+def test_presets_names_the_files_it_skipped(env, tmp_path):
+    folder = tmp_path / "config" / "presets"
+    (folder / "bad.toml").write_text('[[preset]]\nname = "bad"\nn_ctx = inf\n', encoding="utf-8")
+    (folder / "broken.toml").write_text("[[preset\nname =", encoding="utf-8")
+    runner = CliRunner()
+    res = runner.invoke(main, ["presets"])
+    assert res.exit_code == 0, res.output  # the others are listed as usual
+    assert any(ln.startswith("toy ") for ln in res.stdout.splitlines())
+    skipped = [ln for ln in res.stderr.splitlines() if ln.startswith("skipped: ")]
+    assert len(skipped) == 2, res.stderr  # one line per file, with what is wrong and the fix
+    assert f"{folder / 'bad.toml'} [preset bad]: missing key 'target' -> add `target = ...`" in skipped[0]
+    assert str(folder / "broken.toml") in skipped[1] and "not valid TOML" in skipped[1]
+    assert "skipped" not in res.stdout  # the table on stdout is unchanged
+
+    res = runner.invoke(main, ["presets", "--json"])
+    assert res.exit_code == 0 and "toy" in {p["name"] for p in json.loads(res.stdout)}
+    assert [ln for ln in res.stderr.splitlines() if ln.startswith("skipped: ")] == skipped
+
+    # the error for an unknown preset sends the user here; the files it names are the ones listed above
+    res = runner.invoke(main, ["download", "bad"])
+    assert res.exit_code == 1 and "localspec presets" in res.output and "bad.toml" in res.output
+
+
+@pytest.mark.parametrize("how", ["env", "huggingface_hub"])
+def test_find_draft_offline_says_it_needs_the_hub(env, monkeypatch, how):
+    if how == "env":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:  # huggingface_hub's own offline switch (it also follows TRANSFORMERS_OFFLINE), read per request
+        import huggingface_hub.constants
+
+        monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    variable = "HF_HUB_OFFLINE" if how == "env" else "TRANSFORMERS_OFFLINE"
+    before = len(env.log)
+    res = CliRunner().invoke(main, ["find-draft", "org/Toy-7B-GGUF"])
+    assert res.exit_code == 1, res.output
+    assert "find-draft searches the Hub" in res.output and f"{variable} is set" in res.output
+    assert f"unset {variable}" in res.output and "localspec pair TARGET" in res.output
+    assert "HF_HUB_OFFLINE=1" not in res.output  # the old advice, to set what is set already
+    assert len(env.log) == before  # nothing was asked of the Hub

@@ -13,6 +13,7 @@ from localspec.errors import (
     DownloadError,
     GatedRepoError,
     IncompatiblePairError,
+    ModelNotFoundError,
     OfflineError,
 )
 from localspec.presets import HubRef, save_user_preset
@@ -200,8 +201,16 @@ def test_offline_mode_uses_the_cache_and_names_missing_files(fake_hub, ggufs, mo
     with pytest.raises(OfflineError) as info:
         hub.ensure_preset("half")
     assert "org/other-GGUF@main/*Q4_K_M.gguf is not in the cache" in str(info.value)
-    assert "unset HF_HUB_OFFLINE" in info.value.hint
+    assert "unset HF_HUB_OFFLINE and run `localspec download half`" in info.value.hint
     assert fake_hub.log == []
+
+
+def test_a_user_preset_whose_path_is_missing_says_to_fix_that_file(tmp_path):
+    save_user_preset({"name": "mine", "target": {"path": str(tmp_path / "gone.gguf")}, "draft_model": "none"})
+    with pytest.raises(ModelNotFoundError) as info:
+        hub.ensure_preset("mine", check=False)
+    assert "gone.gguf does not exist" in info.value.message
+    assert "reinstall" not in info.value.hint and "fix the `path`" in info.value.hint
 
 
 def test_too_little_disk_space_stops_before_downloading(fake_hub, ggufs, monkeypatch, tmp_path):
@@ -254,6 +263,24 @@ def test_select_files_rules():
         hub.select_files(names, "a-*.gguf")
     with pytest.raises(LookupError, match="missing shard"):
         hub.select_files(["c-00001-of-00003.gguf", "c-00003-of-00003.gguf"], "c*.gguf")
+
+
+def test_hub_search_refuses_offline_mode_before_any_request(fake_hub, tmp_path, monkeypatch):
+    big = make_gguf(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=1 << 20)
+    fake_hub.add_repo("org/big-GGUF", {"big-Q4_K_M.gguf": big})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fake_hub.log.clear()
+    for search in (
+        lambda: hub_search.search_hub_drafts("org/big-GGUF"),
+        lambda: hub_search.remote_fingerprint("org/big-GGUF", "big-Q4_K_M.gguf"),
+    ):
+        with pytest.raises(OfflineError) as info:
+            search()
+        assert "searches the Hub" in info.value.message and "HF_HUB_OFFLINE is set" in info.value.message
+        assert info.value.hint.startswith("unset HF_HUB_OFFLINE") and "HF_HUB_OFFLINE=1" not in str(
+            info.value
+        )
+    assert fake_hub.log == []
 
 
 def test_remote_fingerprint_reads_only_the_header(fake_hub, tmp_path):

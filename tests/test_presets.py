@@ -143,6 +143,7 @@ def test_duplicate_names_in_one_folder_are_reported_and_the_second_file_skipped(
     assert f"{user_config / 'b.toml'}: preset 'twin' is also defined in {user_config / 'a.toml'}" in str(
         problem
     )
+    assert problem.path == str(user_config / "b.toml")
 
 
 GOOD = '[[preset]]\nname = "good"\ntarget = { path = "/t.gguf" }\n'
@@ -181,6 +182,7 @@ def test_a_broken_user_file_is_reported_by_name_and_the_rest_keep_working(user_c
     (problem,) = problems
     assert isinstance(problem, PresetError) and str(problem).startswith(str(bad)), str(problem)
     assert message in str(problem) and problem.hint
+    assert problem.path == str(bad)  # the skipped file itself, for `localspec presets` to name
     assert preset_problems()[0].message == problem.message
     with pytest.raises(PresetError, match="1 preset file"):
         get_preset("not-there")

@@ -7,7 +7,8 @@ import json
 import click
 
 from localspec import constants, hub, hub_search
-from localspec.presets import list_presets
+from localspec.errors import PresetError
+from localspec.presets import load_presets
 from localspec.units import format_bytes
 
 
@@ -17,17 +18,31 @@ def _short(ref) -> str:
     return ref.repo_id if ref.kind == "hub" else ref.describe()
 
 
+def _skipped_line(problem: PresetError) -> str:
+    """One line per skipped file: the message names the file (and preset and key) and says what is wrong."""
+    line = " ".join(problem.message.split())  # a TOML parser's message may span lines
+    return f"skipped: {line}" + (f" -> {problem.hint}" if problem.hint else "")
+
+
 @click.command("presets")
-@click.option("--json", "as_json", is_flag=True, help="Print every preset as JSON, with its source.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print every preset as JSON, with its source (skipped files: stderr).",
+)
 def presets(as_json: bool) -> None:
-    """List ready-made model pairs (built-in and your own)."""
+    """List ready-made model pairs (built-in and your own), and name the preset files that were skipped."""
+    found, problems = load_presets()
     rows = []
-    for p in list_presets():
+    for p in found:
         d = p.as_dict()
         d["cached"] = hub.is_cached(p)
         rows.append((p, d))
-    if as_json:
+    if as_json:  # the same list as ever on stdout; what was skipped goes to stderr, as with the table
         click.echo(json.dumps([d for _, d in rows], indent=2, default=str))
+        for problem in problems:
+            click.echo(_skipped_line(problem), err=True)
         return
     header = ("NAME", "TARGET", "DRAFT", "DOWNLOAD", "RAM", "CACHED", "LICENCE", "SOURCE")
     table = [header]
@@ -64,6 +79,10 @@ def presets(as_json: bool) -> None:
     click.echo(
         f"Download one with `localspec download NAME`; add your own in {constants.user_presets_dir()}."
     )
+    if problems:  # on stderr, so the table itself stays the same for scripts; the exit status too
+        click.echo(err=True)
+        for problem in problems:
+            click.echo(_skipped_line(problem), err=True)
 
 
 @click.command("download")
