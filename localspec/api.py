@@ -750,7 +750,7 @@ def load(
         )
 
     info = check_pair(target_path, draft_path, label=f"preset '{preset}'" if preset else "")
-    info.note = note
+    info.note = note + "".join(f"; warning: {w}" for w in info.warnings)  # (a swapped pair, say)
     return Pipeline(
         info,
         n_ctx=constants.DEFAULT_N_CTX if n_ctx is None else n_ctx,

@@ -6,6 +6,7 @@ computed once and carried along in a :class:`PairInfo`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,54 @@ class PairInfo:
     note: str = ""
     masked_ids: list[int] = field(default_factory=list)
     n_ctx_train: int | None = None  # the target's trained context (its header), when it says
+    #: Things about the pair worth a word that do not refuse it (see :func:`size_warning`).
+    warnings: list[str] = field(default_factory=list)
+
+
+#: How the verdict's last reason for an incompatible pair begins: the advice that the refusal's hint gives
+#: (``localspec pair`` shows it among the reasons; a refusal says it once, as its hint).
+_VERDICT_ADVICE = "pick a draft whose vocabulary matches"
+
+#: The first (or a later) part of a model split into shards: its file is only part of the model's size.
+_SHARD = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
+
+
+#: How the two models are meant to be given, for the "swapped?" line (``pair`` names its arguments).
+_ORDER = "the target is the large model, the draft the small one"
+
+
+def size_warning(target_bytes: int | None, draft_bytes: int | None, *, order: str = _ORDER) -> str | None:
+    """A line when the draft file is not smaller than the target's (the arguments swapped, most often):
+    such a draft costs as much per token as the target, so drafting cannot pay. None when it is smaller
+    or a size is unknown. The vocabulary verdict does not depend on it. ``order`` says which way round
+    the two models go."""
+    from localspec.units import format_bytes
+
+    if not target_bytes or not draft_bytes or draft_bytes < target_bytes:
+        return None
+    sizes = f"the draft ({format_bytes(draft_bytes)}) is"
+    if draft_bytes == target_bytes:
+        return f"{sizes} as large as the target: a draft only pays when it is much smaller"
+    return (
+        f"{sizes} larger than the target ({format_bytes(target_bytes)}): the arguments may be swapped "
+        f"({order})"
+    )
+
+
+def file_size_warning(target: Path | str, draft: Path | str, *, order: str = _ORDER) -> str | None:
+    """:func:`size_warning` from the two files' sizes (none for a model split into shards)."""
+    return size_warning(_file_bytes(Path(target)), _file_bytes(Path(draft)), order=order)
+
+
+def _file_bytes(path: Path) -> int | None:
+    """The file's size, or None for a shard (the model is larger than the file) or a file that cannot be
+    read."""
+    if _SHARD.search(path.name):
+        return None
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def usable_metadata(path: Path, role: str, hint: str):
@@ -55,7 +104,7 @@ def check_pair(target: Path, draft: Path | None, *, label: str = "") -> PairInfo
         raise IncompatiblePairError(
             f"{label + ': ' if label else ''}draft {draft.name} does not fit target {target.name}: "
             "vocabularies are incompatible",
-            reasons=list(verdict.reasons),
+            reasons=[r for r in verdict.reasons if not r.startswith(_VERDICT_ADVICE)],
             hint="pick another draft (`localspec pair TARGET` lists those that fit), or use --draft ngram",
         )
     info.verdict, info.reasons, info.masked_ids = (
@@ -63,6 +112,9 @@ def check_pair(target: Path, draft: Path | None, *, label: str = "") -> PairInfo
         list(verdict.reasons),
         list(verdict.masked_ids),
     )
+    warning = file_size_warning(target, draft)
+    if warning:
+        info.warnings.append(warning)
     return info
 
 

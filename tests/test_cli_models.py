@@ -62,7 +62,7 @@ def test_scan_table_is_readable(folder):
     lines = res.output.splitlines()
     assert lines[0].split()[:3] == ["FILE", "ARCH", "PARAMS"]
     assert all(len(line) <= 110 for line in lines if not line.startswith("  ERROR"))
-    assert any(line.startswith("qwen2.gguf") and "cfa5dd10e5f2" in line for line in lines)
+    assert any(line.startswith("qwen2  ") and "cfa5dd10e5f2" in line for line in lines)  # no .gguf
     assert any("ERROR" in line and "broken.gguf" in line and "bad magic" in line for line in lines)
 
 
@@ -103,6 +103,41 @@ def test_pair_ranking(tmp_path):
     assert [Path(x["path"]).name for x in out["rejected"]] == ["ggml-vocab-gpt-2.gguf"]
     text = run("pair", str(d / "big.gguf"), "--search", str(d)).output
     assert "Drafts that fit, best first:" in text and "small.gguf" in text
+
+
+def test_scan_shows_the_shipped_pairs_file_names_whole(tmp_path):
+    """docs/models.md shows the Qwen pair's names whole: the FILE column drops `.gguf`, so they fit."""
+    d = tmp_path / "m"
+    d.mkdir()
+    names = ["qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]
+    for name in names:
+        shutil.copyfile(vocab_path("qwen2"), d / f"{name}.gguf")  # copies: a link to one file is listed once
+    os.symlink(vocab_path("gpt-2"), d / "sha256-0123456789abcdef0123456789abcdef")  # an Ollama blob
+    lines = run("scan", str(d)).output.splitlines()
+    for name in names:
+        assert any(ln.startswith(name + "  qwen2 ") for ln in lines), lines
+    assert any(ln.startswith("sha256-0123456789abcdef0123456789…  gpt2") for ln in lines), lines
+    assert all(len(line) <= 110 for line in lines)
+
+
+def test_pair_warns_when_the_draft_is_not_smaller(tmp_path):
+    """Swapped arguments: the verdict (vocabulary) stays, and a line says the draft is the bigger file."""
+    toks = synthetic_tokens(200)
+    big = tiny_model(tmp_path / "big.gguf", toks, n_embd=40, basename="Fam")
+    small = tiny_model(tmp_path / "small.gguf", toks, n_embd=4, basename="Fam")
+    res = run("pair", str(small), str(big))
+    assert res.exit_code == 0
+    assert "Verdict: identical" in res.output
+    warning = res.output.splitlines()[-1]
+    assert warning.startswith("warning: the draft (") and "is larger than the target (" in warning
+    assert warning.endswith("the arguments may be swapped (TARGET first, then DRAFT)")
+    out = json.loads(run("pair", str(small), str(big), "--json").output)
+    assert out["verdict"] == "identical" and out["warnings"] == [warning.removeprefix("warning: ")]
+    assert "is as large as the target" in run("pair", str(big), str(big)).output
+
+    res = run("pair", str(big), str(small))  # the right way round: no warning
+    assert "Verdict: identical" in res.output and "warning" not in res.output
+    assert json.loads(run("pair", str(big), str(small), "--json").output)["warnings"] == []
 
 
 def test_usage_and_bad_files(tmp_path):
@@ -146,7 +181,7 @@ def test_scan_json_is_utf8_with_a_non_utf8_file_name(tmp_path):
     assert rows[0]["n_vocab"] == 50257
     table = CliRunner().invoke(main, ["scan", str(d)])
     assert table.exit_code == 0, (table.output, table.exception)
-    assert "caf\ufffd-\ufffd.gguf" in table.stdout_bytes.decode("utf-8")
+    assert "caf\ufffd-\ufffd  " in table.stdout_bytes.decode("utf-8")  # the FILE column drops .gguf
 
 
 def test_console_script_subprocess(folder, tmp_path):

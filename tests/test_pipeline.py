@@ -493,3 +493,18 @@ def test_a_preset_runs_its_own_strategy(tmp_path, monkeypatch, strategy):
         assert pipe.generate(REPEAT, max_tokens=4).stats.strategy == override
     with localspec.load(preset=name, n_threads=2, draft="ngram", n_max=5) as pipe:
         assert pipe.settings.strategy == "ngram" and pipe.settings.n_max == 5
+
+
+def test_a_swapped_pair_says_so_in_the_note_run_prints():
+    pipe = localspec.load(
+        target=constants.EMBEDDED_DRAFT, draft=constants.EMBEDDED_TARGET, n_threads=1, n_ctx=256
+    )
+    try:
+        assert "warning: the draft" in pipe.info.note and "swapped" in pipe.info.note
+    finally:
+        pipe.close()
+    pipe = localspec.load(n_threads=1, n_ctx=256)
+    try:
+        assert "warning" not in pipe.info.note
+    finally:
+        pipe.close()

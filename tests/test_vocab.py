@@ -204,3 +204,56 @@ def test_usability(tmp_path):
         ok, why = usability(_model(tmp_path, arch, arch=arch))
         assert not ok and "roll back" in why, arch
     assert usability(_model(tmp_path, "q3", arch="qwen3"))[0]
+
+
+# The pair check (localspec.pairing) on top of the verdict ------------------------------------------------
+
+
+def _runnable(path, tokens, n_embd=4):
+    from _gguf_build import tiny_model
+
+    return tiny_model(path, tokens, n_embd=n_embd, basename="Fam")
+
+
+def test_an_incompatible_pair_is_refused_with_its_advice_said_once(tmp_path):
+    from localspec.errors import IncompatiblePairError
+    from localspec.pairing import check_pair
+
+    target = _runnable(tmp_path / "t.gguf", synthetic_tokens(200), n_embd=40)
+    draft = _runnable(tmp_path / "d.gguf", synthetic_tokens(200, prefix="other"))
+    assert (
+        compare(
+            fingerprint(read_metadata(target, merges=False)), fingerprint(read_metadata(draft, merges=False))
+        )
+        .reasons[-1]
+        .startswith("pick a draft whose vocabulary matches")
+    )  # `pair` shows it among the reasons
+    with pytest.raises(IncompatiblePairError) as info:
+        check_pair(target, draft)
+    text = str(info.value)
+    assert "differs" in text and info.value.reasons  # why it does not fit
+    assert text.count("--draft ngram") == 1 and "pick a draft whose vocabulary matches" not in text
+    assert info.value.hint and "--draft ngram" in info.value.hint
+
+
+def test_the_pair_check_warns_when_the_draft_is_not_smaller(tmp_path):
+    from localspec.pairing import check_pair, size_warning
+
+    toks = synthetic_tokens(200)
+    big = _runnable(tmp_path / "big.gguf", toks, n_embd=40)
+    small = _runnable(tmp_path / "small.gguf", toks)
+    assert check_pair(big, small).warnings == []
+    swapped = check_pair(small, big)
+    assert swapped.verdict == "identical"  # the vocabulary verdict is unchanged
+    (warning,) = swapped.warnings
+    assert "is larger than the target" in warning and "may be swapped" in warning
+    assert size_warning(1_200_000_000, 400_000_000) is None
+    assert size_warning(400_000_000, 1_200_000_000, order="TARGET first, then DRAFT") == (
+        "the draft (1.2 GB) is larger than the target (400 MB): the arguments may be swapped "
+        "(TARGET first, then DRAFT)"
+    )
+    assert "as large as" in (size_warning(5, 5) or "") and size_warning(None, 5) is None
+    # a model split into shards: its first file is not the model's size, so no word
+    shard = tmp_path / "big-00001-of-00003.gguf"
+    shard.write_bytes(small.read_bytes())
+    assert check_pair(shard, big).warnings == []

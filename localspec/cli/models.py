@@ -9,6 +9,7 @@ import click
 
 from localspec import scan as scanmod
 from localspec.errors import GGUFError
+from localspec.pairing import file_size_warning
 from localspec.scan import ModelInfo, RankedDraft, _params
 from localspec.units import format_bytes
 
@@ -58,6 +59,13 @@ def _table(rows: list[list[str]], widths: list[int]) -> str:
     return "\n".join(lines)
 
 
+def _file_label(path: str) -> str:
+    """The FILE cell: the file name without its ``.gguf`` (every row is a GGUF), so that common names such
+    as ``qwen2.5-coder-1.5b-instruct-q4_k_m`` fit the column whole; Ollama's blobs have no extension."""
+    name = os.path.basename(path)
+    return name[: -len(".gguf")] if name.lower().endswith(".gguf") and len(name) > len(".gguf") else name
+
+
 def _model_rows(models: list[ModelInfo]) -> str:
     head = ["FILE", "ARCH", "PARAMS", "QUANT", "SIZE", "VOCAB", "FINGERPRINT", "STATUS"]
     widths = [34, 10, 6, 7, 8, 7, 12]
@@ -65,7 +73,7 @@ def _model_rows(models: list[ModelInfo]) -> str:
     for m in models:
         rows.append(
             [
-                os.path.basename(m.path),
+                _file_label(m.path),
                 m.architecture or "-",
                 _params(m.n_params),
                 m.quant or "-",
@@ -207,9 +215,11 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> None:
     if d.error:
         raise _unreadable(d, "draft")
     verdict = scanmod.verdict_for(t, d).as_dict()
+    warning = file_size_warning(t.path, d.path, order="TARGET first, then DRAFT")
     if as_json:
         out = {
             **verdict,
+            "warnings": [warning] if warning else [],
             "target": _side(t),
             "draft": _side(d),
             "target_usable": t.usable,
@@ -230,6 +240,8 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> None:
         _echo(f"  - {reason}")
     if verdict.get("n_masked"):
         _echo(f"  ({verdict['n_masked']:,} draft ids will be masked)")
+    if warning:
+        _echo(f"warning: {warning}")
 
 
 COMMANDS = [scan, pair]
