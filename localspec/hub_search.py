@@ -7,7 +7,6 @@ skipped, and nothing found here is written to disk (downloads go through :mod:`l
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -46,9 +45,8 @@ def _translate(exc: Exception, repo_id: str, filename: str | None = None) -> Loc
     follows TRANSFORMERS_OFFLINE) says that the search needs the Hub, not that the network is down."""
     from huggingface_hub.errors import OfflineModeIsEnabled
 
-    if isinstance(exc, OfflineModeIsEnabled):
-        only_transformers = not constants.hf_offline() and os.environ.get("TRANSFORMERS_OFFLINE")
-        return _offline_error(repo_id, "TRANSFORMERS_OFFLINE" if only_transformers else "HF_HUB_OFFLINE")
+    if isinstance(exc, OfflineModeIsEnabled):  # HF_HUB_OFFLINE unset here: TRANSFORMERS_OFFLINE, then
+        return _offline_error(repo_id, "HF_HUB_OFFLINE" if constants.hf_offline() else "TRANSFORMERS_OFFLINE")
     return translate_error(exc, repo_id, filename)
 
 
