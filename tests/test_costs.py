@@ -151,15 +151,10 @@ def test_a_draft_model_that_never_settles_marks_the_measurement_busy(tmp_path, m
     assert costs.unsteady_timings == "the draft model's token"
     assert MachineCosts.from_json(json.loads(json.dumps(costs.as_json()))).steady is False  # kept as such
 
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     clock = _Clock()
     target = _Model(clock, lambda w, i: _curve(w), name="target.gguf")
     draft = _Model(clock, lambda w, i: DRAFT_MS * 3.0 * 0.9**i, name="draft.gguf")
-    real = costsmod.measure
-    monkeypatch.setattr(costsmod, "measure", lambda t, d: real(t, d, widths=WIDTHS, timer=clock))
-    monkeypatch.setattr(costsmod, "_key_of", lambda *a, **k: "k-draft-busy")
-    said: list[str] = []
-    kept = costsmod.machine_costs(target, draft, threads=2, notify=said.append)  # type: ignore[arg-type]
+    kept, said = _kept(monkeypatch, tmp_path, clock, target, draft, "k-draft-busy")
     assert not kept.steady and len(said) == 2
     assert "busy" in said[1] and "the draft model's token still differed by more than 5%" in said[1]
     assert "`auto` may choose the draft model wrongly" in said[1] and "cache clear --costs" in said[1]
@@ -183,6 +178,17 @@ def test_curves_kept_by_the_previous_version_are_kept_unless_they_hold_a_draft_c
     assert "measured again the next time it is needed" in out and "4.81" not in out
 
 
+def _kept(monkeypatch, tmp_path, clock, target, draft, key: str) -> tuple[MachineCosts, list[str]]:
+    """``machine_costs`` on fake models under ``clock`` (kept under ``key`` in a fresh home), and what it
+    said."""
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    real = costsmod.measure
+    monkeypatch.setattr(costsmod, "measure", lambda t, d: real(t, d, widths=WIDTHS, timer=clock))
+    monkeypatch.setattr(costsmod, "_key_of", lambda *a, **k: key)
+    said: list[str] = []
+    return costsmod.machine_costs(target, draft, threads=2, notify=said.append), said  # type: ignore[arg-type]
+
+
 def test_steadiness_is_width_one_and_nearly_every_width_agreeing():
     quiet = {w: [1.0 * w, 1.01 * w, 1.5 * w] for w in range(1, 21)}
     assert unsteady_widths(quiet) == [] and is_steady(quiet)
@@ -193,15 +199,10 @@ def test_steadiness_is_width_one_and_nearly_every_width_agreeing():
 
 
 def test_an_unsteady_measurement_is_said_with_the_next_step(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     rng = np.random.default_rng(1)
     clock = _Clock()
     target = _Model(clock, lambda w, i: _curve(w) * float(rng.uniform(1.0, 1.5)), name="target.gguf")
-    real = costsmod.measure
-    monkeypatch.setattr(costsmod, "measure", lambda t, d: real(t, d, widths=WIDTHS, timer=clock))
-    monkeypatch.setattr(costsmod, "_key_of", lambda *a, **k: "k-busy")
-    said: list[str] = []
-    costs = costsmod.machine_costs(target, None, threads=2, notify=said.append)  # type: ignore[arg-type]
+    costs, said = _kept(monkeypatch, tmp_path, clock, target, None, "k-busy")
     assert not costs.steady and len(said) == 2
     assert "busy" in said[1] and "localspec cache clear --costs" in said[1]
     assert costs.details["target"] == "target.gguf" and costs.details["threads"] == 2
