@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from localspec import constants
-from localspec.cli.options import FiniteFloat, load_pipeline, model_options
+from localspec.cli.options import MAX_TOKENS, TEMPERATURE, FiniteFloat, load_pipeline, model_options
 from localspec.errors import GrammarError
 from localspec.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, Grammar
 
@@ -23,10 +23,10 @@ from localspec.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, Grammar
     "-n",
     default=constants.DEFAULT_MAX_TOKENS,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=MAX_TOKENS,
     help="Tokens to generate at most (the prompt plus this must fit --n-ctx).",
 )
-@click.option("--temperature", default=0.0, show_default=True, type=FiniteFloat(min=0.0), help="0 = greedy.")
+@click.option("--temperature", default=0.0, show_default=True, type=TEMPERATURE, help="0 = greedy.")
 @click.option("--top-k", default=0, type=click.IntRange(min=0), help="Keep the k likeliest tokens (0: all).")
 @click.option("--top-p", default=1.0, type=FiniteFloat(0.0, 1.0, min_open=True), help="Nucleus, in (0, 1].")
 @click.option("--min-p", default=0.0, type=FiniteFloat(0.0, 1.0, max_open=True), help="In [0, 1).")
