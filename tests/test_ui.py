@@ -82,6 +82,14 @@ def test_result_panel_puts_speedup_next_to_memory_with_readable_numbers():
     assert 'style="height:75.0%"' in html and 'style="height:25.0%"' in html
     rows = {eid: raw for _, eid, raw, _ in memory_rows(memory)}
     assert rows["ls-target-mb"] == 100.0
+    # nothing drafted: no acceptance rate (it read "0.0 %"); auto says what it chose and why
+    routed = {**stats, "drafted": 0, "accepted": 0, "acceptance_rate": 0.0, "strategy": "suffix"}
+    routed["route"] = "auto -> suffix: the prompt overlaps the store"
+    html = result_panel_html(routed, memory=memory)
+    assert (
+        'id="ls-acceptance" data-value=""' in html
+        and "strategy: auto -&gt; suffix: the prompt overlaps" in html
+    )
 
 
 # ------------------------------------------------------------------------------------------ pipeline holder
@@ -211,7 +219,10 @@ def test_browser_run_highlights_draft_tokens_and_compare_shows_speed_and_memory(
     _number(page, "ls-rss-mb")  # measured: any finite number (RSS can even shrink)
     assert 0 <= _number(page, "ls-acceptance") <= 100
     assert page.locator("#ls-bars .ls-bar").count() >= 1
-    assert "same text with and without the draft: yes" in page.inner_text("#ls-result-box")
+    # at temperature 0 the texts are the same, or part at a near-tie (llama.cpp's batched rounding), never
+    # blamed on sampling
+    said = page.inner_text("#ls-result-box")
+    assert "same text with and without the draft: yes" in said or "part at a near-tie" in said, said
     assert page.locator("#ls-output .ls-t.ls-d").count() > 0  # Compare's text shows the draft's tokens too
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -437,6 +448,21 @@ def test_picking_a_preset_sets_its_strategy_too(app, tmp_path, monkeypatch, stra
     _, n_max, p_min, adaptive, chosen = app.on_preset("mine")
     assert (n_max["value"], p_min["value"], adaptive["value"]) == (6, 0.5, True)
     assert chosen["value"] == strategy
+
+
+def test_the_preset_the_page_opens_with_sets_the_settings_too(app):
+    """The embedded pair's preset says p_min 0.3; the page opened with the controls' 0.75 and ran that
+    until another preset was picked (a UI walkthrough: 7/7 drafted where `localspec run` drafts 17)."""
+    from localspec import presets
+
+    app.build()
+    d = presets.get_preset(constants.EMBEDDED_PRESET).draft
+    assert app.c["preset"].value == constants.EMBEDDED_PRESET
+    assert (app.c["n_max"].value, app.c["p_min"].value, app.c["adaptive"].value) == (
+        d.n_max,
+        d.p_min,
+        d.adaptive,
+    )
 
 
 def test_preset_facts_use_the_one_byte_formatter_and_the_hubs_cache_check(monkeypatch):

@@ -98,6 +98,20 @@ def trained_context(path: str) -> int | None:
         return None
 
 
+def _same_text_note(cmp: Any, opts: dict[str, Any]) -> str:
+    """Compare's word on the two texts. Sampling draws differ by design; at temperature 0 the texts part
+    only at a near-tie, where llama.cpp's batched verify pass rounds differently from a one-token pass
+    (every token is still the verifying pass's own best: README, "The honest part first")."""
+    if getattr(cmp, "same_text", True):
+        return "yes"
+    if opts.get("temperature", 0.0) > 0:
+        return "no (sampling: each run draws its own text from the same distribution)"
+    return (
+        "no: they part at a near-tie, where the batched verify pass rounds differently "
+        "(each token is still the target's own best)"
+    )
+
+
 class App:
     """The page's state: one PipelineHolder and the last scan, shared by every browser tab (a Stop is per
     browser session)."""
@@ -153,21 +167,27 @@ class App:
             opts["grammar"] = grammar
         return opts
 
+    @staticmethod
+    def preset_settings(name: str | None) -> tuple[int, float, bool, str] | None:
+        """A preset's draft settings as the Settings controls hold them (n_max, p_min, adaptive, strategy),
+        or None when it does not load (its facts box says why): for the preset the page opens with, and
+        for each one picked after."""
+        try:
+            d = presets.get_preset(name).draft if name else None
+        except LocalspecError:
+            return None
+        if d is None:
+            return None
+        strategy = d.strategy if d.strategy in STRATEGY_CHOICES else PAIR_DEFAULT
+        return d.n_max, d.p_min, d.adaptive, strategy
+
     def on_preset(self, name: str):
         """The preset's facts, and its draft settings (strategy included) into the Settings controls."""
         md = pairs.preset_info_html(name)
-        try:
-            d = presets.get_preset(name).draft
-        except LocalspecError:  # the facts box already says what is wrong with it
+        chosen = self.preset_settings(name)
+        if chosen is None:
             return md, gr.update(), gr.update(), gr.update(), gr.update()
-        strategy = d.strategy if d.strategy in STRATEGY_CHOICES else PAIR_DEFAULT
-        return (
-            md,
-            gr.update(value=d.n_max),
-            gr.update(value=d.p_min),
-            gr.update(value=d.adaptive),
-            gr.update(value=strategy),
-        )
+        return (md, *(gr.update(value=x) for x in chosen))
 
     def on_download(self, name: str, progress: gr.Progress = gr.Progress()):  # noqa: B008
         try:
@@ -297,8 +317,7 @@ class App:
                 baseline=cmp.baseline.stats,
                 speedup=cmp.speedup,
                 memory=getattr(pipe, "memory", None) or spec.memory,
-                note="same text with and without the draft: "
-                + ("yes" if getattr(cmp, "same_text", True) else "NO (sampling with temperature > 0?)"),
+                note="same text with and without the draft: " + _same_text_note(cmp, opts),
             )
             run = cmp.speculative
             sources = [
@@ -325,6 +344,14 @@ class App:
             constants.EMBEDDED_PRESET
             if any(p.name == constants.EMBEDDED_PRESET for p in found)
             else (found[0].name if found else None)
+        )
+        # the preset the page opens with sets the Settings too, as picking it does (it opened with the
+        # controls' own defaults: p_min 0.75 where the embedded pair's preset says 0.3)
+        n_max0, p_min0, adaptive0, strategy0 = self.preset_settings(default_preset) or (
+            4,
+            0.75,
+            False,
+            PAIR_DEFAULT,
         )
         c: dict[str, Any] = {}
         self.c = c
@@ -406,16 +433,20 @@ class App:
                                 )
                             with gr.Row():
                                 c["n_max"] = gr.Slider(
-                                    *N_MAX_RANGE, 4, step=1, label="Draft length n_max", elem_id="ls-n-max"
+                                    *N_MAX_RANGE,
+                                    n_max0,
+                                    step=1,
+                                    label="Draft length n_max",
+                                    elem_id="ls-n-max",
                                 )
                                 c["p_min"] = gr.Slider(
-                                    *P_MIN_RANGE, 0.75, step=0.01, label="p_min (draft confidence)"
+                                    *P_MIN_RANGE, p_min0, step=0.01, label="p_min (draft confidence)"
                                 )
                             with gr.Row():
-                                c["adaptive"] = gr.Checkbox(False, label="Adaptive draft length")
+                                c["adaptive"] = gr.Checkbox(adaptive0, label="Adaptive draft length")
                                 c["strategy"] = gr.Radio(
                                     STRATEGY_CHOICES,
-                                    value=PAIR_DEFAULT,
+                                    value=strategy0,
                                     label="Strategy",
                                     elem_id="ls-strategy",
                                 )

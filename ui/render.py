@@ -221,14 +221,15 @@ def result_panel_html(
     memory = memory if memory is not None else _get(stats, "memory")
     spec_tps = _get(stats, "tokens_per_second")
     base_tps = _get(baseline, "tokens_per_second")
+    accepted_pct = _pct(_get(stats, "acceptance_rate")) if _get(stats, "drafted") else None
     speed_rows = [
         ("Target alone", "ls-base-tps", base_tps, fmt_num(base_tps, 1, " tok/s")),
         ("With draft", "ls-spec-tps", spec_tps, fmt_num(spec_tps, 1, " tok/s")),
         (
             "Acceptance rate",
             "ls-acceptance",
-            _pct(_get(stats, "acceptance_rate")),
-            fmt_num(_pct(_get(stats, "acceptance_rate")), 1, " %"),
+            accepted_pct,
+            fmt_num(accepted_pct, 1, " %"),  # nothing drafted: no rate ("-"), not 0 %
         ),
         (
             "Mean accepted length",
@@ -263,7 +264,7 @@ def result_panel_html(
         f'<span style="font-size:1rem">({esc(fmt_num(over_pct, 1, " % of target"))})</span></div>'
         f"{_table(mem)}</div>"
     )
-    strategy = _get(stats, "strategy", "")
+    strategy = _get(stats, "route") or _get(stats, "strategy", "")  # auto: what it chose, and why
     draft_name = _get(stats, "draft_name") or ""
     pairing = _get(stats, "pairing_note") or ""
     meta = " \u00b7 ".join(
