@@ -138,6 +138,11 @@ class Grammar:
         return cls("\n".join(lines) + "\n", "root", what)
 
 
+_JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+#: keywords whose values are JSON values, not schemas (a "type" key inside them is data)
+_VALUE_KEYS = frozenset({"default", "examples", "const", "enum"})
+
+
 def check_schema(schema: Any, what: str) -> None:
     """Refuse what would make the converter or llama.cpp's parser spend without bound."""
     stack: list[tuple[Any, int]] = [(schema, 1)]
@@ -167,7 +172,15 @@ def check_schema(schema: Any, what: str) -> None:
                             param=what,
                             hint=f"use counts of {MAX_SCHEMA_COUNT} or less",
                         )
-            stack.extend((v, depth + 1) for v in node.values())
+            kind = node.get("type")
+            for t in kind if isinstance(kind, list) else [kind]:
+                if isinstance(t, str) and t not in _JSON_TYPES:  # the converter says "AssertionError"
+                    raise GrammarError(
+                        f"the JSON schema has type {t!r}, which is not a JSON schema type",
+                        param=what,
+                        hint=f"use one of {', '.join(sorted(_JSON_TYPES))}",
+                    )
+            stack.extend((v, depth + 1) for k, v in node.items() if k not in _VALUE_KEYS)
         elif isinstance(node, list):
             stack.extend((v, depth + 1) for v in node)
 

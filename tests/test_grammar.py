@@ -59,12 +59,19 @@ def test_response_format_maps_onto_grammars_and_names_the_bad_field():
         ({"$ref": "https://example.com/schema.json"}, "cannot be turned"),
         ({"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}, "cannot be turned"),
         ({"type": "object", "description": "x" * 70000}, "characters"),
+        ({"type": "object", "properties": {"a": {"type": "strin"}}}, "type 'strin', which is not a JSON"),
+        ({"type": ["string", "nul"]}, "type 'nul'"),
     ],
 )
 def test_hostile_schemas_are_refused_before_conversion(schema, match):
     with pytest.raises(GrammarError, match=match) as err:
         Grammar.json_schema(schema)
     assert err.value.param == "response_format.json_schema.schema"
+
+
+def test_a_type_key_inside_data_or_as_a_property_name_is_not_a_type():
+    schema = {"type": "object", "properties": {"type": {"type": "string"}}, "default": {"type": "x"}}
+    assert "root" in Grammar.json_schema(schema).text
 
 
 def test_a_schema_nested_past_the_bound_or_past_python_is_refused_not_a_crash():
