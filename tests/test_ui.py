@@ -569,3 +569,18 @@ def test_browser_json_output_is_json_and_a_bad_schema_says_so(ui):
         page.screenshot(path=str(ARTIFACTS / "ui-json.png"), full_page=True)
     finally:
         fmt.get_by_label("Text", exact=True).check()
+
+
+def test_a_typed_target_is_offered_the_drafts_next_to_it(app, tmp_path, monkeypatch):
+    """Without a Scan, a target typed into My models found no draft although a fitting one sat next to it
+    (a UI walkthrough; `localspec pair TARGET` looks there): its folder is looked at too."""
+    from _tiny_gguf import write_tiny_llama
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    vocab = next((Path(__file__).parent / "data" / "vocab").glob("*gpt-2*.gguf"))
+    big = write_tiny_llama(tmp_path / "big.gguf", vocab, n_embd=32)
+    small = write_tiny_llama(tmp_path / "small.gguf", vocab, n_embd=16)
+    msg, drafts, table = app.on_target(str(big))
+    values = [v for _, v in drafts["choices"]]
+    assert msg == "" and values[0] == str(small) and values[-2:] == ["ngram", "none"], (values, table)
+    assert "| yes | tiny-test" in table and "identical" in table

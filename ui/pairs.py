@@ -126,7 +126,10 @@ def draft_options(target: Any, view: ScanView) -> tuple[list[tuple[str, str]], s
             hint="pick a complete, text-only .gguf model as the target",
         )
     tpath = model_path(target)
-    candidates = [m for p, m in view.models.items() if p != tpath]
+    found = dict(view.models)
+    if tpath not in found:  # a typed path: look next to it too, as `localspec pair TARGET` does
+        found.update({model_path(m): m for m in scan.scan([str(Path(tpath).resolve().parent)])})
+    candidates = [m for p, m in found.items() if p != tpath and Path(p).resolve() != Path(tpath).resolve()]
     ranked = scan.rank_drafts(target, candidates) if candidates else []
     choices: list[tuple[str, str]] = []
     rows = []
@@ -139,6 +142,7 @@ def draft_options(target: Any, view: ScanView) -> tuple[list[tuple[str, str]], s
     md = (
         markdown_table(["fits", "candidate", "verdict", "why"], rows)
         if rows
-        else "No other models found to draft with; n-gram lookup still works."
+        else "No other models found to draft with (next to the target, or by the last Scan); n-gram lookup "
+        "still works."
     )
     return choices, md
