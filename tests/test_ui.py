@@ -363,11 +363,12 @@ def test_stop_ends_only_the_run_of_the_session_that_pressed_it(app):
     app.fake.during = lambda: app.on_stop(_session("B"))  # another browser presses Stop mid-run
     out, err = _last_output(app, _values(app), "A")
     assert err == "" and out.count('class="ls-t"') == 10 and "stopped" not in out
+    assert "cut at Max tokens" in out  # the fake's last token ends by length: JSON cut there is not JSON
 
     app.fake.during = lambda: app.on_stop(_session("A"))  # the same browser presses Stop
     out, err = _last_output(app, _values(app), "A")
     # Stop arrived while the 4th token was being made: it is shown, then the run ends
-    assert err == "" and out.count('class="ls-t"') == 4 and "stopped" in out
+    assert err == "" and out.count('class="ls-t"') == 4 and "stopped" in out and "cut at" not in out
 
     out, _ = _last_output(app, _values(app), "B")  # an earlier Stop does not cut the next run short
     assert out.count('class="ls-t"') == 10

@@ -279,6 +279,8 @@ class App:
                         last = now
                         yield {out: tokens_html(pieces, prefix=prefix)}
                 status = "stopped" if self.holder.was_stopped(session) and finish is None else ""
+                if finish == "length":  # JSON cut here is not valid JSON: say why it ends
+                    status = "cut at Max tokens: raise it for the whole answer"
                 update: dict[Any, Any] = {out: tokens_html(pieces, prefix=prefix, status=status)}
                 if stats is not None:
                     update[panel] = result_panel_html(
