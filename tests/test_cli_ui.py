@@ -136,3 +136,20 @@ def test_ui_opens_the_browser_when_there_is_a_display(launched, monkeypatch):
     monkeypatch.delenv("DISPLAY")
     res = _invoke(["--port", _free()])
     assert launched[-1]["open_browser"] is False and "no display" in res.output
+
+
+def test_threads_reach_every_pair_the_page_loads(launched):
+    """A busy 2-core machine ran the page at a few tokens/s with the default threads, and the page had no
+    setting for it (a UI walkthrough): `localspec ui --threads N`, bounded as `run` bounds it."""
+    res = _invoke(["--no-browser", "--port", _free(), "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    assert launched[-1]["n_threads"] == 1
+    res = _invoke(["--no-browser", "--threads", "0"])
+    assert res.exit_code == 2 and "--threads" in res.output
+    from localspec.ui.app import App
+
+    app = App(lambda **kw: None, n_threads=1)
+    app.build()
+    v = {app.c[k]: None for k in app.c}
+    v[app.c["source"]], v[app.c["preset"]], v[app.c["n_ctx"]] = "Preset", "tiny-embedded", 0
+    assert app.spec(v).load_kwargs()["n_threads"] == 1

@@ -116,8 +116,9 @@ class App:
     """The page's state: one PipelineHolder and the last scan, shared by every browser tab (a Stop is per
     browser session)."""
 
-    def __init__(self, loader: Callable[..., Any] = _load) -> None:
+    def __init__(self, loader: Callable[..., Any] = _load, *, n_threads: int | None = None) -> None:
         self.holder = PipelineHolder(loader)
+        self.n_threads = n_threads  # every pair loads with these (`localspec ui --threads`)
         self.view = pairs.ScanView({})
         self.gpu = gpu_offload_available()
 
@@ -133,7 +134,11 @@ class App:
         if v[c["source"]] == "Preset":
             name = v[c["preset"]] or constants.EMBEDDED_PRESET
             return PairSpec(
-                preset=name, n_ctx=check_n_ctx(n_ctx_value), n_gpu_layers=ngl_t, draft_n_gpu_layers=ngl_d
+                preset=name,
+                n_ctx=check_n_ctx(n_ctx_value),
+                n_gpu_layers=ngl_t,
+                draft_n_gpu_layers=ngl_d,
+                n_threads=self.n_threads,
             )
         target = (v[c["target"]] or "").strip()
         if not target:
@@ -145,7 +150,14 @@ class App:
         if n_ctx:  # a size the user typed: not above what the model was trained for
             n_ctx = check_n_ctx(n_ctx, trained_context(target))
         draft = (v[c["draft"]] or "").strip() or None
-        return PairSpec(target=target, draft=draft, n_ctx=n_ctx, n_gpu_layers=ngl_t, draft_n_gpu_layers=ngl_d)
+        return PairSpec(
+            target=target,
+            draft=draft,
+            n_ctx=n_ctx,
+            n_gpu_layers=ngl_t,
+            draft_n_gpu_layers=ngl_d,
+            n_threads=self.n_threads,
+        )
 
     def gen_opts(self, v: dict[str, Any]) -> dict[str, Any]:
         c = self.c
@@ -548,8 +560,8 @@ def theme() -> Any:
     return gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 
 
-def build_app(loader: Callable[..., Any] = _load) -> gr.Blocks:
-    return App(loader).build()
+def build_app(loader: Callable[..., Any] = _load, *, n_threads: int | None = None) -> gr.Blocks:
+    return App(loader, n_threads=n_threads).build()
 
 
 def launch(
@@ -560,11 +572,13 @@ def launch(
     auth: tuple[str, str] | None = None,
     open_browser: bool = False,
     block: bool = True,
+    n_threads: int | None = None,
 ) -> Any:
     """Serve the page; ``block=False`` returns at once (the server runs in a thread). Who may reach it is
     decided before (``localspec.exposure``, in ``localspec ui``); ``auth`` is the login Gradio asks for,
-    ``open_browser`` opens the default browser on the page once it is up."""
-    demo = build_app()
+    ``open_browser`` opens the default browser on the page once it is up; ``n_threads``: what every pair
+    loads with (None: the library's default)."""
+    demo = build_app(n_threads=n_threads)
     return demo.launch(
         server_name=host,
         server_port=port,

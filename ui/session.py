@@ -25,11 +25,14 @@ class PairSpec:
     n_ctx: int | None = None  # None: the preset's context, else the library default
     n_gpu_layers: int = 0
     draft_n_gpu_layers: int = 0
+    n_threads: int | None = None  # None: the library's default (`localspec ui --threads`)
 
     def load_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
         if self.n_ctx:
             kw["n_ctx"] = self.n_ctx
+        if self.n_threads:
+            kw["n_threads"] = self.n_threads
         if self.n_gpu_layers:
             kw["n_gpu_layers"] = self.n_gpu_layers
         if self.draft_n_gpu_layers:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 import click
 
+from localspec.cli.options import shared_options
 from localspec.exposure import check_exposure
 
 DEFAULT_PORT = 7860
@@ -111,6 +112,7 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     help="Allow a non-local --host or --share WITHOUT a login (only on a network you trust).",
 )
 @click.option("--no-browser", is_flag=True, help="Do not open the page in the default browser.")
+@shared_options("threads")
 def ui(
     host: str,
     port: int | None,
@@ -118,6 +120,7 @@ def ui(
     auth: str | None,
     insecure_no_auth: bool,
     no_browser: bool,
+    threads: int | None,
 ) -> None:
     """Open the web UI: pick a pair, watch the draft's tokens, compare speed and memory, bench."""
     credentials = parse_auth(auth)
@@ -137,7 +140,7 @@ def ui(
     click.echo(f"localspec UI on http://{url_host}:{port}  (Ctrl+C to stop)")
     if not open_browser:
         click.echo(f"(not opening a browser: {why_not})")
-    launch(host=host, port=port, share=share, auth=credentials, open_browser=open_browser)
+    launch(host=host, port=port, share=share, auth=credentials, open_browser=open_browser, n_threads=threads)
 
 
 COMMANDS = [ui]
