@@ -333,24 +333,16 @@ def test_chat_with_tools_needs_a_template_that_calls_them(embedded_pipe):
     assert shown_none == plain and plain.tool_calls == shown_none.tool_calls == []
 
 
-#: enough of a Qwen2.5-style template for the pipeline to know its tool-call format (the embedded pair's
-#: own template has none)
-TOOL_TEMPLATE = "{% if tools %}<tools>{{ tools | tojson }}</tools> <tool_call>{% endif %}"
-
-
 def _assembled(responses) -> tuple[str, list[tuple[str, str]]]:
-    """A chat stream's content and calls (name, arguments), put together by index as a client does."""
-    calls: dict[int, list[str]] = {}
-    for r in responses:
-        for d in r.tool_calls:
-            call = calls.setdefault(d["index"], ["", ""])
-            call[0] += d.get("function", {}).get("name") or ""
-            call[1] += d.get("function", {}).get("arguments") or ""
-    return "".join(r.content for r in responses), [(n, a) for _, (n, a) in sorted(calls.items())]
+    """A chat stream's content and calls (name, arguments), put together as a client does."""
+    from test_tool_calls import _assembled as calls_of
+
+    calls = calls_of([d for r in responses for d in r.tool_calls])
+    return "".join(r.content for r in responses), [(n, a) for _, n, a in calls]
 
 
 def test_chat_stream_reads_calls_out_as_they_are_written(embedded_pipe, monkeypatch):
-    from test_tool_calls import WEATHER
+    from test_tool_calls import TOOL_TEMPLATE, WEATHER
 
     from localspec.engine import TokenResponse
 
@@ -383,7 +375,7 @@ def test_chat_stream_reads_calls_out_as_they_are_written(embedded_pipe, monkeypa
 def test_a_required_call_streams_as_the_whole_reply_reads_it(embedded_pipe, monkeypatch):
     """The real model under the calls' grammar (tool_choice required): what the stream sends, put
     together, is what chat() reads out of the same greedy reply."""
-    from test_tool_calls import WEATHER
+    from test_tool_calls import TOOL_TEMPLATE, WEATHER
 
     monkeypatch.setattr(type(embedded_pipe), "chat_template", property(lambda self: TOOL_TEMPLATE))
     ask = [{"role": "user", "content": "Weather in Paris?"}]

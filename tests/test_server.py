@@ -10,7 +10,7 @@ import time
 import httpx
 import openai
 import pytest
-from test_tool_calls import WEATHER
+from test_tool_calls import TOOL_TEMPLATE, WEATHER, _assembled
 
 import localspec
 from localspec.exposure import ExposureError
@@ -254,8 +254,6 @@ def test_chat_refuses_images_unknown_roles_and_tools_its_template_cannot_call(cl
 
 
 # ------------------------------------------------------------------------------------------ tool calls
-#: enough of a Qwen2.5-style template for the server to know its tool-call format
-TOOL_TEMPLATE = "{% if tools %}<tools>{{ tools | tojson }}</tools> <tool_call>{% endif %}"
 
 
 class ScriptedPipe:
@@ -448,16 +446,12 @@ def test_qwen_calls_a_tool_and_answers_from_its_result():
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in direct.tool_calls] == [
             (call.function.name, call.function.arguments)
         ]
-        streamed: dict[int, list[str]] = {}
-        for piece in qwen.chat_stream(
-            ask, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=80
-        ):
-            assert "<tool_call>" not in piece.content
-            for d in piece.tool_calls:
-                entry = streamed.setdefault(d["index"], ["", ""])
-                entry[0] += d["function"].get("name") or ""
-                entry[1] += d["function"].get("arguments") or ""
-        assert [tuple(v) for v in streamed.values()] == [(call.function.name, call.function.arguments)]
+        pieces = list(
+            qwen.chat_stream(ask, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=80)
+        )
+        assert not any("<tool_call>" in p.content for p in pieces)
+        streamed = _assembled([d for p in pieces for d in p.tool_calls])
+        assert [(n, a) for _, n, a in streamed] == [(call.function.name, call.function.arguments)]
     finally:
         srv.stop()
         qwen.close()

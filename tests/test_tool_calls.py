@@ -23,6 +23,9 @@ from localspec.tool_calls import (
     tool_use,
 )
 
+#: enough of a Qwen2.5-style template for localspec to know its tool-call format (the embedded pair's own
+#: template has none)
+TOOL_TEMPLATE = "{% if tools %}<tools>{{ tools | tojson }}</tools> <tool_call>{% endif %}"
 WEATHER = {
     "type": "function",
     "function": {
