@@ -45,7 +45,8 @@ one store take turns under an advisory lock (``fcntl.flock`` on ``<fingerprint>-
 which exists only while a save holds it), so two processes saving at once never interleave appends or
 lose each other's requests to a snapshot; a save that cannot get it within :data:`LOCK_WAIT_SECONDS` is
 skipped (reported, and the next save writes its requests), and where there is no ``fcntl`` (Windows)
-saves go on unlocked.
+saves go on unlocked. ``localspec cache clear`` deletes each store's files under the same lock, so a save
+in flight finishes first and its files go too (it used to be able to land right after the delete).
 
 The calibration (``<fingerprint>-<namespace>.lscal``, JSON) keeps what the drafter learnt about how far
 copies of a request's own prompt run (:meth:`localspec.suffix.SuffixDrafter.carried_calibration`), so that
@@ -84,6 +85,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import hashlib
 import json
 import logging
@@ -505,54 +507,21 @@ class SuffixStore:
             yield True
         finally:
             if fd is not None:
-                with contextlib.suppress(OSError):
-                    held = os.fstat(fd)
-                    now = os.stat(self.lock_path, follow_symlinks=False)
-                    if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                        os.unlink(self.lock_path)
-                os.close(fd)  # releases the lock
+                _release_lock(self.lock_path, fd)
 
     def _lock(self) -> int | None:
         """The descriptor of the held lock file, or None: no lock to be had here (see :meth:`_locked`).
         Raises :class:`_Busy` when another process held it past the wait."""
-        if fcntl is None:
+        try:
+            fd = _take_lock(self.lock_path, 0.0 if self._lock_stuck else LOCK_WAIT_SECONDS)
+        except _Busy:
+            self._lock_stuck = True
+            raise
+        except _NoLock as exc:
+            self._unlocked(str(exc))
             return None
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # failing: the save reports it
-        deadline = time.monotonic() + (0.0 if self._lock_stuck else LOCK_WAIT_SECONDS)
-        delay = 0.001
-        while True:
-            try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            except OSError as exc:
-                self._unlocked(f"cannot open its lock file ({exc.strerror or exc})")
-                return None
-            try:
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if time.monotonic() >= deadline:
-                            self._lock_stuck = True
-                            raise _Busy from None
-                        time.sleep(delay)
-                        delay = min(2 * delay, 0.05)  # most saves hold it for a millisecond or two
-                held = os.fstat(fd)
-                try:
-                    now = os.stat(self.lock_path, follow_symlinks=False)
-                except FileNotFoundError:
-                    now = None
-            except OSError as exc:
-                os.close(fd)
-                self._unlocked(f"cannot lock it ({exc.strerror or exc})")
-                return None
-            except BaseException:
-                os.close(fd)
-                raise
-            if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                self._lock_stuck = False
-                return fd
-            os.close(fd)  # the holder deleted it as it let go: lock the path's file now
+        self._lock_stuck = False
+        return fd
 
     def _unlocked(self, why: str) -> None:
         if not self._unlocked_said:
@@ -987,26 +956,58 @@ def _count_journal(info: StoreInfo, header: dict) -> None:
 
 def clear(directory: str | os.PathLike[str] | None = None) -> list[Path]:
     """Delete every store file, journal, calibration, lock file (left by a process killed while it saved)
-    and leftover temp file in ``directory``; returns what was deleted."""
+    and leftover temp file in ``directory``; returns what was deleted. Each store's files go under its
+    lock, so a save running meanwhile (a server beside ``localspec cache clear``) finishes first and its
+    snapshot goes too, rather than landing after the delete and bringing the store back."""
     d = Path(directory) if directory is not None else default_dir()
     if not d.is_dir():
         return []
+    suffixes = (SUFFIX, JOURNAL_SUFFIX, CALIBRATION_SUFFIX, LOCK_SUFFIX)
+
+    def files(stem: str = "*") -> list[Path]:
+        return [
+            p
+            for suffix in suffixes
+            for kind in (f"{stem}{suffix}", f".{stem}{suffix}.*.tmp")
+            for p in d.glob(kind)
+        ]
+
+    stems = set()
+    for p in files():
+        suffix = next(x for x in suffixes if x in p.name)
+        stems.add(p.name[: -len(suffix)] if p.name.endswith(suffix) else p.name[1:].split(suffix)[0])
     gone = []
-    kinds = [
-        pattern
-        for suffix in (SUFFIX, JOURNAL_SUFFIX, CALIBRATION_SUFFIX, LOCK_SUFFIX)
-        for pattern in (f"*{suffix}", f".*{suffix}.*.tmp")
-    ]
-    for p in [path for kind in kinds for path in d.glob(kind)]:
+    for stem in sorted(stems):
+        lock = d / f"{stem}{LOCK_SUFFIX}"
+        left = lock.exists()  # by a writer killed while it saved (or one saving now, which is waited for)
         try:
-            p.unlink()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
+            fd = _take_lock(lock, LOCK_WAIT_SECONDS)
+        except _Busy:
             raise CacheError(
-                f"cannot delete {p}: {exc.strerror or exc}", hint="check the folder's permissions"
-            ) from exc
-        gone.append(p)
+                f"cannot clear {d / (stem + SUFFIX)}: another localspec process has been saving to it for "
+                f"over {LOCK_WAIT_SECONDS:g} s",
+                hint="stop the server or run using this cache (or wait for it to finish), then clear again",
+            ) from None
+        except _NoLock:
+            fd = None  # no lock to be had here: delete as saves go on, unlocked
+        try:
+            for p in files(glob.escape(stem)):  # what is there now the lock is held
+                if p == lock and fd is not None:
+                    continue  # the lock file this holds: deleted as it lets go
+                try:
+                    p.unlink()
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise CacheError(
+                        f"cannot delete {p}: {exc.strerror or exc}", hint="check the folder's permissions"
+                    ) from exc
+                gone.append(p)
+        finally:
+            if fd is not None:
+                _release_lock(lock, fd)
+                if left:
+                    gone.append(lock)
     return gone
 
 
@@ -1217,6 +1218,62 @@ def _check(arrays: dict[str, np.ndarray], n_vocab: int | None) -> None:
                 raise _Bad(f"its {group} index points outside its tokens")
             if np.any(keys[1:] < keys[:-1]):
                 raise _Bad(f"its {group} index is not sorted")
+
+
+def _take_lock(path: Path, wait: float) -> int | None:
+    """Take the advisory lock ``path`` (created 0600 in an existing or new 0700 folder, never followed
+    if a symlink), waiting up to ``wait`` seconds; its descriptor, or None where there is no ``fcntl``.
+    Raises :class:`_Busy` past the wait and :class:`_NoLock` (why) when the file cannot be used.
+    The holder deletes the file before it lets go (:func:`_release_lock`): a waiter that then gets its
+    lock on the deleted file starts over with the path's current one."""
+    if fcntl is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # failing: the caller reports it
+    deadline = time.monotonic() + wait
+    delay = 0.001
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError as exc:
+            raise _NoLock(f"cannot open its lock file ({exc.strerror or exc})") from exc
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise _Busy from None
+                    time.sleep(delay)
+                    delay = min(2 * delay, 0.05)  # most saves hold it for a millisecond or two
+            held = os.fstat(fd)
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+        except OSError as exc:
+            os.close(fd)
+            raise _NoLock(f"cannot lock it ({exc.strerror or exc})") from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)  # the holder deleted it as it let go: lock the path's file now
+
+
+def _release_lock(path: Path, fd: int) -> None:
+    """Delete the lock file ``path`` if it is still the one ``fd`` holds, then let go of the lock."""
+    with contextlib.suppress(OSError):
+        held = os.fstat(fd)
+        now = os.stat(path, follow_symlinks=False)
+        if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            os.unlink(path)
+    os.close(fd)  # releases the lock
+
+
+class _NoLock(Exception):
+    """A store's lock file cannot be used here (the message says why); saves go on without it."""
 
 
 class _Busy(Exception):

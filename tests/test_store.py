@@ -743,6 +743,52 @@ def test_a_save_waits_a_bounded_time_for_a_held_lock_then_skips(tmp_path, monkey
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="no fcntl: saves go on unlocked")
+def test_clear_waits_for_a_save_in_flight_and_deletes_what_it_wrote(tmp_path):
+    """``localspec cache clear`` beside a running server: a save holding the lock finishes first, and
+    the snapshot it writes goes with the rest (deleting under its feet let its rename land after the
+    delete and bring the whole store back)."""
+    import threading
+
+    s = SuffixStore(tmp_path, FP, n_vocab=1000)
+    ix = s.load()
+    ix.add_request([1, 2, 3])
+    assert s.save(ix)
+    fd = storemod._take_lock(s.lock_path, 1.0)  # a save in flight
+    assert fd is not None
+    result: list[list[Path]] = []
+    clearing = threading.Thread(target=lambda: result.append(storemod.clear(tmp_path)))
+    clearing.start()
+    time.sleep(0.3)
+    assert clearing.is_alive() and s.path.exists(), "clear waits for the save"
+    s.journal_path.write_bytes(b"written by the save in flight")
+    storemod._release_lock(s.lock_path, fd)
+    clearing.join(5)
+    assert not clearing.is_alive()
+    assert s.journal_path in result[0] and _files(tmp_path) == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no fcntl: saves go on unlocked")
+def test_clear_refuses_a_store_locked_past_the_wait_naming_it(tmp_path, monkeypatch):
+    import fcntl
+
+    monkeypatch.setattr(storemod, "LOCK_WAIT_SECONDS", 0.2)
+    s = SuffixStore(tmp_path, FP, n_vocab=1000)
+    ix = s.load()
+    ix.add_request([1, 2, 3])
+    assert s.save(ix)
+    fd = os.open(s.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a stuck process
+        with pytest.raises(CacheError) as err:
+            storemod.clear(tmp_path)
+        assert s.path.name in str(err.value) and err.value.hint and "stop" in err.value.hint
+        assert s.path.exists()
+    finally:
+        os.close(fd)
+    assert s.path in storemod.clear(tmp_path) and _files(tmp_path) == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no fcntl: saves go on unlocked")
 def test_lock_file_is_0600_never_followed_and_not_a_store(tmp_path, caplog):
     modes = []
 
