@@ -326,6 +326,17 @@ def _merge(defaults: dict, table: dict) -> dict:
     return out
 
 
+def check_preset_name(name: str, where: str) -> str:
+    """``name`` if a preset may be called that (lowercase letters, digits and ``. _ + -``), else a
+    :class:`PresetError` naming ``where``."""
+    if not _NAME_RE.match(name):
+        raise PresetError(
+            f"{where}: name {name!r} may only hold lowercase letters, digits and . _ + -",
+            hint='rename the preset, e.g. "my-pair-7b"',
+        )
+    return name
+
+
 def parse_preset(table: dict, *, where: str, source: str, base_dir: Path | None = None) -> Preset:
     """Validate one preset table; every error names ``where`` (file and preset) and the key."""
     unknown = sorted(set(table) - _PRESET_KEYS)
@@ -334,12 +345,7 @@ def parse_preset(table: dict, *, where: str, source: str, base_dir: Path | None 
             f"{where}: unknown key(s) {', '.join(unknown)}",
             hint=f"allowed keys: {', '.join(sorted(_PRESET_KEYS))}",
         )
-    name = _expect(table, "name", str, where, required=True)
-    if not _NAME_RE.match(name):
-        raise PresetError(
-            f"{where}: name {name!r} may only hold lowercase letters, digits and . _ + -",
-            hint='rename the preset, e.g. "my-pair-7b"',
-        )
+    name = check_preset_name(_expect(table, "name", str, where, required=True), where)
     target = parse_model_ref(
         _expect(table, "target", dict, where, required=True), f"{where}.target", base_dir=base_dir
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -12,7 +13,15 @@ from localspec.bench import default_strategies, engine_runner, open_pipeline, pa
 from localspec.benchmath import summarise
 from localspec.errors import BenchError
 from localspec.report import machine_info
-from localspec.settings import BASELINE, N_MAX_RANGE, SPECULATIVE_STRATEGIES, STRATEGIES, DraftSettings
+from localspec.settings import (
+    BASELINE,
+    MODEL_STRATEGIES,
+    N_MAX_RANGE,
+    P_MIN_RANGE,
+    SPECULATIVE_STRATEGIES,
+    STRATEGIES,
+    DraftSettings,
+)
 from localspec.workloads import Runner, Workload, load_workloads
 
 #: The tuner's honest answer when nothing beats the target alone.
@@ -145,28 +154,146 @@ def overall_winner(tuning: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: The most settings one sweep may measure per prompt. The default grid with a draft model is 96 and the whole
+#: ``n_max`` range at three p_min values 768; past this a sweep takes hours per prompt on a CPU, which is a
+#: typo ("1-64" for "1-6") more often than a plan.
+MAX_SWEEP = 1024
+#: One part of a list of draft lengths: ``"4"`` or ``"2-6"`` (ASCII digits only: no signs, no ``1_000``).
+_LENGTHS_PART = re.compile(r"(\d+)\s*(?:-\s*(\d+))?", re.ASCII)
+#: One p_min value as people write it: ``0.75``, ``.5``, ``1``, ``1e-1`` (a sign only to be refused by range).
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", re.ASCII)
+
+
+def _lengths_form() -> str:
+    lo, hi = N_MAX_RANGE
+    return (
+        f'a range and/or a comma-separated list of whole numbers, each {lo}<=x<={hi}: e.g. "1-8" or "2,4,6"'
+    )
+
+
+def _p_min_form() -> str:
+    lo, hi = P_MIN_RANGE
+    return f'a comma-separated list of numbers, each {lo}<=x<={hi}: e.g. "0.5,0.75,0.9"'
+
+
+def _length(digits: str) -> int:
+    # a number of a dozen digits is out of range whatever it is; int() refuses past 4300 digits anyway
+    return int(digits) if len(digits) <= 9 else N_MAX_RANGE[1] + 1
+
+
 def parse_int_range(text: str) -> list[int]:
-    """``"1-8"`` or ``"2,4,6"`` -> a list of draft lengths, each within ``settings.N_MAX_RANGE``."""
+    """``"1-8"``, ``"2,4,6"`` or both (``"1-3,6"``) -> the draft lengths to sweep, in order, each once.
+
+    Every length is held to ``settings.N_MAX_RANGE``, the bounds of ``n_max`` (``run --n-max``), and a range
+    is checked before it is built (``"1-1000000000000"`` is refused, not expanded). Anything else raises
+    :class:`BenchError` naming the part at fault, with the accepted form as the hint.
+    """
     lo_ok, hi_ok = N_MAX_RANGE
-    out: list[int] = []
+    out: dict[int, None] = {}  # ordered and without repeats: "1-8,4" sweeps 4 once
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        try:
-            lo, hi = (int(x) for x in part.split("-", 1)) if "-" in part else (int(part), int(part))
-        except ValueError as exc:
+        m = _LENGTHS_PART.fullmatch(part)
+        if m is None:
             raise BenchError(
-                f"not a list of draft lengths: {text!r}", hint='use e.g. "1-8" or "2,4,6"'
-            ) from exc
-        if not lo_ok <= lo <= hi <= hi_ok:  # checked before the range is built: "1-10**12" is refused
-            raise BenchError(
-                f"draft lengths {part!r} out of range",
-                hint=f'use lengths from {lo_ok} to {hi_ok}, e.g. "1-8"',
+                f"{part!r} is not a draft length or a range of them", hint=f"use {_lengths_form()}"
             )
-        out.extend(range(lo, hi + 1))
+        lo = _length(m[1])
+        hi = lo if m[2] is None else _length(m[2])
+        if not (lo_ok <= lo <= hi_ok and lo_ok <= hi <= hi_ok):
+            raise BenchError(
+                f"{part!r} is not in the range {lo_ok}<=x<={hi_ok} (the bounds of n_max)",
+                hint='use lengths within it, e.g. "1-8" or "2,4,6"',
+            )
+        if lo > hi:
+            raise BenchError(f"{part!r} runs backwards", hint=f'write the shorter length first: "{hi}-{lo}"')
+        out.update(dict.fromkeys(range(lo, hi + 1)))
     if not out:
-        raise BenchError(f"no draft lengths in {text!r}", hint='use e.g. "1-8"')
-    return out
+        raise BenchError(f"no draft lengths in {text!r}", hint=f"use {_lengths_form()}")
+    return list(out)
+
+
+def parse_p_min_list(text: str) -> list[float]:
+    """``"0.5,0.75,0.9"`` -> the p_min values to sweep, in the order given, each once.
+
+    Every value is held to ``settings.P_MIN_RANGE``, the bounds of ``p_min`` (``run --p-min``); ``nan`` and
+    ``inf`` are not numbers here. Two values that reports print the same (``0.75`` and ``0.7500001``: config
+    labels show six digits) would be one setting measured twice under one name, so they are refused.
+    """
+    lo_ok, hi_ok = P_MIN_RANGE
+    out: dict[str, tuple[float, str]] = {}  # by the label's spelling of the value (DraftSettings.label)
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if _NUMBER.fullmatch(part) is None:
+            finite = part.lower().lstrip("+-") not in ("nan", "inf", "infinity")
+            what = "a number" if finite else "a finite number"
+            raise BenchError(f"{part!r} is not {what}", hint=f"use {_p_min_form()}")
+        p = float(part) + 0.0  # + 0.0: "-0" is 0.0, not a second spelling of it
+        if not lo_ok <= p <= hi_ok:  # float() of a long exponent is inf: out of range too
+            raise BenchError(
+                f"{part!r} is not in the range {lo_ok}<=x<={hi_ok} (the bounds of p_min)",
+                hint='use values within it, e.g. "0.5,0.75,0.9"',
+            )
+        key = f"{p:g}"
+        if key in out and out[key][0] != p:
+            raise BenchError(
+                f"{out[key][1]!r} and {part!r} are one setting in the reports (p_min={key})",
+                hint="give values that differ within six significant digits",
+            )
+        out.setdefault(key, (p, part))
+    if not out:
+        raise BenchError(f"no p_min values in {text!r}", hint=f"use {_p_min_form()}")
+    return [p for p, _ in out.values()]
+
+
+def sweep_size(
+    strategies: Sequence[str],
+    n_max_values: Sequence[int],
+    p_min_values: Sequence[float],
+    adaptive: bool = False,
+) -> int:
+    """How many settings :func:`tune_configs` makes of these, counted without building them."""
+    size = 0
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise BenchError(f"unknown strategy {s!r}", hint=f"choose from: {', '.join(STRATEGIES)}")
+        if s in SPECULATIVE_STRATEGIES:
+            ps = len(p_min_values) if s in MODEL_STRATEGIES else 1
+            size += ps * (len(n_max_values) + (1 if adaptive else 0))
+    return size
+
+
+def check_sweep(
+    strategies: Sequence[str] | None,
+    n_max_values: Sequence[int],
+    p_min_values: Sequence[float],
+    adaptive: bool = False,
+) -> tuple[list[int], list[float]]:
+    """Refuse a sweep before anything loads: no values, values out of bounds, or more than :data:`MAX_SWEEP`
+    settings per prompt. ``strategies=None`` counts every drafting strategy (what a pair with a draft model
+    sweeps). Returns the draft lengths and p_min values to sweep, each once, in the order given."""
+    if any(isinstance(k, bool) or not isinstance(k, int) for k in n_max_values):
+        raise BenchError(
+            f"draft lengths must be whole numbers, got {list(n_max_values)!r}", hint="e.g. [1, 2, 4]"
+        )
+    if any(isinstance(p, bool) or not isinstance(p, (int, float)) for p in p_min_values):
+        raise BenchError(f"p_min values must be numbers, got {list(p_min_values)!r}", hint="e.g. [0.5, 0.75]")
+    # the bounds, the repeats and the empty list: the parsers' own checks, worded as for the command line
+    lengths = parse_int_range(",".join(str(k) for k in n_max_values))
+    p_values = parse_p_min_list(",".join(repr(float(p)) for p in p_min_values))
+    names = list(SPECULATIVE_STRATEGIES) if strategies is None else list(strategies)
+    size = sweep_size(names, lengths, p_values, adaptive)
+    if size > MAX_SWEEP:
+        raise BenchError(
+            f"the sweep is {size} settings per prompt ({len(names)} "
+            f"strateg{'y' if len(names) == 1 else 'ies'}, {len(lengths)} draft "
+            f"lengths{' and adaptive' if adaptive else ''}, {len(p_values)} p_min values for those with a "
+            f"draft model), more than {MAX_SWEEP}",
+            hint="sweep fewer draft lengths or p_min values, or name fewer strategies "
+            "(localspec bench: --tune-n-max, --tune-p-min, --strategy)",
+        )
+    return lengths, p_values
 
 
 def tune_benchmark(
@@ -188,7 +315,11 @@ def tune_benchmark(
     margin: float = 0.02,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Load the pair, sweep the grid on every workload and return a report dict with ``tuning``."""
+    """Load the pair, sweep the grid on every workload and return a report dict with ``tuning``.
+
+    The grid is checked first (:func:`check_sweep`): a sweep that cannot run fails before the pair loads.
+    """
+    n_max_values, p_min_values = check_sweep(strategies or None, n_max_values, p_min_values, adaptive)
     wl = load_workloads(workloads, prompts_file, limit)
     threads = threads or constants.default_threads()
     pipe = open_pipeline(target, draft, preset, threads=threads, n_ctx=n_ctx)

@@ -17,7 +17,7 @@ import pytest
 
 from localspec import bench, benchmath, report, tune, workloads
 from localspec.errors import BenchError
-from localspec.settings import BASELINE, DraftSettings
+from localspec.settings import BASELINE, SPECULATIVE_STRATEGIES, DraftSettings
 from localspec.workloads import Prompt, Workload
 
 # ---------------------------------------------------------------------------------------------- prompt files
@@ -251,11 +251,6 @@ def test_tune_grid_and_honest_none():
     order = bench.plan_configs(grid, baseline_every=4)
     assert order[0] == BASELINE and order[-1] == BASELINE and order.count(BASELINE) == 4
     assert tune.parse_int_range("1-3,6") == [1, 2, 3, 6]
-    with pytest.raises(BenchError):
-        tune.parse_int_range("0-2")
-    for huge in ("1-1000000000000", "65", "4-2"):  # refused before a range is built
-        with pytest.raises(BenchError, match="out of range"):
-            tune.parse_int_range(huge)
 
     def slow(prompt, cfg, n):  # every speculative setting is slower than the target alone
         return _stats(10.0 if not cfg.is_speculative else 8.0 + (cfg.n_max or 0) * 0.1)
@@ -287,6 +282,96 @@ def test_tune_grid_and_honest_none():
     res = tune.tune(fast_adaptive, [w], grid, max_tokens=4)
     assert res["workloads"]["w"]["winner"]["adaptive"] is True
     assert tune.overall_winner(res)["adaptive"] is True
+
+
+def _bench_error(parse, text):
+    with pytest.raises(BenchError) as exc:
+        parse(text)
+    return exc.value
+
+
+def test_sweep_lists_parse_in_order_once_each_within_runs_bounds():
+    assert tune.parse_int_range("1-3,6") == [1, 2, 3, 6]
+    assert tune.parse_int_range(" 6 , 2 - 4,3,") == [6, 2, 3, 4]  # the order given, each length once
+    assert tune.parse_int_range("64") == [64] and tune.parse_int_range("1-64") == list(range(1, 65))
+    assert tune.parse_p_min_list("0.9, .5,0.9,0,1,1e-1") == [0.9, 0.5, 0.0, 1.0, 0.1]
+    assert str(tune.parse_p_min_list("-0")[0]) == "0.0"
+    for text, what in [
+        ("0-2", "not in the range 1<=x<=64"),
+        ("65", "not in the range 1<=x<=64"),
+        ("1-1000000000000", "not in the range 1<=x<=64"),  # refused, never expanded
+        ("9" * 5000, "not in the range 1<=x<=64"),  # past what int() converts
+        ("4-2", "runs backwards"),
+        ("abc", "not a draft length"),
+        ("1-8-9", "not a draft length"),
+        ("-3", "not a draft length"),
+        ("1.5", "not a draft length"),
+        ("1_0", "not a draft length"),
+        ("", "no draft lengths"),
+        (" , ,", "no draft lengths"),
+    ]:
+        with pytest.raises(BenchError, match=re.escape(what)) as exc:
+            tune.parse_int_range(text)
+        assert exc.value.hint, text
+    assert '"2-4"' in (_bench_error(tune.parse_int_range, "4-2").hint or "")
+    for text, what in [
+        ("1.5", "not in the range 0.0<=x<=1.0"),
+        ("-0.1", "not in the range 0.0<=x<=1.0"),
+        ("1e999", "not in the range 0.0<=x<=1.0"),
+        ("nan", "not a finite number"),
+        ("-inf", "not a finite number"),
+        ("half", "not a number"),
+        ("0.5;0.7", "not a number"),
+        ("", "no p_min values"),
+        ("0.75,0.7500001", "one setting in the reports (p_min=0.75)"),
+    ]:
+        with pytest.raises(BenchError, match=re.escape(what)) as exc:
+            tune.parse_p_min_list(text)
+        assert exc.value.hint, text
+
+
+def test_sweep_size_counts_what_tune_configs_builds_and_check_sweep_caps_it():
+    for strategies, ns, ps, adaptive in [
+        (["model", "ngram", "none"], [1, 2, 3], [0.5, 0.9], False),
+        (["model", "ngram", "none"], [1, 2, 3], [0.5, 0.9], True),
+        (list(SPECULATIVE_STRATEGIES), list(range(1, 9)), [0.5, 0.75, 0.9], False),
+        (["suffix", "auto"], [4], [0.1, 0.2, 0.3], True),
+    ]:
+        size = tune.sweep_size(strategies, ns, ps, adaptive)
+        assert size == len(tune.tune_configs(strategies, ns, ps, adaptive)), strategies
+    assert tune.sweep_size(SPECULATIVE_STRATEGIES, range(1, 9), [0.5, 0.75, 0.9]) == 96  # the default grid
+    # repeats go, the order stays; None counts every drafting strategy
+    assert tune.check_sweep(None, [3, 1, 3], [0.9, 0.5, 0.9]) == ([3, 1], [0.9, 0.5])
+    assert tune.check_sweep(None, range(1, 65), [0.5, 0.75, 0.9]) == (list(range(1, 65)), [0.5, 0.75, 0.9])
+    five = [0.1, 0.2, 0.3, 0.4, 0.5]
+    with pytest.raises(BenchError, match=f"1152 settings per prompt.*more than {tune.MAX_SWEEP}") as exc:
+        tune.check_sweep(None, range(1, 65), five)
+    assert "--tune-n-max" in (exc.value.hint or "")
+    assert tune.check_sweep(["ngram"], range(1, 65), five)[0] == list(range(1, 65))  # ngram ignores p_min
+    for ns, ps in [
+        ([], [0.5]),
+        ([1], []),
+        ([0], [0.5]),
+        ([1], [2.0]),
+        ([True], [0.5]),
+        ([1], [float("nan")]),
+    ]:
+        with pytest.raises(BenchError):
+            tune.check_sweep(None, ns, ps)
+
+
+def test_tune_benchmark_checks_the_sweep_before_the_pair_loads(monkeypatch):
+    def no_load(*a, **k):
+        raise AssertionError("the pair was loaded for a sweep that cannot run")
+
+    monkeypatch.setattr(tune, "open_pipeline", no_load)
+    monkeypatch.setattr(tune, "load_workloads", no_load)
+    with pytest.raises(BenchError, match="not in the range 1<=x<=64"):
+        tune.tune_benchmark(n_max_values=[0, 1])
+    with pytest.raises(BenchError, match="not in the range 0.0<=x<=1.0"):
+        tune.tune_benchmark(p_min_values=[1.5])
+    with pytest.raises(BenchError, match="settings per prompt"):
+        tune.tune_benchmark(n_max_values=range(1, 65), p_min_values=[0.1, 0.2, 0.3, 0.4, 0.5])
 
 
 def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
@@ -594,6 +679,146 @@ def test_bench_help_shows_the_ranges():
     ]:
         shown = re.search(rf"{option} [A-Z ]+ [^[]*(\[[^]]*\])", text)  # the first [...] after it
         assert shown and accepted in shown[1], (option, shown)
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Every way `bench` reaches a model raises, so a refusal that came late shows as exit 1, not 2."""
+    import localspec
+    from localspec import api
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded for an invalid option")
+
+    for module, name in [
+        (localspec, "load"),
+        (api, "load"),
+        (bench, "open_pipeline"),
+        (bench, "benchmark"),
+        (tune, "open_pipeline"),
+        (tune, "tune_benchmark"),
+    ]:
+        monkeypatch.setattr(module, name, no_load)
+
+
+_SIX_STRATEGIES_64_LENGTHS = ["--tune-n-max", "1-64", "--tune-p-min", "0.1,0.2,0.3,0.4,0.5"]
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "says"),
+    [
+        (["--tune-n-max", "0-2"], "--tune-n-max", ["'0-2' is not in the range 1<=x<=64", '"1-8"']),
+        (["--tune-n-max", "65"], "--tune-n-max", ["'65' is not in the range 1<=x<=64"]),
+        (["--tune-n-max", "1-1000000000000"], "--tune-n-max", ["'1-1000000000000'", "1<=x<=64"]),
+        (["--tune-n-max", "4-2"], "--tune-n-max", ["'4-2' runs backwards", '"2-4"']),
+        (["--tune-n-max", "1-8x"], "--tune-n-max", ["'1-8x' is not a draft length", "1<=x<=64", '"2,4,6"']),
+        (["--tune-n-max", "-3"], "--tune-n-max", ["'-3' is not a draft length", "1<=x<=64"]),
+        (["--tune-n-max", ","], "--tune-n-max", ["no draft lengths in ','", "1<=x<=64"]),
+        (["--tune-n-max="], "--tune-n-max", ["no draft lengths in ''", "1<=x<=64"]),
+        (["--tune-p-min", "1.5"], "--tune-p-min", ["'1.5' is not in the range 0.0<=x<=1.0"]),
+        (["--tune-p-min", "0.5,-0.1"], "--tune-p-min", ["'-0.1' is not in the range 0.0<=x<=1.0"]),
+        (["--tune-p-min", "nan"], "--tune-p-min", ["'nan' is not a finite number", "0.0<=x<=1.0"]),
+        (["--tune-p-min", "0.5 0.9"], "--tune-p-min", ["'0.5 0.9' is not a number", '"0.5,0.75,0.9"']),
+        (["--tune-p-min="], "--tune-p-min", ["no p_min values in ''", "0.0<=x<=1.0"]),
+        (["--tune-p-min", "0.75,0.7500001"], "--tune-p-min", ["one setting in the reports"]),
+        (
+            _SIX_STRATEGIES_64_LENGTHS,
+            "--tune-n-max' / '--tune-p-min",
+            ["1152 settings per prompt (6 strategies", "more than 1024"],
+        ),
+        (
+            [
+                "--strategy",
+                "model",
+                "--tune-n-max",
+                "1-64",
+                "--tune-p-min",
+                ",".join(f"0.{i:02}" for i in range(17)),
+            ],
+            "--tune-n-max' / '--tune-p-min",
+            ["1088 settings per prompt (1 strategy, 64 draft lengths, 17 p_min values"],
+        ),
+        (["--save-preset", "My Pair"], "--save-preset", ["'My Pair' may only hold", '"my-pair-7b"']),
+    ],
+)
+def test_bench_refuses_a_bad_sweep_before_anything_loads(no_model_loads, tmp_path, args, option, says):
+    """A usage error (exit 2) naming the option, the value and what to type instead, and no model loaded."""
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["bench", "--tune", "-q", "--out", str(out), *args])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert f"Invalid value for '{option}'" in said, res.output
+    for text in says:
+        assert text in said, (text, res.output)
+    assert "Traceback" not in res.output and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--tune-n-max", "2,4"], "--tune-n-max needs --tune"),
+        (["--tune-p-min", "0.5"], "--tune-p-min needs --tune"),
+        (["--tune-n-max", "0"], "Invalid value for '--tune-n-max': '0' is not in the range 1<=x<=64"),
+        (["--out", "{file}/sub"], "Invalid value for '--out'"),
+        (["--sessions", "agent", "--out", "{file}/sub"], "is a file; give --out a folder path"),
+    ],
+)
+def test_bench_refuses_ignored_or_unwritable_options_before_anything_loads(
+    no_model_loads, tmp_path, args, says
+):
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    args = [a.replace("{file}", str(a_file)) for a in args]
+    res = CliRunner().invoke(main, ["bench", "-q", *args])
+    assert res.exit_code == 2, res.output
+    assert says in " ".join(res.output.split()), res.output
+
+
+def test_good_sweep_values_reach_the_tuner_parsed(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    seen: list[dict] = []
+
+    def fake_tune(**kw):
+        seen.append(kw)
+        raise BenchError("stopped by the test", hint="none needed")
+
+    monkeypatch.setattr(tune, "tune_benchmark", fake_tune)
+    base = ["bench", "--tune", "-q", "--out", str(tmp_path / "out")]
+    res = CliRunner().invoke(main, [*base, "--tune-n-max", "6, 2-3,3", "--tune-p-min", "0.9,.5,0.9"])
+    assert res.exit_code == 1 and "stopped by the test" in res.output, res.output
+    assert seen[-1]["n_max_values"] == [6, 2, 3] and seen[-1]["p_min_values"] == [0.9, 0.5]
+    res = CliRunner().invoke(main, base)  # the defaults go through the same parser
+    assert seen[-1]["n_max_values"] == list(range(1, 9)) and seen[-1]["p_min_values"] == [0.5, 0.75, 0.9]
+    # the whole n_max range is a sweep that fits with one strategy, and a sound preset name passes
+    res = CliRunner().invoke(
+        main, [*base, "--tune-n-max", "1-64", "--strategy", "ngram", "--save-preset", "my-pair.v2"]
+    )
+    assert res.exit_code == 1 and seen[-1]["n_max_values"] == list(range(1, 65)), res.output
+    assert len(seen) == 3
+
+
+def test_bench_help_shows_the_sweep_forms_and_bounds():
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    text = " ".join(CliRunner().invoke(main, ["bench", "--help"]).output.split())
+    # (help wraps lines after a hyphen: "comma- separated")
+    assert re.search(r"--tune-n-max LENGTHS .*a range and/or a comma- ?separated list, each 1<=x<=64", text)
+    assert re.search(r"--tune-p-min VALUES .*a comma- ?separated list, each 0\.0<=x<=1\.0", text)
+    assert "e.g. 1-8 or 2,4,6" in text and "e.g. 0.5,0.75,0.9" in text
+    assert f"at most {tune.MAX_SWEEP} settings per prompt" in text  # the help's copy of the cap is the cap
 
 
 @pytest.mark.slow

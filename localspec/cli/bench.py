@@ -3,18 +3,98 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from localspec.cli.options import COUNT, MAX_TOKENS, TEMPERATURE, shared_options
+from localspec.errors import LocalspecError
 from localspec.sessions import SESSION_WORKLOADS
-from localspec.settings import SPECULATIVE_STRATEGIES
+from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, SPECULATIVE_STRATEGIES
 from localspec.workloads import WORKLOADS
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def _usage_line(exc: LocalspecError, drop: str = "") -> str:
+    """A library error as one line of a usage error: what is wrong; what to type instead."""
+    message = exc.message.removeprefix(drop)
+    return f"{message}; {exc.hint}." if exc.hint else f"{message}."
+
+
+class SweepList(click.ParamType):
+    """A list of values the tuner sweeps, parsed and held to ``run``'s bounds while the options are read, so a
+    bad one is a usage error (exit status 2) before anything loads. ``parse`` is the tuner's own parser
+    (:func:`localspec.tune.parse_int_range`, :func:`localspec.tune.parse_p_min_list`)."""
+
+    def __init__(self, name: str, parse: Callable[[str], list[Any]]) -> None:
+        self.name = name
+        self._parse = parse
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[Any]:
+        text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+        try:
+            return self._parse(text)
+        except LocalspecError as exc:
+            self.fail(_usage_line(exc), param, ctx)
+
+
+def _parse_lengths(text: str) -> list[int]:
+    from localspec.tune import parse_int_range  # imported when used: the tuner pulls in the bench family
+
+    return parse_int_range(text)
+
+
+def _parse_p_min(text: str) -> list[float]:
+    from localspec.tune import parse_p_min_list
+
+    return parse_p_min_list(text)
+
+
+def _check_preset_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--save-preset is written after the whole sweep: a name no preset may have is refused before it."""
+    if value is None:
+        return None
+    from localspec.presets import check_preset_name
+
+    where = "--save-preset"
+    try:  # the preset files' own rule for names
+        check_preset_name(value, where)
+    except LocalspecError as exc:
+        raise click.BadParameter(_usage_line(exc, drop=f"{where}: "), ctx, param) from None
+    return value
+
+
+def _check_out_dir(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--out is written after the whole run: a folder that cannot be made or written is refused before it."""
+    probe = Path(value).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise click.BadParameter(
+            f"{value!r} cannot be made: {str(probe)!r} is a file; give --out a folder path.", ctx, param
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise click.BadParameter(
+            f"{value!r} cannot be written: {str(probe)!r} is not writable for you; give --out a folder you "
+            "can write.",
+            ctx,
+            param,
+        )
+    return value
+
+
+_N_LO, _N_HI = N_MAX_RANGE
+_P_LO, _P_HI = P_MIN_RANGE
+#: ``localspec.tune.MAX_SWEEP`` for the help text (a test holds the two equal): importing the tuner here
+#: would pull the bench family, ssl and http into the start of every command.
+_MAX_SWEEP_SHOWN = 1024
 
 
 @click.command("bench")
@@ -52,11 +132,35 @@ def _split(values: tuple[str, ...]) -> list[str]:
     help="Also run (with --tune: sweep) each strategy with the adaptive draft length.",
 )
 @click.option("--peer", is_flag=True, help="Also run llama.cpp's own speculative decoding (built once).")
-@click.option("--tune", is_flag=True, help="Sweep strategy x draft length x p_min and pick the best.")
-@click.option("--tune-n-max", default="1-8", show_default=True, help="Draft lengths to sweep.")
-@click.option("--tune-p-min", default="0.5,0.75,0.9", show_default=True, help="p_min values to sweep.")
 @click.option(
-    "--save-preset", help="With --tune: save the winners as user preset NAME (and NAME-<workload>)."
+    "--tune",
+    is_flag=True,
+    help=f"Sweep strategy x draft length x p_min and pick the best (at most {_MAX_SWEEP_SHOWN} settings per "
+    "prompt).",
+)
+@click.option(
+    "--tune-n-max",
+    type=SweepList("lengths", _parse_lengths),
+    default="1-8",
+    show_default=True,
+    metavar="LENGTHS",
+    help=f"With --tune: draft lengths to sweep, a range and/or a comma-separated list, each "
+    f"{_N_LO}<=x<={_N_HI} as for --n-max (e.g. 1-8 or 2,4,6).",
+)
+@click.option(
+    "--tune-p-min",
+    type=SweepList("values", _parse_p_min),
+    default="0.5,0.75,0.9",
+    show_default=True,
+    metavar="VALUES",
+    help=f"With --tune: p_min values to sweep, a comma-separated list, each {_P_LO}<=x<={_P_HI} as for "
+    "--p-min (e.g. 0.5,0.75,0.9).",
+)
+@click.option(
+    "--save-preset",
+    metavar="NAME",
+    callback=_check_preset_name,
+    help="With --tune: save the winners as user preset NAME (and NAME-<workload>).",
 )
 @click.option("--no-warmup", is_flag=True, help="Skip the uncounted warm-up runs.")
 @click.option(
@@ -65,6 +169,7 @@ def _split(values: tuple[str, ...]) -> list[str]:
     default="bench-out",
     show_default=True,
     type=click.Path(file_okay=False),
+    callback=_check_out_dir,
     help="Folder for bench.json, bench.md and bench.png.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of tables.")
@@ -111,6 +216,18 @@ def bench(
         raise click.UsageError("--save-preset needs --tune")
     if peer and tune:
         raise click.UsageError("--peer compares fixed settings; run it without --tune")
+    ctx = click.get_current_context()
+    for name in ("tune_n_max", "tune_p_min"):
+        if not tune and ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+            flag = "--" + name.replace("_", "-")
+            raise click.UsageError(f"{flag} needs --tune (it names what the tuner sweeps)")
+    if tune:
+        from localspec.tune import check_sweep
+
+        try:  # every value is in bounds already; the grid as a whole may still be too large
+            tune_n_max, tune_p_min = check_sweep(list(strategies) or None, tune_n_max, tune_p_min, adaptive)
+        except LocalspecError as exc:
+            raise click.BadParameter(_usage_line(exc), param_hint=["--tune-n-max", "--tune-p-min"]) from None
     if sessions:
         _bench_sessions(
             _split(sessions), target, draft, preset, threads, n_ctx, repeats, out_dir, quiet, peer
@@ -134,18 +251,14 @@ def bench(
         progress=progress,
     )
     if tune:
-        from localspec.tune import parse_int_range, tune_benchmark
+        from localspec.tune import tune_benchmark
 
-        try:
-            p_values = [float(v) for v in tune_p_min.split(",") if v.strip()]
-        except ValueError as exc:
-            raise click.UsageError(f"--tune-p-min: not a list of numbers: {tune_p_min!r}") from exc
         result = tune_benchmark(
             **common,
             limit=limit or 2,
             strategies=list(strategies) or None,
-            n_max_values=parse_int_range(tune_n_max),
-            p_min_values=p_values,
+            n_max_values=tune_n_max,
+            p_min_values=tune_p_min,
             adaptive=adaptive,
         )
         if save_preset:
