@@ -31,6 +31,10 @@ LOOKUP_N_MAX = 32
 #: Bounds of each numeric setting, inclusive: (lowest, highest).
 N_MAX_RANGE = (1, 64)
 P_MIN_RANGE = (0.0, 1.0)
+#: The most settings one ``bench --tune`` sweep may measure per prompt. The default grid with a draft model is
+#: 96 and the whole ``n_max`` range at three p_min values 768; past this a sweep takes hours per prompt on a
+#: CPU, which is a typo ("1-64" for "1-6") more often than a plan.
+MAX_TUNE_SWEEP = 1024
 #: Context sizes (tokens) accepted before a model loads; the model's own trained context may allow less.
 N_CTX_RANGE = (16, 1 << 20)
 #: CPU threads per model: llama.cpp's own ceiling is GGML_MAX_N_THREADS (512); more crashes it.

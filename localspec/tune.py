@@ -15,6 +15,7 @@ from localspec.errors import BenchError
 from localspec.report import machine_info
 from localspec.settings import (
     BASELINE,
+    MAX_TUNE_SWEEP,
     MODEL_STRATEGIES,
     N_MAX_RANGE,
     P_MIN_RANGE,
@@ -154,10 +155,6 @@ def overall_winner(tuning: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: The most settings one sweep may measure per prompt. The default grid with a draft model is 96 and the whole
-#: ``n_max`` range at three p_min values 768; past this a sweep takes hours per prompt on a CPU, which is a
-#: typo ("1-64" for "1-6") more often than a plan.
-MAX_SWEEP = 1024
 #: One part of a list of draft lengths: ``"4"`` or ``"2-6"`` (ASCII digits only: no signs, no ``1_000``).
 _LENGTHS_PART = re.compile(r"(\d+)\s*(?:-\s*(\d+))?", re.ASCII)
 #: One p_min value as people write it: ``0.75``, ``.5``, ``1``, ``1e-1`` (a sign only to be refused by range).
@@ -270,9 +267,10 @@ def check_sweep(
     p_min_values: Sequence[float],
     adaptive: bool = False,
 ) -> tuple[list[int], list[float]]:
-    """Refuse a sweep before anything loads: no values, values out of bounds, or more than :data:`MAX_SWEEP`
-    settings per prompt. ``strategies=None`` counts every drafting strategy (what a pair with a draft model
-    sweeps). Returns the draft lengths and p_min values to sweep, each once, in the order given."""
+    """Refuse a sweep before anything loads: no values, values out of bounds, or more than
+    :data:`~localspec.settings.MAX_TUNE_SWEEP` settings per prompt. ``strategies=None`` counts every
+    drafting strategy (what a pair with a draft model sweeps). Returns the draft lengths and p_min values
+    to sweep, each once, in the order given."""
     if any(isinstance(k, bool) or not isinstance(k, int) for k in n_max_values):
         raise BenchError(
             f"draft lengths must be whole numbers, got {list(n_max_values)!r}", hint="e.g. [1, 2, 4]"
@@ -284,12 +282,12 @@ def check_sweep(
     p_values = parse_p_min_list(",".join(repr(float(p)) for p in p_min_values))
     names = list(SPECULATIVE_STRATEGIES) if strategies is None else list(strategies)
     size = sweep_size(names, lengths, p_values, adaptive)
-    if size > MAX_SWEEP:
+    if size > MAX_TUNE_SWEEP:
         raise BenchError(
             f"the sweep is {size} settings per prompt ({len(names)} "
             f"strateg{'y' if len(names) == 1 else 'ies'}, {len(lengths)} draft "
             f"lengths{' and adaptive' if adaptive else ''}, {len(p_values)} p_min values for those with a "
-            f"draft model), more than {MAX_SWEEP}",
+            f"draft model), more than {MAX_TUNE_SWEEP}",
             hint="sweep fewer draft lengths or p_min values, or name fewer strategies "
             "(localspec bench: --tune-n-max, --tune-p-min, --strategy)",
         )

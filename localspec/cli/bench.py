@@ -14,7 +14,7 @@ from click.core import ParameterSource
 from localspec.cli.options import COUNT, MAX_TOKENS, TEMPERATURE, shared_options
 from localspec.errors import LocalspecError
 from localspec.sessions import SESSION_WORKLOADS
-from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, SPECULATIVE_STRATEGIES
+from localspec.settings import MAX_TUNE_SWEEP, N_MAX_RANGE, P_MIN_RANGE, SPECULATIVE_STRATEGIES
 from localspec.workloads import WORKLOADS
 
 
@@ -92,9 +92,6 @@ def _check_out_dir(ctx: click.Context, param: click.Parameter, value: str) -> st
 
 _N_LO, _N_HI = N_MAX_RANGE
 _P_LO, _P_HI = P_MIN_RANGE
-#: ``localspec.tune.MAX_SWEEP`` for the help text (a test holds the two equal): importing the tuner here
-#: would pull the bench family, ssl and http into the start of every command.
-_MAX_SWEEP_SHOWN = 1024
 
 
 @click.command("bench")
@@ -135,7 +132,7 @@ _MAX_SWEEP_SHOWN = 1024
 @click.option(
     "--tune",
     is_flag=True,
-    help=f"Sweep strategy x draft length x p_min and pick the best (at most {_MAX_SWEEP_SHOWN} settings per "
+    help=f"Sweep strategy x draft length x p_min and pick the best (at most {MAX_TUNE_SWEEP} settings per "
     "prompt).",
 )
 @click.option(
