@@ -517,6 +517,11 @@ def get_preset(name: str) -> Preset:
     raise PresetError(msg, hint="run `localspec presets` to list them all (and fix the files named)")
 
 
+def user_preset_path(name: str) -> Path:
+    """Where :func:`save_user_preset` writes the user preset ``name``."""
+    return constants.user_presets_dir() / f"{name}.toml"
+
+
 def save_user_preset(preset: Preset | dict, name: str | None = None) -> Path:
     """Write a preset into the user presets folder as ``<name>.toml`` and return the path.
 
@@ -531,7 +536,7 @@ def save_user_preset(preset: Preset | dict, name: str | None = None) -> Path:
             table["name"] = name
     folder = constants.user_presets_dir()
     final_name = table.get("name", "")
-    path = folder / f"{final_name}.toml"
+    path = user_preset_path(final_name)
     parse_preset(table, where=f"{path} [preset {final_name}]", source=str(path), base_dir=folder)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".toml.tmp")

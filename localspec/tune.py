@@ -374,15 +374,19 @@ def save_winners(report: dict[str, Any], name: str, *, preset: str | None = None
     """Write the overall winner as user preset ``name`` and each workload's winner as ``name-<workload>``.
 
     Built on ``preset`` when the bench ran one (its download references are kept), else on local paths.
-    Returns the paths written.
+    Returns the paths written; a user preset of the same name is replaced, and
+    ``report["tuning"]["replaced"]`` lists the paths that held one before.
     """
-    from localspec.presets import get_preset, save_user_preset
+    from localspec.presets import get_preset, save_user_preset, user_preset_path
 
     tuning, pair = report["tuning"], report["pair"]
     winners = [(name, tuning["overall"])] + [
         (f"{name}-{w}", t["winner"]) for w, t in tuning["workloads"].items()
     ]
     paths = []
+    report["tuning"]["replaced"] = [
+        str(user_preset_path(pname)) for pname, _ in winners if user_preset_path(pname).exists()
+    ]
     for pname, win in winners:
         draft = _draft_table(win)
         desc = f"tuned by localspec bench: {win['config']} ({win.get('speedup', 1.0):.2f}x)"

@@ -423,6 +423,7 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     }
     paths = tune.save_winners(rep, "my-tuned")
     assert len(paths) == 4 and all(Path(p).is_file() for p in paths)
+    assert rep["tuning"]["replaced"] == []
     p = get_preset("my-tuned")
     assert (p.draft.strategy, p.draft.n_max) == ("ngram", 5)
     assert get_preset("my-tuned-chat").draft.strategy == "none"
@@ -430,6 +431,10 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     assert (e.draft.strategy, e.draft.n_max, e.draft.p_min) == ("model", 3, 0.5)
     assert e.n_ctx == 2048 and str(e.target.path) == str(t)
     assert not e.draft.adaptive and get_preset("my-tuned-code").draft.adaptive
+    # a second save over the same names says which paths held a preset before (the CLI prints "replaced")
+    Path(paths[1]).unlink()
+    again = tune.save_winners(rep, "my-tuned")
+    assert again == paths and rep["tuning"]["replaced"] == [paths[0], *paths[2:]]
 
 
 # ---------------------------------------------------------------------------------------------- reports
@@ -765,6 +770,22 @@ def test_bench_refuses_a_bad_sweep_before_anything_loads(no_model_loads, tmp_pat
         (["--tune-n-max", "0"], "Invalid value for '--tune-n-max': '0' is not in the range 1<=x<=64"),
         (["--out", "{file}/sub"], "Invalid value for '--out'"),
         (["--sessions", "agent", "--out", "{file}/sub"], "is a file; give --out a folder path"),
+        (["--sessions", "agent", "--temperature", "0.7"], "--temperature does not apply with --sessions: "),
+        (["--sessions", "agent", "--strategy", "ngram"], "--strategy does not apply with --sessions: "),
+        (["--sessions", "agent", "--tune"], "--tune does not apply with --sessions: "),
+        (
+            ["--sessions", "agent", "--limit", "2"],
+            "--limit does not apply with --sessions: it cuts single-prompt workloads; every request",
+        ),
+        (
+            ["--tune", "--repeats", "3"],
+            "--repeats does not apply with --tune: the tuner runs each setting once",
+        ),
+        (
+            ["--tune", "--n-max", "4"],
+            "--n-max does not apply with --tune: the tuner sweeps draft lengths: give",
+        ),
+        (["--tune", "--no-warmup"], "--no-warmup does not apply with --tune: "),
     ],
 )
 def test_bench_refuses_ignored_or_unwritable_options_before_anything_loads(
@@ -780,6 +801,41 @@ def test_bench_refuses_ignored_or_unwritable_options_before_anything_loads(
     res = CliRunner().invoke(main, ["bench", "-q", *args])
     assert res.exit_code == 2, res.output
     assert says in " ".join(res.output.split()), res.output
+
+
+def test_session_bench_caps_requests_only_when_asked_and_prints_json(monkeypatch, tmp_path):
+    import contextlib
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    import localspec
+    from localspec import session_bench
+    from localspec.cli import main
+
+    seen: list[dict] = []
+
+    @contextlib.contextmanager
+    def fake_load(**kw):
+        assert kw["suffix_store"] is False  # the bench never touches the user's store
+        yield SimpleNamespace(info=SimpleNamespace(draft_path=None))
+
+    def fake_run(pipe, names, **kw):
+        seen.append({"names": names, **kw})
+        return [{"workload": names[0], "rows": []}]
+
+    monkeypatch.setattr(localspec, "load", fake_load)
+    monkeypatch.setattr(session_bench, "run_bench", fake_run)
+    monkeypatch.setattr(session_bench, "markdown", lambda results: "THE TABLE")
+    base = ["bench", "--sessions", "agent", "--out", str(tmp_path / "out")]
+    res = CliRunner().invoke(main, [*base, "-q"])
+    assert res.exit_code == 0 and "THE TABLE" in res.output, res.output
+    assert seen[-1]["max_tokens"] is None and seen[-1]["repeats"] == 1  # each request's own length
+    res = CliRunner().invoke(main, [*base, "-n", "16", "--repeats", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == [{"workload": "agent", "rows": []}]  # nothing but the JSON on stdout
+    assert seen[-1]["max_tokens"] == 16 and seen[-1]["repeats"] == 2
+    assert json.loads((tmp_path / "out" / "sessions.json").read_text()) == json.loads(res.output)
 
 
 def test_good_sweep_values_reach_the_tuner_parsed(monkeypatch, tmp_path):

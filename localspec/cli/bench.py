@@ -90,6 +90,40 @@ def _check_out_dir(ctx: click.Context, param: click.Parameter, value: str) -> st
     return value
 
 
+#: What each mode leaves unread, and why: given on the command line, such an option is refused (a user would
+#: believe it applied). ``--sessions`` runs its workloads' own requests, greedy, with its own settings per
+#: row; ``--tune`` sweeps n_max and p_min, runs each setting once and always warms up.
+NOT_READ: dict[str, dict[str, str]] = {
+    "sessions": {
+        "workloads": "it picks single-prompt workloads; --sessions names the session workloads",
+        "prompts": "it reads single prompts; a session workload is a committed sequence of requests",
+        "limit": "it cuts single-prompt workloads; every request of a session is run, in order",
+        "temperature": "the session bench is greedy, so its rows are the same text verified differently",
+        "strategies": "the session bench runs its own rows (target alone, n-gram lengths, suffix cache)",
+        "n_max": "the session rows set their own draft lengths (fixed n-gram ones, the suffix cache's own)",
+        "p_min": "the session rows set their own p_min",
+        "adaptive": "the session rows set their own draft lengths",
+        "tune": "the tuner sweeps single-prompt workloads",
+        "no_warmup": "the session bench's warm start is part of what it measures",
+    },
+    "tune": {
+        "repeats": "the tuner runs each setting once per prompt (more prompts: --limit)",
+        "n_max": "the tuner sweeps draft lengths: give them with --tune-n-max",
+        "p_min": "the tuner sweeps p_min: give the values with --tune-p-min",
+        "no_warmup": "the tuner always warms up before it times",
+    },
+}
+
+
+def _refuse_unread(ctx: click.Context, mode: str) -> None:
+    """A usage error for the first option given on the command line that ``mode`` does not read."""
+    for name, why in NOT_READ[mode].items():
+        if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+            param = next(p for p in ctx.command.params if p.name == name)
+            flag = max(param.opts, key=len)
+            raise click.UsageError(f"{flag} does not apply with --{mode}: {why}; drop it")
+
+
 _N_LO, _N_HI = N_MAX_RANGE
 _P_LO, _P_HI = P_MIN_RANGE
 
@@ -110,7 +144,12 @@ _P_LO, _P_HI = P_MIN_RANGE
     "--limit", type=COUNT, help="Use only the first N prompts of each workload (default: all; --tune: 2)."
 )
 @click.option(
-    "--max-tokens", "-n", default=128, show_default=True, type=MAX_TOKENS, help="Tokens per prompt at most."
+    "--max-tokens",
+    "-n",
+    default=128,
+    show_default=True,
+    type=MAX_TOKENS,
+    help="Tokens per prompt at most (with --sessions: a cap on each request's own length).",
 )
 @click.option("--temperature", default=0.0, show_default=True, type=TEMPERATURE, help="0 = greedy.")
 @click.option("--repeats", default=1, show_default=True, type=COUNT, help="Runs per prompt and setting.")
@@ -157,7 +196,8 @@ _P_LO, _P_HI = P_MIN_RANGE
     "--save-preset",
     metavar="NAME",
     callback=_check_preset_name,
-    help="With --tune: save the winners as user preset NAME (and NAME-<workload>).",
+    help="With --tune: save the winners as user preset NAME (and NAME-<workload>), replacing user presets "
+    "of those names (the output says which).",
 )
 @click.option("--no-warmup", is_flag=True, help="Skip the uncounted warm-up runs.")
 @click.option(
@@ -169,7 +209,12 @@ _P_LO, _P_HI = P_MIN_RANGE
     callback=_check_out_dir,
     help="Folder for bench.json, bench.md and bench.png.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of tables.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the report (with --sessions: sessions.json) as JSON instead of tables.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 def bench(
     target,
@@ -218,6 +263,10 @@ def bench(
         if not tune and ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
             flag = "--" + name.replace("_", "-")
             raise click.UsageError(f"{flag} needs --tune (it names what the tuner sweeps)")
+    if sessions:
+        _refuse_unread(ctx, "sessions")
+    elif tune:
+        _refuse_unread(ctx, "tune")
     if tune:
         from localspec.tune import check_sweep
 
@@ -226,8 +275,20 @@ def bench(
         except LocalspecError as exc:
             raise click.BadParameter(_usage_line(exc), param_hint=["--tune-n-max", "--tune-p-min"]) from None
     if sessions:
+        cap = max_tokens if ctx.get_parameter_source("max_tokens") is ParameterSource.COMMANDLINE else None
         _bench_sessions(
-            _split(sessions), target, draft, preset, threads, n_ctx, repeats, out_dir, quiet, peer
+            _split(sessions),
+            target,
+            draft,
+            preset,
+            threads,
+            n_ctx,
+            repeats,
+            cap,
+            out_dir,
+            quiet or as_json,
+            peer,
+            as_json,
         )
         return
     names = _split(workloads) or None
@@ -280,12 +341,15 @@ def bench(
         return
     click.echo(rep.format_text(result))
     _say_build_note()
+    replaced = set(result.get("tuning", {}).get("replaced", []))
     for path in result.get("tuning", {}).get("saved", []):
-        click.echo(f"saved preset {path}")
+        click.echo(f"{'replaced' if path in replaced else 'saved'} preset {path}")
     click.echo(f"\nwrote {files['json']}, {files['markdown']}, {files['png']}")
 
 
-def _bench_sessions(names, target, draft, preset, threads, n_ctx, repeats, out_dir, quiet, peer) -> None:
+def _bench_sessions(
+    names, target, draft, preset, threads, n_ctx, repeats, max_tokens, out_dir, quiet, peer, as_json
+) -> None:
     import localspec
     from localspec import constants
     from localspec.peer import SESSION_MODES
@@ -320,12 +384,15 @@ def _bench_sessions(names, target, draft, preset, threads, n_ctx, repeats, out_d
                 modes=tuple(m for m in SESSION_MODES if m != "draft-simple" or pipe.info.draft_path),
                 work_dir=Path(out_dir) / "llama.cpp",
             )
-        results = run_bench(pipe, names, repeats=repeats, peer=setup, log=log)
+        results = run_bench(pipe, names, repeats=repeats, max_tokens=max_tokens, peer=setup, log=log)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sessions.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     table = markdown(results)
     (out / "sessions.md").write_text(table, encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(results, indent=1))
+        return
     click.echo(table)
     _say_build_note()
 
