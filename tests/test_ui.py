@@ -275,9 +275,14 @@ class _Token:
 
 
 class _FakePipe:
-    """Streams ten tokens; ``during`` (if set) runs after the third one, as if a click arrived meanwhile."""
+    """Streams ten tokens; ``during`` (if set) runs after the third one, as if a click arrived meanwhile.
+    Its context is ``n_ctx`` tokens and it tokenizes as a BOS then one token per byte."""
 
-    def __init__(self) -> None:
+    def __init__(self, n_ctx: int = 512, trained: int | None = 1024) -> None:
+        from types import SimpleNamespace
+
+        self.n_ctx = n_ctx
+        self.info = SimpleNamespace(n_ctx_train=trained)
         self.during = None
         self.pending = False  # costs_pending(): the next run measures this machine's costs first
         self.measured = 0
@@ -289,6 +294,9 @@ class _FakePipe:
     def machine_costs(self) -> None:
         self.measured += 1
         self.pending = False
+
+    def tokenize(self, text: str) -> list[int]:
+        return [1, *text.encode("utf-8")]
 
     def stream(self, prompt, **opts):
         self.opts = opts
@@ -585,3 +593,222 @@ def test_a_typed_target_is_offered_the_drafts_next_to_it(app, tmp_path, monkeypa
     values = [v for _, v in drafts["choices"]]
     assert msg == "" and values[0] == str(small) and values[-2:] == ["ngram", "none"], (values, table)
     assert "| yes | tiny-test" in table and "identical" in table
+
+
+# ------------------------------------------------------------------- Max tokens and the pair's context
+
+
+def _note(update) -> str:
+    """The Settings note's text from its update ('' when it is hidden)."""
+    if not update.get("visible"):
+        return ""
+    return html.unescape(re.sub(r"<[^>]+>", "", update["value"]))
+
+
+def _run_updates(app, v) -> dict:
+    """Every update one Run sent, merged in order (the last value of each output wins)."""
+    merged: dict = {}
+    for update in app.on_run(v, _session("A"), progress=lambda *a, **k: None):
+        merged.update(update)
+    return merged
+
+
+def test_max_tokens_follows_the_loaded_pairs_context_and_is_lowered_with_a_note(app):
+    """The slider went to 8192 whatever the pair's context: a run that loads a pair sets its top to what the
+    context leaves after the shortest prompt (the fake: 512 tokens, BOS + 1 for it) and lowers a value above,
+    saying so; the same pair, once loaded, refuses more before anything runs, naming the range."""
+    c = app.c
+    assert app.on_pair_choice(_values(app, max_tokens=600))[0]["maximum"] == 8192  # nothing loaded yet
+
+    got = _run_updates(app, _values(app, max_tokens=600))
+    assert got[c["max_tokens"]]["maximum"] == 510 and got[c["max_tokens"]]["value"] == 510
+    note = _note(got[c["settings_note"]])
+    assert "Max tokens lowered from 600 to 510" in note and "context is 512 tokens" in note, note
+    assert "a larger Context in Load options allows more" in note  # trained on 1024: there is more
+    assert app.fake.opts["max_tokens"] == 510 and html.unescape(got[c["error"]]) == ""
+
+    _, err = _last_output(app, _values(app, max_tokens=600), "A")  # a script (or a stale tab) sends 600
+    assert "Max tokens: 600 is out of range" in err and "use a value from 1 to 510" in err, err
+    assert "the loaded pair's context is 512 tokens" in err and len(app.loads) == 1
+
+    got = _run_updates(app, _values(app, max_tokens=510))  # the top itself is fine, and says nothing
+    assert got[c["max_tokens"]]["maximum"] == 510 and c["settings_note"] not in got
+    assert app.fake.opts["max_tokens"] == 510 and len(app.loads) == 1
+
+    # choosing that pair again lowers a value above its top; another pair (another context) is not loaded
+    slider, note = app.on_pair_choice(_values(app, max_tokens=4000))
+    assert (slider["maximum"], slider["value"]) == (510, 510) and "from 4000 to 510" in _note(note)
+    slider, note = app.on_pair_choice(_values(app, max_tokens=4000, n_ctx=1024))
+    assert slider["maximum"] == 8192 and "value" not in slider and _note(note) == ""
+
+
+def test_a_pair_at_its_trained_context_says_no_larger_context_helps(app):
+    app.fake.info.n_ctx_train = app.fake.n_ctx
+    got = _run_updates(app, _values(app, max_tokens=1000))
+    note = _note(got[app.c["settings_note"]])
+    assert "its model was trained on no more" in note and "Load options" not in note, note
+
+
+def test_a_value_typed_out_of_range_gets_a_note_naming_the_setting_and_its_range(app):
+    """Gradio's slider puts a typed 99999 back to its top when the box loses focus, without a word: the
+    release handler says what happened, and what the box holds now."""
+    slider, note = app.on_max_tokens_typed(_values(app, max_tokens=99999))
+    said = _note(note)
+    assert "Max tokens: 99999 is out of range: use a value from 1 to 8192" in said, said
+    assert "until a pair is loaded" in said and "it is set to 8192" in said and slider["value"] == 8192
+    slider, note = app.on_max_tokens_typed(_values(app, max_tokens=None))  # the box emptied
+    assert slider["value"] == 1 and "Max tokens: no value" in _note(note)
+    slider, note = app.on_max_tokens_typed(_values(app, max_tokens=12.5))
+    assert "value" not in slider and "12.5 is not a whole number" in _note(note)
+    slider, note = app.on_max_tokens_typed(_values(app, max_tokens=300))
+    assert slider["value"] == 300 and _note(note) == ""
+
+    _run_updates(app, _values(app))  # loads the fake pair (512 tokens): its range from now on
+    slider, note = app.on_max_tokens_typed(_values(app, max_tokens=4000))
+    assert slider["value"] == 510 and "use a value from 1 to 510 (the loaded pair's context" in _note(note)
+
+    value, note = app.on_typed("temperature")(7)
+    assert value["value"] == 2.0 and "Temperature: 7 is out of range: use a value from 0 to 2" in _note(note)
+    value, note = app.on_typed("n_max")(0)
+    assert value["value"] == 1 and "Draft length n_max: 0 is out of range" in _note(note)
+    value, note = app.on_typed("p_min")(0.5)
+    assert "value" not in value and _note(note) == ""
+
+
+def test_every_handler_taking_a_slider_gets_its_value_as_sent():
+    """Gradio checks a slider's range before any handler runs and refuses with "Value 9000 is greater than
+    maximum value 8192." (no setting named, no next step): every listener with a slider among its inputs
+    leaves that out, so the page's own check (the setting and its range) answers."""
+    import gradio as gr
+    from localspec.ui.app import App
+
+    demo = App(lambda **kw: _FakePipe()).build()
+    with_sliders = [fn for fn in demo.fns.values() if any(isinstance(b, gr.Slider) for b in fn.inputs)]
+    assert len(with_sliders) >= 10  # run, submit, compare, bench, the pair choice, every slider's release
+    assert [fn.name for fn in with_sliders if fn.preprocess] == []
+
+
+def _open(page, box: str, accordion: str) -> None:
+    """Open the accordion ``accordion`` (its id) unless ``box`` inside it is visible already."""
+    if not page.locator(box).is_visible():
+        page.click(f"{accordion} .label-wrap")
+        page.wait_for_selector(box, state="visible", timeout=10_000)
+
+
+def _max_tokens(page) -> tuple[str, str]:
+    """The Max tokens slider's (top, value) as the browser holds them."""
+    top = page.get_attribute("#ls-max-tokens input[type=range]", "max")
+    return top or "", page.input_value("#ls-max-tokens input[type=number]")
+
+
+def _wait_max_tokens(page, top: str, value: str | None = None) -> None:
+    page.wait_for_function(
+        "([top, value]) => { const r = document.querySelector('#ls-max-tokens input[type=range]');"
+        " const b = document.querySelector('#ls-max-tokens input[type=number]');"
+        " return r.max === top && (value === null || b.value === value); }",
+        arg=[top, value],
+        timeout=30_000,
+    )
+
+
+def _settings_note(page, has: str | None, timeout: float = 30_000) -> str:
+    """The Settings note's text once it contains ``has`` (None: once it is gone)."""
+    if has is None:
+        page.wait_for_selector("#ls-settings-note-text", state="detached", timeout=timeout)
+        return ""
+    page.wait_for_function(
+        "(has) => (document.querySelector('#ls-settings-note-text') || {}).innerText?.includes(has)",
+        arg=has,
+        timeout=timeout,
+    )
+    return page.inner_text("#ls-settings-note-text")
+
+
+def _run_and_wait(page, prompt: str, click=None) -> None:
+    """Run (``click``: how, else the prompt's Run) and wait for the run's own numbers in the panel, or an
+    error box (the panel's HTML changes as soon as its spinner shows: not the end of a run)."""
+    tps = page.locator("#ls-spec-tps")
+    before = tps.get_attribute("data-value") if tps.count() else "none"
+    if click is None:
+        _run(page, prompt)
+    else:
+        click()
+    page.wait_for_function(
+        "(b) => document.querySelector('#ls-error-box .ls-err') || "
+        "((document.querySelector('#ls-spec-tps') || {}).dataset?.value ?? b) !== b",
+        arg=before,
+        timeout=120_000,
+    )
+
+
+@pytest.mark.browser
+def test_browser_max_tokens_follows_the_pairs_context_and_says_when_it_moves(ui):
+    """Max tokens went to 8192 whatever the pair's context, and a number typed above the slider's top was set
+    back to it without a word: now its top follows the loaded pair, a value above is lowered with a note,
+    and a typed one out of range gets a note naming the setting and its range."""
+    page, _ = ui
+    page.click("#ls-source label:has-text('Preset')")
+    _open(page, "#ls-max-tokens", "#ls-settings")
+    _open(page, "#ls-n-ctx", "#ls-load-options")
+    box = page.locator("#ls-max-tokens input[type=number]")
+    ctx = page.locator("#ls-n-ctx input")
+    try:
+        ctx.fill("1024")  # the embedded pair at another context: not the loaded one (if any is)
+        ctx.press("Tab")
+        _wait_max_tokens(page, "8192")
+
+        box.fill("99999")
+        box.press("Tab")  # leaving the box: Gradio's slider sets it back to its top
+        note = _settings_note(page, "99999")
+        assert "Max tokens: 99999 is out of range: use a value from 1 to 8192" in note, note
+        assert "it is set to 8192" in note and _max_tokens(page) == ("8192", "8192")
+        box.fill("4000")
+        box.press("Tab")
+        _settings_note(page, None)  # a value inside the range: the note goes
+
+        _run_and_wait(page, "a")  # the shortest prompt: it and the new top must fit 1024 tokens exactly
+        note = _settings_note(page, "lowered")
+        top, value = _max_tokens(page)
+        # 1024 less the prompt "a": one token, and a BOS when the model takes one
+        assert top == value and int(top) in (1022, 1023), (top, value)
+        assert f"Max tokens lowered from 4000 to {top}" in note and "context is 1024 tokens" in note, note
+        assert page.locator("#ls-error-box .ls-err").count() == 0  # prompt + Max tokens fit the context
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-max-tokens.png"), full_page=True)
+
+        # straight from the typed box to Run: the note says so, and the click still runs
+        box.fill("99999")
+        _run_and_wait(page, "a", click=lambda: page.click("#ls-run"))
+        note = _settings_note(page, "99999")
+        assert f"use a value from 1 to {top} (the loaded pair's context is 1024 tokens" in note, note
+        assert _max_tokens(page) == (top, top) and page.locator("#ls-error-box .ls-err").count() == 0
+        page.wait_for_selector("#ls-settings-note-text")
+        page.locator("#ls-settings-note").screenshot(path=str(ARTIFACTS / "ui-max-tokens-note.png"))
+    finally:
+        ctx.fill("0")  # the other tests' pair: the preset's own context
+        ctx.press("Tab")
+        _wait_max_tokens(page, "8192")
+        box.fill("128")
+        box.press("Tab")
+
+
+@pytest.mark.browser
+def test_a_script_sending_an_out_of_range_value_is_told_the_setting_and_its_range(ui):
+    """Through Gradio's API, a value above a slider's top was refused by Gradio before the page's own check,
+    as "Value 99999 is greater than maximum value 8192.": no setting named, no next step."""
+    from gradio_client import Client
+
+    page, _ = ui
+    client = Client(page.url, verbose=False)
+    params = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/on_compare"]
+    args = {p["parameter_name"]: p["parameter_default"] for p in params["parameters"]}
+    by_label = {p["label"]: p["parameter_name"] for p in params["parameters"]}
+    for label, value, says in [
+        ("Max tokens", 99999, "Max tokens: 99999 is out of range"),
+        ("Temperature", 5, "Temperature: 5 is out of range"),
+    ]:
+        sent = {**args, by_label[label]: value}
+        sent[by_label["Prompt"]] = "def f():"
+        out = client.predict(**sent, api_name="/on_compare")
+        text = html.unescape(" ".join(str(x) for x in out))
+        assert says in text and "use a value from" in text and "Traceback" not in text, text[:600]

@@ -20,7 +20,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 
 from localspec import constants, presets
-from localspec.errors import LocalspecError, ModelNotFoundError
+from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
 from localspec.gguf_meta import read_metadata
 from localspec.grammar import Grammar
 from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, STRATEGIES
@@ -32,11 +32,18 @@ from .common import (
     MAX_TOKENS_RANGE,
     N_CTX_RANGE,
     TEMPERATURE_RANGE,
+    Room,
     bounded_float,
     bounded_int,
+    check_max_tokens,
     check_n_ctx,
+    clamped,
     friendly,
+    lowered_note,
+    max_tokens_range,
+    note_update,
     progress_adapter,
+    typed_note,
 )
 from .render import (
     CSS,
@@ -62,6 +69,16 @@ INTRO = (
     "the target's. Pick a pair, run a prompt, then **Compare** to see what it buys and what it costs."
 )
 REFRESH_SECONDS = 0.08  # how often the streaming output is pushed to the page
+#: The controls that decide which pair is loaded (what :meth:`App.spec` reads).
+PAIR_KEYS = ("source", "preset", "target", "draft", "n_ctx", "ngl_t", "ngl_d")
+#: The sliders with a fixed range: (label, bounds, check), as the handlers check them.
+FIXED_SLIDERS: dict[str, tuple[str, tuple[Any, Any], Callable[..., Any]]] = {
+    "temperature": ("Temperature", TEMPERATURE_RANGE, bounded_float),
+    "n_max": ("Draft length n_max", N_MAX_RANGE, bounded_int),
+    "p_min": ("p_min", P_MIN_RANGE, bounded_float),
+    "ngl_t": ("Target n_gpu_layers", GPU_LAYERS_RANGE, bounded_int),
+    "ngl_d": ("Draft n_gpu_layers", GPU_LAYERS_RANGE, bounded_int),
+}
 
 
 def gpu_offload_available() -> bool:
@@ -98,6 +115,13 @@ def trained_context(path: str) -> int | None:
         return None
 
 
+def check_slider(key: str, value: Any) -> Any:
+    """``value`` of the fixed-range slider ``key`` (:data:`FIXED_SLIDERS`), checked: a SettingsError names the
+    setting and its range."""
+    label, bounds, check = FIXED_SLIDERS[key]
+    return check(value, bounds, label)
+
+
 def _same_text_note(cmp: Any, opts: dict[str, Any]) -> str:
     """Compare's word on the two texts. Sampling draws differ by design; at temperature 0 the texts part
     only at a near-tie, where llama.cpp's batched verify pass rounds differently from a one-token pass
@@ -121,6 +145,8 @@ class App:
         self.n_threads = n_threads  # every pair loads with these (`localspec ui --threads`)
         self.view = pairs.ScanView({})
         self.gpu = gpu_offload_available()
+        #: the pair the engine last loaded for a run, and what its context leaves for an answer
+        self.loaded_room: tuple[PairSpec, Room] | None = None
 
     # -- pair selection ------------------------------------------------------------------------
 
@@ -128,8 +154,8 @@ class App:
         c = self.c
         ngl_t = ngl_d = 0
         if self.gpu:
-            ngl_t = bounded_int(v[c["ngl_t"]] or 0, GPU_LAYERS_RANGE, "Target n_gpu_layers")
-            ngl_d = bounded_int(v[c["ngl_d"]] or 0, GPU_LAYERS_RANGE, "Draft n_gpu_layers")
+            ngl_t = check_slider("ngl_t", v[c["ngl_t"]] or 0)
+            ngl_d = check_slider("ngl_d", v[c["ngl_d"]] or 0)
         n_ctx_value = v[c["n_ctx"]] or 0
         if v[c["source"]] == "Preset":
             name = v[c["preset"]] or constants.EMBEDDED_PRESET
@@ -167,10 +193,10 @@ class App:
                 f"strategy {strategy!r} is not one of {', '.join(STRATEGY_CHOICES)}", hint="pick one"
             )
         opts: dict[str, Any] = {
-            "max_tokens": bounded_int(v[c["max_tokens"]], MAX_TOKENS_RANGE, "Max tokens"),
-            "temperature": bounded_float(v[c["temperature"]], TEMPERATURE_RANGE, "Temperature"),
-            "n_max": bounded_int(v[c["n_max"]], N_MAX_RANGE, "Draft length n_max"),
-            "p_min": bounded_float(v[c["p_min"]], P_MIN_RANGE, "p_min"),
+            "max_tokens": check_max_tokens(v[c["max_tokens"]], self.room_for(v)),
+            "temperature": check_slider("temperature", v[c["temperature"]]),
+            "n_max": check_slider("n_max", v[c["n_max"]]),
+            "p_min": check_slider("p_min", v[c["p_min"]]),
             "adaptive": bool(v[c["adaptive"]]),
             "strategy": None if strategy == PAIR_DEFAULT else strategy,
         }
@@ -178,6 +204,76 @@ class App:
         if grammar is not None:
             opts["grammar"] = grammar
         return opts
+
+    # -- Max tokens and the loaded pair ----------------------------------------------------------
+
+    def room_for(self, v: dict[str, Any]) -> Room | None:
+        """The loaded pair's :class:`Room` when the pair chosen in ``v`` is the one loaded, else None (nothing
+        loaded, another pair chosen, or a choice that does not load: the run says why)."""
+        loaded = self.loaded_room
+        if loaded is None:
+            return None
+        try:
+            spec = self.spec(v)
+        except LocalspecError:
+            return None
+        return loaded[1] if spec == loaded[0] == self.holder.spec else None
+
+    def on_pair_choice(self, v: dict[str, Any]) -> tuple[Any, Any]:
+        """Another pair (or load option) chosen, or the page opened: Max tokens' top follows that pair's
+        context when it is the loaded one, else :data:`MAX_TOKENS_RANGE`; a value above it is lowered, and
+        the Settings note says so."""
+        room = self.room_for(v)
+        hi = max_tokens_range(room)[1]
+        value = v[self.c["max_tokens"]]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > hi:
+            return gr.update(maximum=hi, value=hi), note_update(lowered_note(value, hi, room))
+        return gr.update(maximum=hi), note_update("")
+
+    def on_max_tokens_typed(self, v: dict[str, Any]) -> tuple[Any, Any]:
+        """Max tokens typed (or dragged) and left: a value out of its range gets a note naming the setting
+        and the range, and the box holds the nearest end of it (Gradio's slider moves it there without a
+        word); a value inside it clears the note."""
+        room = self.room_for(v)
+        bounds = max_tokens_range(room)
+        value = v[self.c["max_tokens"]]
+        try:
+            n = check_max_tokens(value, room)
+        except SettingsError as exc:
+            now = clamped(value, bounds)
+            update = gr.update(maximum=bounds[1]) if now is None else gr.update(maximum=bounds[1], value=now)
+            return update, note_update(typed_note(exc, now))
+        # the value as typed: the browser's slider may have moved it to a top it held from before
+        return gr.update(maximum=bounds[1], value=n), note_update("")
+
+    def on_typed(self, key: str) -> Callable[[Any], tuple[Any, Any]]:
+        """The ``release`` handler of the fixed-range slider ``key`` (as :meth:`on_max_tokens_typed`)."""
+        bounds = FIXED_SLIDERS[key][1]
+
+        def handler(value: Any) -> tuple[Any, Any]:
+            try:
+                check_slider(key, value)
+            except SettingsError as exc:
+                now = clamped(value, bounds)
+                update = gr.update() if now is None else gr.update(value=now)
+                return update, note_update(typed_note(exc, now))
+            return gr.update(), note_update("")
+
+        return handler
+
+    def fit_max_tokens(self, opts: dict[str, Any]) -> dict[Any, Any]:
+        """After a pair was loaded for a run: Max tokens' top becomes its context's room, and a value above it
+        is lowered for this run and in the page, with a note (updates for the slider and the note)."""
+        c = self.c
+        assert self.loaded_room is not None  # set by _pipe
+        room = self.loaded_room[1]
+        update: dict[Any, Any] = {c["max_tokens"]: gr.update(maximum=room.max_tokens)}
+        asked = opts["max_tokens"]
+        if asked > room.max_tokens:
+            opts["max_tokens"] = room.max_tokens
+            update[c["max_tokens"]] = gr.update(maximum=room.max_tokens, value=room.max_tokens)
+            update[c["settings_note"]] = note_update(lowered_note(asked, room.max_tokens, room))
+        return update
 
     @staticmethod
     def preset_settings(name: str | None) -> tuple[int, float, bool, str] | None:
@@ -238,7 +334,10 @@ class App:
     # -- running -------------------------------------------------------------------------------
 
     def _pipe(self, v: dict[str, Any], progress: Any) -> Any:
-        return self.holder.get(self.spec(v), progress_adapter(progress))
+        spec = self.spec(v)
+        pipe = self.holder.get(spec, progress_adapter(progress))
+        self.loaded_room = (spec, Room.of(pipe))
+        return pipe
 
     def on_run(
         self,
@@ -263,6 +362,7 @@ class App:
             opts = self.gen_opts(v)  # every value checked before anything is loaded
             yield {err: "", out: tokens_html([], prefix=prefix, status="loading the pair...")}
             pipe = self._pipe(v, progress)
+            yield self.fit_max_tokens(opts)
             if pipe.costs_pending(opts["strategy"]):
                 status = "measuring this machine's decoding costs once (20-30 s on two CPU cores; kept)..."
                 yield {out: tokens_html([], prefix=prefix, status=status)}
@@ -317,11 +417,13 @@ class App:
     def on_compare(self, v: dict[str, Any], progress: gr.Progress = gr.Progress()) -> dict:  # noqa: B008
         c = self.c
         prompt = v[c["prompt"]] or ""
+        fit: dict[Any, Any] = {}
         try:
             if not prompt.strip():
                 raise LocalspecError("the prompt is empty", hint="type a prompt, then press Compare")
             opts = self.gen_opts(v)
             pipe = self._pipe(v, progress)
+            fit = self.fit_max_tokens(opts)
             progress(None, desc="target alone, then with the draft")
             with self.holder.busy():
                 cmp = pipe.compare(prompt, **opts)
@@ -339,11 +441,11 @@ class App:
             ]
             pieces = list(zip(run.pieces, sources, strict=True)) or [(str(run), None)]
             text = tokens_html(pieces, status="compare: the run with the draft")
-            return {c["error"]: "", c["result"]: panel, c["output"]: text}
+            return {**fit, c["error"]: "", c["result"]: panel, c["output"]: text}
         except Exception as exc:
             if isinstance(exc, LocalspecError):
                 gr.Warning(exc.message)
-            return {c["error"]: friendly(exc)}
+            return {**fit, c["error"]: friendly(exc)}
 
     def on_stop(self, request: gr.Request) -> None:
         """Stop the run of the session that pressed Stop, not anyone else's."""
@@ -406,7 +508,7 @@ class App:
                             )
                             cand_md = gr.Markdown("", elem_id="ls-candidates")
                         pair_msg = gr.HTML("", elem_id="ls-pair-msg")
-                        with gr.Accordion("Load options", open=False):
+                        with gr.Accordion("Load options", open=False, elem_id="ls-load-options"):
                             c["n_ctx"] = gr.Number(
                                 0,
                                 label=f"Context (tokens, {N_CTX_RANGE[0]}-{N_CTX_RANGE[1]}; 0 = the "
@@ -477,6 +579,8 @@ class App:
                                     elem_id="ls-schema",
                                     placeholder='{"type": "object", "properties": {...}}',
                                 )
+                        # outside the (closed) accordion: a Max tokens lowered on Run is seen
+                        c["settings_note"] = gr.HTML("", elem_id="ls-settings-note", visible=False)
                         c["error"] = gr.HTML("", elem_id="ls-error-box")
                         c["output"] = gr.HTML(tokens_html([]), elem_id="ls-output-box")
                         gr.HTML(legend_html())
@@ -486,8 +590,33 @@ class App:
             with gr.Tab("Bench"):
                 bench = build_bench_tab(self)
 
-            inputs = {v for k, v in c.items() if k not in ("output", "result", "error")}
-            outputs = [c["output"], c["result"], c["error"], c["chat"]]
+            inputs = {v for k, v in c.items() if k not in ("output", "result", "error", "settings_note")}
+            outputs = [c["output"], c["result"], c["error"], c["chat"], c["max_tokens"], c["settings_note"]]
+            busy = [c["output"], c["result"], c["error"]]  # the spinner: not on the slider nor the note
+            # Every handler taking the sliders checks each value itself (bounded_int, bounded_float: the
+            # setting and its range named), so Gradio's own check, which refuses a value out of a slider's
+            # range before any handler with "Value 9000 is greater than maximum value 8192." (no setting,
+            # no next step), is left out: preprocess=False hands them the values as sent.
+            raw: dict[str, Any] = {"preprocess": False}
+            # Max tokens' top follows the chosen pair when it is the loaded one; a typed value out of any
+            # slider's range gets a note (the browser's slider moves it into range without a word). These
+            # take milliseconds: no spinner flashing over the slider and the note at each change.
+            mt = c["max_tokens"]
+            pair_inputs = {c[k] for k in PAIR_KEYS} | {mt}
+            quick: dict[str, Any] = {
+                "queue": False,
+                "show_progress": "hidden",
+                "api_visibility": "private",  # the page's own plumbing, not an API
+                **raw,
+            }
+            for key in ("source", "preset", "target", "draft", "ngl_t", "ngl_d"):
+                c[key].change(self.on_pair_choice, pair_inputs, [mt, c["settings_note"]], **quick)
+            for event in (c["n_ctx"].blur, c["n_ctx"].submit):
+                event(self.on_pair_choice, pair_inputs, [mt, c["settings_note"]], **quick)
+            demo.load(self.on_pair_choice, pair_inputs, [mt, c["settings_note"]], **quick)
+            mt.release(self.on_max_tokens_typed, pair_inputs, [mt, c["settings_note"]], **quick)
+            for key in FIXED_SLIDERS:
+                c[key].release(self.on_typed(key), c[key], [c[key], c["settings_note"]], **quick)
             c["source"].change(
                 lambda s: (gr.update(visible=s == "Preset"), gr.update(visible=s != "Preset"), ""),
                 c["source"],
@@ -521,12 +650,18 @@ class App:
                 concurrency_limit=1,
                 concurrency_id="scan",
             )
-            run_btn.click(self.on_run, inputs, outputs, concurrency_limit=1, concurrency_id="engine")
-            c["prompt"].submit(self.on_run, inputs, outputs, concurrency_limit=1, concurrency_id="engine")
-            cmp_btn.click(self.on_compare, inputs, outputs, concurrency_limit=1, concurrency_id="engine")
+            engine: dict[str, Any] = {
+                "concurrency_limit": 1,
+                "concurrency_id": "engine",
+                "show_progress_on": busy,
+                **raw,
+            }
+            run_btn.click(self.on_run, inputs, outputs, **engine)
+            c["prompt"].submit(self.on_run, inputs, outputs, **engine)
+            cmp_btn.click(self.on_compare, inputs, outputs, **engine)
             if bench is not None:
                 button, fn, bench_outputs = bench
-                button.click(fn, inputs, bench_outputs, concurrency_limit=1, concurrency_id="engine")
+                button.click(fn, inputs, bench_outputs, concurrency_limit=1, concurrency_id="engine", **raw)
             stop_btn.click(self.on_stop, None, None, queue=False)
             clear_btn.click(
                 lambda: ([], tokens_html([]), ""), None, [c["chat"], c["output"], c["error"]], queue=False
