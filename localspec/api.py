@@ -689,9 +689,10 @@ def load(
     files the suffix cache drafts from (tokenized once at the first suffix generation).
 
     The draft settings come from the preset (its ``[draft]`` table, strategy included), then ``draft``
-    (``"ngram"`` or ``"none"`` name a strategy), then the explicit arguments, each overriding the one
-    before. A draft model is loaded only when the resulting strategy uses it. ``n_gpu_layers`` None:
-    all layers on a GPU when llama.cpp can offload, else the CPU.
+    (``"ngram"`` or ``"none"`` name a strategy; ``"auto"`` is the same as None: the preset's draft, else
+    automatic pairing), then the explicit arguments, each overriding the one before. A draft model is loaded
+    only when the resulting strategy uses it. ``n_gpu_layers`` None: all layers on a GPU when llama.cpp can
+    offload, else the CPU.
     """
     settings = DraftSettings()
     note = ""
@@ -722,6 +723,8 @@ def load(
         )
 
     draft_path: Path | None = None
+    if draft is not None and str(draft) == "auto":  # the word every command's --draft takes
+        draft = None
     if draft is not None and str(draft) in ("none", "ngram"):
         settings = settings.with_overrides(strategy=str(draft))
         note = note or ("target alone" if draft == "none" else "n-gram prompt lookup, no draft model")

@@ -106,6 +106,13 @@ def test_load_bounds_every_size(tmp_path):
         pipe.close()
 
 
+def test_draft_auto_is_automatic_pairing_in_the_api_as_on_every_command_line():
+    """`--draft auto` (run, bench, serve, ui) and ``load(draft="auto")`` are the default, not a file."""
+    with localspec.load(n_threads=2, draft="auto") as auto, localspec.load(n_threads=2) as default:
+        assert auto.info.draft_path == default.info.draft_path is not None
+        assert auto.settings == default.settings
+
+
 @pytest.mark.parametrize(
     ("kw", "name"),
     [

@@ -130,7 +130,9 @@ _P_LO, _P_HI = P_MIN_RANGE
 
 @click.command("bench")
 @click.option("--target", "-t", type=click.Path(dir_okay=False), help="Target GGUF (default: embedded pair).")
-@click.option("--draft", "-d", help="Draft GGUF path, 'ngram' or 'none' (default: automatic pairing).")
+@click.option(
+    "--draft", "-d", help="Draft GGUF path, 'ngram', 'none' or 'auto' (default: auto, automatic pairing)."
+)
 @click.option("--preset", "-p", help="A preset name (see `localspec presets`).")
 @click.option("--workloads", "-w", multiple=True, help=f"Comma-separated subset of: {', '.join(WORKLOADS)}.")
 @click.option("--prompts", type=click.Path(dir_okay=False), help="Your own prompt file (lines or JSONL).")
