@@ -208,6 +208,18 @@ class Pipeline:
         return self._target.n_ctx
 
     @property
+    def n_ctx_is_trained(self) -> bool:
+        """Whether the context is the model's trained one, so a larger n_ctx would be lowered to it again."""
+        trained = self.info.n_ctx_train
+        return trained is not None and trained > 0 and self.n_ctx >= trained
+
+    def n_ctx_note(self) -> str:
+        """``" (n_ctx N lowered to the model's trained context)"`` when the n_ctx asked for was, else ''."""
+        return (
+            f" (n_ctx {self.n_ctx_asked} lowered to the model's trained context)" if self.n_ctx_asked else ""
+        )
+
+    @property
     def max_draft(self) -> int:
         """The longest draft one verify pass can check (see :attr:`localspec.runtime.Model.max_draft`)."""
         return self._target.max_draft
@@ -394,11 +406,12 @@ class Pipeline:
             )
         n = len(tokens)
         if n + max_tokens > self.n_ctx:
-            trained = self.info.n_ctx_train
-            if trained and self.n_ctx >= trained:  # a larger n_ctx would be lowered to this again
+            if self.n_ctx_is_trained:
                 room = self.n_ctx - n
                 hint = "shorten the prompt" + (f" or lower max_tokens to {room} or less" if room > 0 else "")
-                hint += f": the model was trained on {trained} tokens, the most it is loaded with"
+                hint += (
+                    f": the model was trained on {self.info.n_ctx_train} tokens, the most it is loaded with"
+                )
             elif n >= self.n_ctx:
                 hint = (
                     f"the prompt alone needs {n} tokens: shorten it, or load with an n_ctx of at least "
@@ -409,14 +422,9 @@ class Pipeline:
                     f"shorten the prompt, lower max_tokens to {self.n_ctx - n} or less, "
                     "or load with a larger n_ctx"
                 )
-            lowered = (
-                f" (n_ctx {self.n_ctx_asked} lowered to the model's trained context)"
-                if self.n_ctx_asked
-                else ""
-            )
             raise ContextOverflowError(
                 f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds the context "
-                f"window of {self.n_ctx} tokens{lowered}",
+                f"window of {self.n_ctx} tokens{self.n_ctx_note()}",
                 hint=hint,
             )
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)

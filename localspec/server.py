@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import queue
+import signal
 import socket
 import threading
 import time
@@ -562,13 +563,18 @@ class _Endpoint:
             )
 
     def kwargs(self, req: _Common, prompt_len: int, extra_stops: list[str]) -> dict[str, Any]:
-        room = self.pipe.n_ctx - prompt_len
+        pipe = self.pipe
+        room = pipe.n_ctx - prompt_len
         if room < 1:
+            more = (
+                f": the model was trained on {pipe.info.n_ctx_train} tokens, the most it is loaded with"
+                if pipe.n_ctx_is_trained
+                else " (or restart the server with a larger --n-ctx)"
+            )
             raise APIError(
                 400,
-                f"the prompt is {prompt_len} tokens, and the context window holds {self.pipe.n_ctx}: it "
-                "leaves no room for an answer; shorten the prompt (or restart the server with a larger "
-                "--n-ctx)",
+                f"the prompt is {prompt_len} tokens, and the context window holds {pipe.n_ctx}"
+                f"{pipe.n_ctx_note()}: it leaves no room for an answer; shorten the prompt{more}",
                 param="messages" if isinstance(req, ChatRequest) else "prompt",
                 code="context_length_exceeded",
             )
@@ -608,7 +614,7 @@ class _Endpoint:
             wait = self.worker.retry_after()
             raise APIError(
                 429,
-                f"the server is busy: {self.worker.waiting} requests are already waiting (--max-queue); "
+                f"the server is busy: {_waiting(self.worker.waiting)} already waiting (--max-queue); "
                 f"retry in about {wait} s",
                 type="rate_limit_error",
                 code="queue_full",
@@ -763,10 +769,24 @@ class _Endpoint:
             return
         if called:
             finish = _calls_finish(finish)
-        yield _sse(chunk(None, finish, localspec=_localspec_stats(stats, self.pipe, job.queue_seconds)))
-        if include_usage:
-            yield _sse({**base, "choices": [], "usage": self._usage(job, stats, generated)})
+        ours = _localspec_stats(stats, self.pipe, job.queue_seconds)
+        yield _sse(chunk(None, finish, localspec=ours))
+        if include_usage:  # the last chunk carries it too, as the docs promise of the final chunk
+            yield _sse(
+                {**base, "choices": [], "usage": self._usage(job, stats, generated), "localspec": ours}
+            )
         yield b"data: [DONE]\n\n"
+
+
+def _generation_endpoint(path: str) -> str | None:
+    """The ``/metrics`` endpoint label of a generation path, None for any other path."""
+    if path.endswith("/chat/completions"):
+        return "chat"
+    return "completions" if path.endswith("/completions") else None
+
+
+def _waiting(n: int) -> str:
+    return f"{n} request is" if n == 1 else f"{n} requests are"
 
 
 def _calls_finish(finish: str | None) -> str | None:
@@ -817,8 +837,8 @@ def _prometheus(metrics: Metrics, worker: Worker, model_id: str) -> str:
     metric(
         "requests_total",
         "counter",
-        "Queued generations by endpoint and outcome (ok, error, cancelled), and requests refused "
-        "because the queue was full (rejected).",
+        "Queued generations by endpoint and outcome (ok, error, cancelled), requests refused "
+        "because the queue was full (rejected) and requests refused before queueing, a 4xx (refused).",
         [(f'{{endpoint="{e}",outcome="{o}"}}', n) for (e, o), n in reqs]
         or [('{endpoint="chat",outcome="ok"}', 0)],
     )
@@ -941,7 +961,10 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
         app.add_middleware(_LoopbackHosts, names=names)
 
     @app.exception_handler(APIError)
-    async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        endpoint = _generation_endpoint(request.url.path)
+        if endpoint and 400 <= exc.status < 500 and exc.status != 429:  # a full queue counts as rejected
+            metrics.count(endpoint, "refused")
         return exc.response()
 
     @app.exception_handler(StarletteHTTPException)
@@ -952,6 +975,10 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
                 "(see GET /v1/models, POST /v1/chat/completions)"
             )
             return APIError(404, msg, code="unknown_url").response()
+        if exc.status_code == 405:
+            msg = f"{request.method} is not allowed on {request.url.path}"
+            msg += ": send a POST with a JSON body" if _generation_endpoint(request.url.path) else ": use GET"
+            return APIError(405, msg, code="method_not_allowed").response()
         return APIError(exc.status_code, str(exc.detail)).response()
 
     app.add_middleware(_InternalErrors)
@@ -986,20 +1013,19 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         authorize(request)
-        created = int(pipe.info.target_path.stat().st_mtime) if pipe.info.target_path.exists() else 0
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": created, "owned_by": "localspec"}
-                for name in ep.names
-            ],
-        }
+        return {"object": "list", "data": [model_entry(name) for name in ep.names]}
 
     @app.get("/v1/models/{name:path}")
     async def model(request: Request, name: str) -> dict[str, Any]:
         authorize(request)
         ep.check_model(name)
-        return {"id": name, "object": "model", "created": 0, "owned_by": "localspec"}
+        return model_entry(name)
+
+    def model_entry(name: str) -> dict[str, Any]:
+        """A model as both model endpoints describe it; ``created`` is the target file's time."""
+        path = pipe.info.target_path
+        created = int(path.stat().st_mtime) if path.exists() else 0
+        return {"id": name, "object": "model", "created": created, "owned_by": "localspec"}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -1087,6 +1113,10 @@ class _Uvicorn:
         class Server(uvicorn.Server):
             def handle_exit(self, sig, frame) -> None:
                 worker.stop(timeout=0)
+                if self.should_exit:
+                    # Stopping already, within timeout_graceful_shutdown. uvicorn would force the exit on a
+                    # second Ctrl-C, cancelling the app's lifespan mid-wait: its traceback, nothing faster.
+                    return
                 super().handle_exit(sig, frame)
 
         config = uvicorn.Config(
@@ -1143,6 +1173,25 @@ def start_background(pipe: Pipeline, opts: ServeOptions | None = None) -> Backgr
     return BackgroundServer(_url(opts.host, port), app, uv.server, thread)
 
 
+@contextlib.contextmanager
+def _signals_stop_once() -> Generator[None, None, None]:
+    """Ctrl-C and SIGTERM stop :func:`serve` once, with no traceback and a clean exit. uvicorn handles both
+    while it runs and then, after its graceful shutdown, raises each signal it caught again under the
+    handlers it found (uvicorn 0.55, ``Server.capture_signals``): under Python's own, SIGTERM killed the
+    process (exit status -15, no "stopped" line) and a second Ctrl-C became a KeyboardInterrupt in the
+    middle of the shutdown (uvicorn's traceback, or death by SIGINT). While ``serve`` runs, the handlers
+    uvicorn finds do nothing: it has stopped the server already."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def serve(
     pipe: Pipeline, opts: ServeOptions, *, echo: Callable[[str], None] = print, log_requests: bool = False
 ) -> None:
@@ -1154,13 +1203,15 @@ def serve(
     ep: _Endpoint = app.state.endpoint
     names = ep.model_id + (f" (also: {', '.join(ep.names[1:])})" if len(ep.names) > 1 else "")
     echo(f"localspec serve: OpenAI-compatible API at {_url(opts.host, port)}  model {names}")
-    echo(f"  pair: {pipe.info.note}; one request at a time, up to {opts.max_queue} waiting")
+    echo(f"  pair: {pipe.info.note}; context {pipe.n_ctx} tokens{pipe.n_ctx_note()}")
+    echo(f"  one request at a time, up to {opts.max_queue} waiting")
     echo(f"  {line}")
     echo("  Ctrl+C to stop")
     uv = _Uvicorn(app, log_level="info" if log_requests else "warning", access_log=log_requests)
     try:
-        uv.server.run(sockets=[sock])
-    except KeyboardInterrupt:
+        with _signals_stop_once():
+            uv.server.run(sockets=[sock])
+    except KeyboardInterrupt:  # a Ctrl-C before uvicorn took over the signals
         pass
     finally:
         sock.close()

@@ -4,6 +4,10 @@ the official ``openai`` client (and plain httpx where a client would hide what i
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -113,8 +117,10 @@ def _complete(client, prompt, **kw):
 
 # ------------------------------------------------------------------------------------------ the API
 def test_models_lists_the_model_and_the_preset(client):
-    ids = [m.id for m in client.models.list().data]
-    assert ids == ["tiny-target", "tiny-embedded"]
+    listed = client.models.list().data
+    assert [m.id for m in listed] == ["tiny-target", "tiny-embedded"]
+    for m in listed:  # each model as its own endpoint describes it
+        assert client.models.retrieve(m.id).model_dump() == m.model_dump() and m.created > 0
 
 
 def test_completion_equals_the_pipeline_and_carries_usage_and_stats(client, pipe):
@@ -141,6 +147,7 @@ def test_streaming_completion_equals_non_streaming(client):
     assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
     assert finals[0].model_extra["localspec"]["drafted"] > 0
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
+    assert chunks[-1].model_extra["localspec"] == finals[0].model_extra["localspec"]  # the last chunk too
 
 
 def test_chat_uses_the_models_template_streaming_and_not(client, pipe):
@@ -189,7 +196,54 @@ def test_a_prompt_that_alone_overflows_the_context_is_refused(client):
     with pytest.raises(openai.BadRequestError) as err:
         _complete(client, "word " * (N_CTX + 10))
     assert err.value.code == "context_length_exceeded"
-    assert "1024" in err.value.message
+    assert "1024" in err.value.message and "larger --n-ctx" in err.value.message  # 1024 < 2048 trained
+
+
+def test_a_context_at_the_trained_limit_says_so_not_to_raise_n_ctx():
+    """--n-ctx 8192 on a model trained on 2048 is lowered; a larger --n-ctx would not help, and the refusal
+    and the start-up lines say why."""
+    with localspec.load(n_threads=2, n_ctx=8192) as pipe:
+        assert pipe.n_ctx == 2048 and pipe.n_ctx_is_trained
+        srv = start_background(pipe, ServeOptions(port=0))
+        try:
+            client = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=60)
+            with pytest.raises(openai.BadRequestError) as err:
+                _complete(client, "word " * 2100)
+        finally:
+            srv.stop()
+    said = err.value.message
+    assert err.value.code == "context_length_exceeded" and "--n-ctx" not in said, said
+    assert "holds 2048 (n_ctx 8192 lowered to the model's trained context)" in said, said
+    assert "the model was trained on 2048 tokens, the most it is loaded with" in said, said
+
+
+@pytest.mark.parametrize(
+    ("signals", "gap"), [(["SIGTERM"], 0), (["SIGINT", "SIGINT"], 0.05), (["SIGINT", "SIGINT"], 0.3)]
+)
+def test_serve_stops_cleanly_on_sigterm_and_on_ctrl_c_pressed_twice(tmp_path, signals, gap):
+    """A supervisor's SIGTERM and an impatient second Ctrl-C: exit status 0, the 'stopped' line, no
+    traceback (uvicorn raised each signal again after its shutdown; a second Ctrl-C forced an exit that
+    printed its lifespan's traceback). The start-up lines say the context was lowered."""
+    env = {**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home"), "LOCALSPEC_CONFIG": str(tmp_path / "cfg")}
+    cmd = [sys.executable, "-m", "localspec", "serve", "--port", "0", "--n-ctx", "8192"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    start: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            start.append(line)
+            if "Ctrl+C to stop" in line:
+                break
+        assert "context 2048 tokens (n_ctx 8192 lowered to the model's trained context)" in "".join(start)
+        time.sleep(0.3)
+        for name in signals:
+            proc.send_signal(getattr(signal, name))
+            time.sleep(gap)
+        rest = proc.stderr.read()
+        assert proc.wait(30) == 0, rest
+    finally:
+        proc.kill()
+    assert rest.strip().endswith("localspec serve stopped.") and "Traceback" not in rest, rest
 
 
 def test_unknown_model_is_404_model_not_found(client):
@@ -557,7 +611,8 @@ def test_bad_json_bad_types_and_unknown_paths_get_openai_error_json(server):
         r = h.get("/v1/nothing")
         assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
         r = h.get("/v1/chat/completions")
-        assert r.status_code == 405 and "error" in r.json()
+        assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+        assert "GET is not allowed on /v1/chat/completions: send a POST" in r.json()["error"]["message"]
         # DNS rebinding: a page on another origin that resolves to 127.0.0.1 sends its own Host header
         refused = h.get("/health", headers={"host": "attacker.example:8000"})
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "bad_host"
@@ -569,6 +624,11 @@ def test_bad_json_bad_types_and_unknown_paths_get_openai_error_json(server):
 
 def test_metrics_are_prometheus_text(server, client):
     _complete(client, PROMPTS[5], max_tokens=8)
+    before = httpx.get(server.base + "/metrics").text
+    with pytest.raises(openai.NotFoundError):  # a request refused before queueing is counted as refused
+        client.completions.create(model="gpt-4o", prompt="hi", max_tokens=4)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny-target", messages=[], max_tokens=-1)
     r = httpx.get(server.base + "/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     samples = {}
@@ -577,6 +637,10 @@ def test_metrics_are_prometheus_text(server, client):
             name, value = line.rsplit(" ", 1)
             samples[name] = float(value)
     assert samples['localspec_requests_total{endpoint="completions",outcome="ok"}'] >= 1
+    for endpoint in ("completions", "chat"):
+        name = f'localspec_requests_total{{endpoint="{endpoint}",outcome="refused"}}'
+        was = next((float(x.rsplit(" ", 1)[1]) for x in before.splitlines() if x.startswith(name + " ")), 0)
+        assert samples[name] == was + 1, endpoint
     assert samples["localspec_generated_tokens_total"] >= 8
     assert 0 < samples["localspec_accepted_tokens_total"] <= samples["localspec_drafted_tokens_total"]
     assert 0 < samples["localspec_acceptance_ratio"] <= 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import click
 
 from localspec.cli.options import load_pipeline, model_options
@@ -79,6 +81,10 @@ def serve(
     pipe = load_pipeline(store_namespace=namespace_for_key(api_key) if api_key else "default", **model)
     with pipe:
         serve(pipe, opts, echo=lambda line: click.echo(line, err=True), log_requests=log_requests)
+        # Stopped: one more Ctrl-C or SIGTERM (an impatient user, a supervisor) while the models are freed
+        # and the process ends would only turn a clean exit into a KeyboardInterrupt or a death by signal.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
     click.echo("localspec serve stopped.", err=True)
 
 
