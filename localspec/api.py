@@ -123,7 +123,8 @@ class Pipeline:
         if settings.uses_model and info.draft_path is None:
             raise SettingsError(
                 f"strategy {settings.strategy!r} needs a draft model, and none was given",
-                hint="load with draft=PATH (or a preset with a draft), or use strategy='ngram'",
+                hint="give a draft model (draft=PATH; on the command line --draft PATH) or a preset with "
+                "one, or use strategy 'suffix' or 'ngram'",
             )
         self.settings = settings
         # Beyond its trained context a model writes garbage, and a huge n_ctx would allocate its KV cache
@@ -265,7 +266,8 @@ class Pipeline:
         if self._model_drafter is None:
             raise LocalspecError(
                 f"strategy {s.strategy!r} needs a draft model, and this pipeline has none",
-                hint="load with draft=PATH (or a preset with a draft), or use strategy='suffix' or 'ngram'",
+                hint="load with a draft model (draft=PATH; on the command line --draft PATH) or a preset "
+                "with one, or use strategy 'suffix' or 'ngram'",
             )
         model = self._model_drafter.with_limits(n_min=s.n_min, p_min=s.p_min)
         return CombinedDrafter(model, lookup) if "+" in s.strategy else model

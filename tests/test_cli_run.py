@@ -54,6 +54,11 @@ def _no_traceback(res) -> None:
             ["--target", "t.gguf", "--preset", "tiny-embedded"],
             "give either --target or --preset, not both",
         ),
+        (
+            ["--strategy", "model+ngram", "--draft", "ngram"],
+            "--strategy model+ngram drafts with a model, and --draft ngram gives none",
+        ),
+        (["--strategy", "model", "--draft", "none"], "give --draft PATH (or 'auto')"),
     ],
 )
 def test_bad_values_are_usage_errors(args, message, monkeypatch):

@@ -131,6 +131,11 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
     n_min, n_max = opts["n_min"], opts["n_max"]
     if n_min is not None and n_max is not None and n_min > n_max:
         raise click.BadParameter(f"{n_min} is more than --n-max ({n_max}).", param_hint="'--n-min'")
+    if opts["strategy"] in settings.MODEL_STRATEGIES and opts["draft"] in ("ngram", "none"):
+        raise click.UsageError(
+            f"--strategy {opts['strategy']} drafts with a model, and --draft {opts['draft']} gives none: "
+            "give --draft PATH (or 'auto'), or a strategy without 'model' (ngram, suffix, auto)"
+        )
     # GPU layers only when given: None lets the library decide (all layers on a GPU build of llama.cpp).
     gpu = {"n_gpu_layers": opts["gpu_layers"], "draft_n_gpu_layers": opts["draft_gpu_layers"]}
     pipe = localspec.load(
