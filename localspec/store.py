@@ -192,7 +192,7 @@ def store_path(directory: str | os.PathLike[str], fingerprint: str, namespace: s
     if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
         raise CacheError(
             f"cache namespace {namespace!r} is not usable as a file name",
-            hint="use 1-64 letters, digits, '.', '_' or '-' (namespace_for_key() turns an API key into one)",
+            hint="use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
         )
     return Path(directory) / f"{fingerprint[:16]}-{namespace}{SUFFIX}"
 
@@ -1086,7 +1086,8 @@ def read_corpus(
                 skip("empty")
                 continue
             if len(files) >= max_files:
-                return CorpusScan(base, files, skipped, f"stopped at {max_files} files (--max-files)")
+                plural = "s" if max_files > 1 else ""
+                return CorpusScan(base, files, skipped, f"stopped at {max_files} file{plural} (--max-files)")
             if total + st.st_size > max_bytes:
                 return CorpusScan(base, files, skipped, f"stopped at {max_bytes // 1_000_000} MB (--max-mb)")
             try:

@@ -1141,10 +1141,17 @@ def test_index_info_clear_commands(tmp_path):
 
     out = runner.invoke(cli, ["cache", "info", "--dir", str(cache_dir)]).output
     assert str(info.path) in out and "corpus" in out and "1 files" in out
+    assert f"`localspec cache clear --dir {cache_dir}` deletes them" in out  # the folder listed, not another
     assert (
         "Nothing deleted"
         in runner.invoke(cli, ["cache", "clear", "--dir", str(cache_dir)], input="n\n").output
     )
+    # no answer (stdin at its end, as in a script): a usage error naming --yes, not a bare "Aborted!"
+    r = runner.invoke(cli, ["cache", "clear", "--dir", str(cache_dir)], input="")
+    assert r.exit_code == 2 and "add --yes" in r.output and "Aborted" not in r.output, r.output
+    # --costs clears the measured costs, which --dir does not name: refused rather than ignored
+    r = runner.invoke(cli, ["cache", "clear", "--costs", "--dir", str(cache_dir)])
+    assert r.exit_code == 2 and "drop --dir" in r.output, r.output
     assert info.path.exists()
     assert (
         "Deleted 1 file(s)" in runner.invoke(cli, ["cache", "clear", "--dir", str(cache_dir), "--yes"]).output
@@ -1152,12 +1159,17 @@ def test_index_info_clear_commands(tmp_path):
     assert not info.path.exists()
 
     # errors are one clear line with a next step, never a traceback
-    for args in (
-        ["index", str(tmp_path / "nope")],
-        ["index", str(src), "--target", str(tmp_path / "x.gguf")],
+    r = runner.invoke(cli, ["index", str(src), "--target", str(tmp_path / "x.gguf"), "--dir", str(cache_dir)])
+    assert r.exit_code == 1 and "Error:" in r.output and "->" in r.output and "Traceback" not in r.output
+    # a folder that is not one, or a namespace that is no file name: usage errors, as scan's and --corpus's
+    for args, said in (
+        (["index", str(tmp_path / "nope")], "does not exist"),
+        (["index", str(next(src.iterdir()))], "is a file"),
+        (["index", str(src), "--namespace", "../escape"], "use 1-64 letters, digits"),
     ):
         r = runner.invoke(cli, [*args, "--dir", str(cache_dir)])
-        assert r.exit_code == 1 and "Error:" in r.output and "->" in r.output and "Traceback" not in r.output
+        assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
+    assert not list(tmp_path.glob("*escape*"))
     empty = tmp_path / "empty"
     empty.mkdir()
     r = runner.invoke(cli, ["index", str(empty), "--dir", str(cache_dir)])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -51,7 +53,7 @@ def info(directory: str | None) -> None:
         if s.problem:
             click.echo(
                 f"  -> the next run ignores it: {storemod.what_is_lost(s)}; its next save replaces the file "
-                "(`localspec cache clear` deletes it now)"
+                f"(`{_clear_command(directory)}` deletes it now)"
             )
         elif s.journal_problem:
             click.echo(
@@ -62,10 +64,15 @@ def info(directory: str | None) -> None:
     if stores:
         total = sum(s.size_bytes for s in stores)
         click.echo(
-            f"\n{len(stores)} store file(s), {format_bytes(total)}: `localspec cache clear` deletes them."
+            f"\n{len(stores)} store(s), {format_bytes(total)}: `{_clear_command(directory)}` deletes them."
         )
     _costs_info()
     _amx_info()
+
+
+def _clear_command(directory: str | None) -> str:
+    """The command that clears the store folder ``info`` listed (``--dir`` carried over when given)."""
+    return "localspec cache clear" + (f" --dir {shlex.quote(directory)}" if directory else "")
 
 
 def _amx_info() -> None:
@@ -119,6 +126,11 @@ def _costs_info() -> None:
 )
 def clear(yes: bool, directory: str | None, costs: bool) -> None:
     """Delete every store file (the history of earlier requests and indexed corpora)."""
+    if costs and directory:
+        raise click.UsageError(
+            f"--dir names a suffix cache folder, and --costs deletes what was measured about this machine "
+            f"(in {costsmod.costs_dir()}), not a store: drop --dir, or --costs to clear the store in it"
+        )
     if costs:
         gone = costsmod.clear_costs()
         click.echo(
@@ -137,9 +149,16 @@ def clear(yes: bool, directory: str | None, costs: bool) -> None:
         click.echo(f"No suffix cache in {where}.")
         return
     total = sum(s.size_bytes for s in stores)
-    if not yes and not click.confirm(
-        f"Delete {len(stores)} store file(s) ({format_bytes(total)}) in {where}?", default=False
-    ):
+    question = f"Delete {len(stores)} store(s) ({format_bytes(total)}, with their journals) in {where}?"
+    try:
+        sure = yes or click.confirm(question, default=False)
+    except click.Abort:
+        if sys.stdin.isatty():
+            raise  # Ctrl-C at the question
+        raise click.UsageError(
+            "no answer on stdin (not a terminal): add --yes to delete without asking"
+        ) from None
+    if not sure:
         click.echo("Nothing deleted.")
         return
     gone = storemod.clear(where)
@@ -149,13 +168,32 @@ def clear(yes: bool, directory: str | None, costs: bool) -> None:
     )
 
 
+def _check_namespace(value: str) -> str:
+    """``--namespace`` as a store file name takes it (a usage error otherwise)."""
+    try:
+        storemod.store_path(".", "0" * 16, value)
+    except CacheError as exc:
+        raise click.BadParameter(f"{exc.message}: {exc.hint}", param_hint="'--namespace'") from None
+    return value
+
+
 @click.command("index")
-@click.argument("folder", type=click.Path(file_okay=True, dir_okay=True))
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
 @click.option("--target", "-t", type=click.Path(dir_okay=False), help="Target GGUF (default: embedded pair).")
-@click.option("--namespace", default="default", show_default=True, help="Store namespace.")
+@click.option(
+    "--namespace",
+    default="default",
+    show_default=True,
+    callback=lambda ctx, param, value: _check_namespace(value),
+    help="Store namespace (1-64 letters, digits, '.', '_' or '-'): a server with --api-key keeps its own.",
+)
 @click.option("--dir", "directory", type=click.Path(file_okay=False), help=_DIR_HELP)
 @click.option(
-    "--max-files", type=click.IntRange(1, 100_000), default=storemod.MAX_CORPUS_FILES, show_default=True
+    "--max-files",
+    type=click.IntRange(1, 100_000),
+    default=storemod.MAX_CORPUS_FILES,
+    show_default=True,
+    help="Stop after this many files.",
 )
 @click.option(
     "--max-mb",
@@ -211,9 +249,15 @@ def index(
         click.echo(st.problem, err=True)
     ix.set_corpus(documents)
     st.corpus_root = str(scan.root.resolve())
-    if not st.save(ix):
+    quiet.setLevel(logging.ERROR)  # a failed save is the error below, not a log line and then the error
+    try:
+        saved = st.save(ix)
+    finally:
+        quiet.setLevel(level)
+    if not saved:
         raise CacheError(
-            st.problem or f"cannot write {st.path}", hint="check free disk space and permissions"
+            st.problem or f"cannot write {st.path}",
+            hint="check that the cache folder can be created and written, and that the disk has room",
         )
     click.echo(
         f"Indexed {len(scan.files):,} file(s), {ix.corpus_tokens:,} tokens "
