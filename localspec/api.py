@@ -7,6 +7,7 @@ compatible draft the scanner finds). A pair is checked from the GGUF headers bef
 
 from __future__ import annotations
 
+import operator
 import os
 import statistics
 from collections.abc import Callable, Iterable, Iterator
@@ -31,11 +32,18 @@ from localspec.pairing import PairInfo, check_pair
 from localspec.routing import Route, route
 from localspec.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
 from localspec.sampling import SamplingParams
-from localspec.settings import LOOKUP_N_MAX, MODEL_STRATEGIES, SUFFIX_STRATEGIES, DraftSettings
+from localspec.settings import (
+    LOOKUP_N_MAX,
+    MODEL_STRATEGIES,
+    SUFFIX_STRATEGIES,
+    UTF8_HINT,
+    DraftSettings,
+    utf8_problem,
+)
 from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.store import SuffixStore
 from localspec.suffix import Cell, SuffixDrafter, SuffixIndex
-from localspec.tool_calls import ChatResponse, ToolUse, template_messages, tool_use
+from localspec.tool_calls import ChatResponse, ToolUse, chat_messages, tool_use
 
 
 class GenerationResult(str):
@@ -406,6 +414,8 @@ class Pipeline:
             raise SettingsError(
                 f"max_tokens must be a whole number >= 1, got {max_tokens!r}", hint="e.g. 256"
             )
+        tokens = self._checked_tokens(tokens)
+        stop = _checked_stop(stop)
         n = len(tokens)
         if n + max_tokens > self.n_ctx:
             if self.n_ctx_is_trained:
@@ -467,6 +477,34 @@ class Pipeline:
         )
         return self._learning(stream) if settings.uses_model else stream
 
+    def _checked_tokens(self, tokens: Any) -> list[int]:
+        """``tokens`` as a list of the target's token ids; llama.cpp would refuse an id outside its
+        vocabulary only with a decode status that reads like a full context."""
+        if isinstance(tokens, (str, bytes)):
+            raise SettingsError(
+                "stream_tokens takes token ids, got text", hint="use stream()/generate() for a text prompt"
+            )
+        try:
+            ids = [operator.index(t) for t in tokens]
+        except TypeError:
+            raise SettingsError(
+                "tokens must be a list of token ids (whole numbers)",
+                hint="use pipe.tokenize(text) to get them, or stream()/generate() with the text",
+            ) from None
+        if not ids:
+            raise SettingsError(
+                "tokens is empty: there is nothing to continue", hint="give at least one token"
+            )
+        n_vocab = self._target.n_vocab
+        bad = next((i for i, t in enumerate(ids) if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise SettingsError(
+                f"token id {ids[bad]} at position {bad} is outside {self.info.target_path.name}'s vocabulary "
+                f"(0 to {n_vocab - 1})",
+                hint="tokenize with this pipeline's target (pipe.tokenize(text))",
+            )
+        return ids
+
     def _learning(self, stream: Iterator[TokenResponse]) -> Iterator[TokenResponse]:
         """Pass tokens through; remember the draft model's acceptance for the ``auto`` router."""
         last = None
@@ -482,7 +520,8 @@ class Pipeline:
                     self._model_acceptance = rate if old is None else 0.5 * old + 0.5 * rate
 
     def tokenize(self, text: str) -> list[int]:
-        return self._target.tokenize(text, add_bos=True, special=True)
+        """The target's tokens of a plain prompt (its BOS first, as llama.cpp adds it)."""
+        return self._target.tokenize(_checked_text(text, "prompt"), add_bos=True, special=True)
 
     def stream(self, prompt: str, **kwargs) -> Iterator[TokenResponse]:
         """Stream a plain completion of ``prompt``."""
@@ -540,7 +579,7 @@ class Pipeline:
                     hint="drop one",
                 )
             kwargs["grammar"] = grammar
-        messages = template_messages(messages)  # earlier calls' arguments as objects, as templates want them
+        messages = chat_messages(messages)  # checked; earlier calls' arguments as objects, as templates want
         tokens, stops = self.format_chat(messages, tools=use.tools)
         kwargs["stop"] = list(kwargs.get("stop") or []) + stops
         return self.stream_tokens(tokens, **kwargs), use
@@ -615,6 +654,30 @@ class Pipeline:
             speculative_tps=s_tps,
             same_text=str(base_runs[-1]) == str(spec),
         )
+
+
+def _checked_stop(stop: Any) -> list[str] | None:
+    """``stop`` as a list of strings: one string is one stop string, as in OpenAI's API (iterated, it
+    would stop at each of its characters)."""
+    if stop is None or isinstance(stop, str):
+        return None if stop is None else [stop]
+    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise SettingsError(
+        f"stop must be a string or a list of strings, got {stop!r:.60}", hint='e.g. stop=["\\n\\n"]'
+    )
+
+
+def _checked_text(text: Any, what: str) -> str:
+    """``text`` when it is a ``str`` llama.cpp's tokenizer takes (:func:`localspec.settings.utf8_problem`)."""
+    if not isinstance(text, str):
+        hint = "decode it first (text.decode('utf-8'))" if isinstance(text, bytes) else "pass a str"
+        if isinstance(text, (list, tuple)):
+            hint = "pass one str; for token ids use stream_tokens()"
+        raise SettingsError(f"the {what} must be text (a str), got {type(text).__name__}", hint=hint)
+    if problem := utf8_problem(text):
+        raise SettingsError(f"the {what} {problem}", hint=UTF8_HINT)
+    return text
 
 
 def _collect(stream: Iterator[TokenResponse]) -> GenerationResult:

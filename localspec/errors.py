@@ -99,6 +99,14 @@ class CacheError(LocalspecError, ValueError):
     """The suffix cache (its store files, a corpus folder to index) cannot be used as asked."""
 
 
+class MessageError(LocalspecError, ValueError):
+    """Chat ``messages`` that are not a list of ``{"role", "content"}`` turns; ``param`` names the field."""
+
+    def __init__(self, message: str, *, param: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.param = param
+
+
 class GrammarError(LocalspecError, ValueError):
     """A grammar, JSON schema or ``response_format`` that cannot constrain a reply; ``param`` names it."""
 

@@ -39,11 +39,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from localspec.errors import GrammarError, LocalspecError
+from localspec.errors import GrammarError, LocalspecError, MessageError
 from localspec.exposure import check_exposure, is_loopback
 from localspec.grammar import reply_grammar
 from localspec.settings import STRATEGIES
-from localspec.tool_calls import NO_TOOLS, ToolCallError, ToolUse, template_messages, tool_use
+from localspec.tool_calls import NO_TOOLS, ToolCallError, ToolUse, chat_messages, tool_use
 
 if TYPE_CHECKING:
     from localspec.api import Pipeline
@@ -191,9 +191,6 @@ class CompletionRequest(_Common):
     suffix: str | None = None
 
 
-_ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
 def _param(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -247,52 +244,6 @@ def _refuse(req: _Common) -> None:
             no("suffix", "suffix (fill-in-the-middle) is not supported")
     if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_STRINGS:
         no("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(req.stop)}")
-
-
-def _messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat messages as the chat template takes them: role and text content, and the tool calls of an
-    assistant turn (arguments as objects) or the call a tool result answers."""
-    out = []
-    for i, m in enumerate(raw):
-        role = m.get("role")
-        if role not in _ROLES:
-            raise APIError(
-                400,
-                f"messages[{i}].role must be one of {', '.join(_ROLES)}, got {role!r}",
-                param=f"messages[{i}].role",
-            )
-        content = m.get("content")
-        if content is None:
-            text = ""
-        elif isinstance(content, str):
-            text = content
-        elif isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if not (
-                    isinstance(part, dict)
-                    and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)
-                ):
-                    raise APIError(
-                        400,
-                        f"messages[{i}].content[{j}]: only text parts are supported "
-                        '({"type": "text", "text": "..."})',
-                        param=f"messages[{i}].content",
-                    )
-                parts.append(part["text"])
-            text = "".join(parts)
-        else:
-            raise APIError(
-                400, f"messages[{i}].content must be a string or a list of text parts", param="messages"
-            )
-        message: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": text}
-        if role == "assistant" and m.get("tool_calls"):
-            message["tool_calls"] = m["tool_calls"]
-        if role == "tool" and isinstance(m.get("tool_call_id"), str):
-            message["tool_call_id"] = m["tool_call_id"]
-        out.append(message)
-    return template_messages(out)
 
 
 # ------------------------------------------------------------------------------------------- worker
@@ -1034,12 +985,12 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
         ep.check_model(req.model)
         _refuse(req)
         try:
-            messages = _messages(req.messages)
+            messages = chat_messages(req.messages)
             tools = tool_use(
                 req.tools, req.tool_choice, pipe.chat_template, parallel=req.parallel_tool_calls is not False
             )
             grammar = reply_grammar(req.response_format, reads_calls=tools.read_calls)
-        except (ToolCallError, GrammarError) as exc:
+        except (ToolCallError, GrammarError, MessageError) as exc:
             message = exc.message + (f"; {exc.hint}" if exc.hint else "")
             code = "unsupported_parameter" if getattr(exc, "unsupported", False) else None
             raise APIError(400, message, param=exc.param, code=code) from None

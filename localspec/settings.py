@@ -136,3 +136,21 @@ class DraftSettings:
 
 #: The target alone: the baseline every speedup is measured against.
 BASELINE = DraftSettings(strategy="none")
+
+
+# Text arguments -----------------------------------------------------------------------------------------
+#: What to do about text :func:`utf8_problem` refuses.
+UTF8_HINT = "save or convert it as UTF-8 (e.g. iconv -t UTF-8), or decode it with errors='replace'"
+
+
+def utf8_problem(text: str) -> str | None:
+    """Why ``text`` cannot go to llama.cpp's tokenizer (which takes UTF-8), or None. Python holds bytes
+    that are not UTF-8, in a command-line argument or a file read as text, as lone surrogates; JSON's
+    ``\\ud800`` escapes make them too. Encoding them fails deep inside a generation otherwise."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        return f"is not valid UTF-8 text: {what} at character {exc.start}"
+    return None

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from localspec.engine import TokenResponse
-from localspec.errors import GrammarError, LocalspecError
+from localspec.errors import GrammarError, LocalspecError, MessageError
 from localspec.grammar import MAX_GRAMMAR_CHARS, Grammar, check_schema
+from localspec.settings import UTF8_HINT, utf8_problem
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 #: The one format read (see the module docstring); a template's tool support is recognised by its tag.
@@ -335,6 +336,80 @@ def template_calls(calls: Any, where: str) -> list[dict[str, Any]]:
             entry["id"] = call["id"]
         out.append(entry)
     return out
+
+
+#: The roles a chat turn may have (OpenAI's; ``developer`` is rendered as ``system``).
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_MESSAGE_HINT = 'give a list of {"role": "user", "content": "..."} dicts, as OpenAI\'s chat API takes them'
+
+
+def chat_messages(raw: Any) -> list[dict[str, Any]]:
+    """Chat messages as the chat template takes them, checked: a role of :data:`ROLES` and text content (a
+    string, ``None`` or OpenAI's list of text parts) per turn, and the tool calls of an assistant turn
+    (arguments as objects, :func:`template_messages`) or the call a tool result answers. A template given
+    anything else fails inside Jinja, or silently drops the turn (Qwen's renders no unknown role), so
+    everything else is a :class:`MessageError` naming the field."""
+    if isinstance(raw, (str, bytes, Mapping)) or not isinstance(raw, (list, tuple)):
+        raise MessageError(
+            f"messages must be a list of turns, got {type(raw).__name__}",
+            param="messages",
+            hint=_MESSAGE_HINT,
+        )
+    if not raw:
+        raise MessageError(
+            "messages is empty: there is nothing to reply to", param="messages", hint=_MESSAGE_HINT
+        )
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, Mapping):
+            raise MessageError(
+                f"messages[{i}] must be a dict with role and content, got {type(m).__name__}",
+                param=f"messages[{i}]",
+                hint=_MESSAGE_HINT,
+            )
+        role = m.get("role")
+        if role not in ROLES:
+            raise MessageError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
+                param=f"messages[{i}].role",
+            )
+        content = m.get("content")
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        elif isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not (
+                    isinstance(part, Mapping)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    raise MessageError(
+                        f"messages[{i}].content[{j}]: only text parts are supported "
+                        '({"type": "text", "text": "..."})',
+                        param=f"messages[{i}].content",
+                    )
+                parts.append(part["text"])
+            text = "".join(parts)
+        else:
+            raise MessageError(
+                f"messages[{i}].content must be a string or a list of text parts, "
+                f"got {type(content).__name__}",
+                param=f"messages[{i}].content",
+            )
+        if problem := utf8_problem(text):
+            raise MessageError(
+                f"messages[{i}].content {problem}", param=f"messages[{i}].content", hint=UTF8_HINT
+            )
+        message: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": text}
+        if role == "assistant" and m.get("tool_calls"):
+            message["tool_calls"] = m["tool_calls"]
+        if role == "tool" and isinstance(m.get("tool_call_id"), str):
+            message["tool_call_id"] = m["tool_call_id"]
+        out.append(message)
+    return template_messages(out)
 
 
 def template_messages(messages: list[dict]) -> list[dict]:

@@ -128,12 +128,73 @@ def test_draft_auto_is_automatic_pairing_in_the_api_as_on_every_command_line():
         ({"n_max": 0}, "n_max"),
         ({"p_min": math.nan}, "p_min"),
         ({"strategy": "magic"}, "strategy"),
+        ({"stop": 5}, "stop"),
+        ({"stop": ["ok", 5]}, "stop"),
     ],
 )
 def test_bad_generation_values_are_refused_with_a_hint(embedded_pipe, kw, name):
     with pytest.raises(SettingsError, match=name) as exc:
         embedded_pipe.generate("def f():", **{"max_tokens": 4, **kw})
     assert exc.value.hint
+    if name == "stop":  # raised when the stream is made, as every other value is, not at its first token
+        with pytest.raises(SettingsError, match=name):
+            embedded_pipe.stream("def f():", **{"max_tokens": 4, **kw})
+
+
+def test_one_stop_string_is_one_stop_string_not_its_characters(embedded_pipe):
+    """OpenAI's API takes ``stop`` as a string too; iterated, "ret" would stop at the first 'e'."""
+    free = str(embedded_pipe.generate("def fib(n):\n    return", max_tokens=40, strategy="none"))
+    # a 3-character stop string that first occurs at k, one of whose characters occurs before k
+    k = next(
+        k
+        for k in range(3, len(free) - 3)
+        if free.index(free[k : k + 3]) == k and set(free[k : k + 3]) & set(free[:k])
+    )
+    cut = embedded_pipe.generate(
+        "def fib(n):\n    return", max_tokens=40, strategy="none", stop=free[k : k + 3]
+    )
+    assert str(cut) == free[:k], (free, k)
+    assert cut.stats.finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "said"),
+    [
+        (b"def f():", "must be text (a str), got bytes"),
+        (["def f():"], "for token ids use stream_tokens()"),
+        (None, "got NoneType"),
+        ("def \udcff():", "not valid UTF-8 text: byte 0xff at character 4"),  # a non-UTF-8 argv byte
+        ("\ud800", "lone surrogate U+D800"),
+    ],
+)
+def test_a_prompt_that_is_not_utf8_text_is_refused_naming_it(embedded_pipe, prompt, said):
+    with pytest.raises(SettingsError, match="the prompt") as exc:
+        embedded_pipe.generate(prompt, max_tokens=4)
+    assert said in str(exc.value) and exc.value.hint
+
+
+@pytest.mark.parametrize(
+    ("tokens", "said"),
+    [
+        (
+            [5, 10**9],
+            "token id 1000000000 at position 1 is outside tiny-target.gguf's vocabulary (0 to 2047)",
+        ),
+        ([-1], "token id -1 at position 0"),
+        ([1, "x"], "must be a list of token ids"),
+        ([], "tokens is empty"),
+        ("def", "takes token ids, got text"),
+    ],
+)
+def test_token_ids_outside_the_vocabulary_are_named_not_a_full_context(embedded_pipe, tokens, said):
+    """llama.cpp refuses such an id only with a decode status the engine would read as a full context."""
+    with pytest.raises(SettingsError) as exc:
+        embedded_pipe.stream_tokens(tokens, max_tokens=4)
+    assert said in exc.value.message
+    ids = embedded_pipe.tokenize("def f():")
+    assert str(embedded_pipe.generate("def f():", max_tokens=8)) == "".join(
+        r.text for r in embedded_pipe.stream_tokens(np.array(ids), max_tokens=8)
+    ), "numpy ids are ids too"
 
 
 # Sharing: item 3 of issue 9 ----------------------------------------------------------------------
@@ -507,3 +568,16 @@ def test_a_swapped_pair_says_so_in_the_note_run_prints():
         assert "warning" not in pipe.info.note
     finally:
         pipe.close()
+
+
+def test_chat_checks_its_messages_as_the_server_does(embedded_pipe):
+    """The API passed messages straight to the template: Jinja's errors, or (Qwen's template) a turn of an
+    unknown role silently left out of the prompt."""
+    from localspec.errors import MessageError
+
+    for bad in ([{"role": "bogus", "content": "hi"}], [{"role": "user", "content": 5}], "hi", []):
+        with pytest.raises(MessageError):
+            embedded_pipe.chat(bad, max_tokens=4)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}]
+    plain = [{"role": "user", "content": "Say hi"}]
+    assert str(embedded_pipe.chat(parts, max_tokens=6)) == str(embedded_pipe.chat(plain, max_tokens=6))

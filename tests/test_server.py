@@ -602,10 +602,15 @@ def test_bad_json_bad_types_and_unknown_paths_get_openai_error_json(server):
             (b'{"model": "tiny-target", "prompt": 5}', "prompt"),
             (b'{"prompt": "hi"}', "model"),
             (b'{"model": "tiny-target", "prompt": "hi", "max_tokens": "9"}', "max_tokens"),
+            # JSON's escapes can spell a lone surrogate, which no UTF-8 tokenizer takes: the parser refuses it
+            (b'{"model": "tiny-target", "prompt": "a\\ud800b"}', "not valid JSON"),
         ]:
             r = h.post("/v1/completions", content=body, headers={"content-type": "application/json"})
             assert r.status_code == 400, body
             assert needle in r.json()["error"]["message"], r.json()
+        chat = b'{"model": "tiny-target", "messages": [{"role": "user", "content": "\\udcff"}]}'
+        r = h.post("/v1/chat/completions", content=chat, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"], r.json()
         r = h.post("/v1/completions", content=b"prompt=hi", headers={"content-type": "text/plain"})
         assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
         r = h.get("/v1/nothing")

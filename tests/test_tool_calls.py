@@ -8,12 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from localspec.errors import MessageError
 from localspec.tool_calls import (
     HERMES,
     MAX_TOOLS,
     CallSplitter,
     ToolCallError,
     check_choice,
+    chat_messages,
     check_tools,
     may_start_fenced_call,
     split_calls,
@@ -279,3 +281,54 @@ def test_a_stream_holds_back_only_what_may_start_a_call():
     assert s.feed("\n" + CALL) == ""
     rest, calls = s.finish()
     assert rest == "" and len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "said"),
+    [
+        (None, "messages", "must be a list of turns, got NoneType"),
+        ("hello", "messages", "got str"),
+        ({"role": "user", "content": "hi"}, "messages", "got dict"),
+        ([], "messages", "is empty"),
+        (["hello"], "messages[0]", "must be a dict with role and content, got str"),
+        ([{"content": "hi"}], "messages[0].role", "got None"),
+        ([{"role": "bogus", "content": "hi"}], "messages[0].role", "got 'bogus'"),
+        ([{"role": "user", "content": 5}], "messages[0].content", "string or a list of text parts, got int"),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content", "only text parts"),
+        ([{"role": "user", "content": "a\udcffb"}], "messages[0].content", "not valid UTF-8 text: byte 0xff"),
+    ],
+)
+def test_chat_messages_refuse_what_a_template_would_choke_on_or_silently_drop(messages, param, said):
+    """Qwen's template renders no turn of an unknown role (the reply then answers the system prompt
+    alone); others fail inside Jinja. Both the API and the server check messages here."""
+    with pytest.raises(MessageError) as err:
+        chat_messages(messages)
+    assert err.value.param == param and said in err.value.message, err.value.message
+
+
+def test_chat_messages_take_openai_shapes_as_templates_want_them():
+    shaped = chat_messages(
+        (
+            {
+                "role": "developer",
+                "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
+            },
+            {"role": "user"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "3", "name": "f"},
+        )
+    )
+    assert shaped == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": ""},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}],
+        },
+        {"role": "tool", "content": "3", "tool_call_id": "call_1"},
+    ]
