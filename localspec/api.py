@@ -7,8 +7,10 @@ compatible draft the scanner finds). A pair is checked from the GGUF headers bef
 
 from __future__ import annotations
 
+import errno
 import operator
 import os
+import stat
 import statistics
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
@@ -696,13 +698,36 @@ def _collect(stream: Iterator[TokenResponse]) -> GenerationResult:
 
 # Resolution -----------------------------------------------------------------------------------
 def _check_file(path: str | os.PathLike, role: str) -> Path:
+    """``path`` when it names a regular file; else what it is instead (``Path.is_file`` says False for a
+    folder or a symlink loop, and raises for a name too long for the file system)."""
     p = Path(path).expanduser()
-    if not p.is_file():
+    scan_hint = "check the path, or run `localspec scan` to list the GGUF models on this machine"
+    try:
+        mode = p.stat().st_mode
+    except OSError as exc:
+        problem = {
+            errno.ENOENT: "no such file",
+            errno.ENOTDIR: "no such file (a part of the path is not a folder)",
+            errno.ELOOP: "is a symlink loop (a link that points back to itself)",
+            errno.ENAMETOOLONG: "the path is too long for this file system",
+        }.get(exc.errno or 0, f"cannot be read ({exc.strerror or exc})")
+        raise ModelNotFoundError(f"{role} model {_short(p)}: {problem}", hint=scan_hint) from None
+    if stat.S_ISDIR(mode):
         raise ModelNotFoundError(
-            f"{role} model {p}: no such file",
-            hint="check the path, or run `localspec scan` to list the GGUF models on this machine",
+            f"{role} model {_short(p)} is a folder, not a GGUF file",
+            hint=f"give the .gguf file inside it (`localspec scan {_short(p)}` lists them)",
+        )
+    if not stat.S_ISREG(mode):
+        raise ModelNotFoundError(
+            f"{role} model {_short(p)} is not a regular file (a FIFO, socket or device)", hint=scan_hint
         )
     return p
+
+
+def _short(p: Path) -> str:
+    """A path for a message: a very long one shortened in the middle."""
+    text = str(p)
+    return text if len(text) <= 200 else f"{text[:90]}...{text[-90:]}"
 
 
 def _auto_draft(target: Path) -> tuple[Path | None, str]:

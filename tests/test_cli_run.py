@@ -213,3 +213,36 @@ def test_bad_schemas_and_grammars_are_one_line_errors(args, message):
     res = invoke("run", "x", "-n", "4", *args)
     assert res.exit_code != 0 and message in res.output, res.output
     _no_traceback(res)
+
+
+def test_output_cut_before_its_grammar_is_complete_says_so_and_baseline_of_the_target_alone_is_skipped():
+    schema = '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
+    res = invoke("run", "x", "-n", "3", "--json-schema", schema)
+    assert res.exit_code == 0, res.output
+    assert "stopped at --max-tokens 3 before the output was complete" in res.output
+    res = invoke("run", "x", "-n", "4", "--draft", "none", "--baseline")
+    assert res.exit_code == 0 and "--baseline skipped: this run was the target alone" in res.output
+    assert "speedup" not in res.output, res.output
+
+
+def test_a_model_path_that_is_no_file_says_what_it_is(tmp_path):
+    """Path.is_file() is False for a folder and a symlink loop (the message said "no such file"), and
+    raises for a name too long for the file system (that went down the "this is a bug" path)."""
+    import os
+
+    (tmp_path / "folder.gguf").mkdir()
+    os.symlink(tmp_path / "loop-b.gguf", tmp_path / "loop-a.gguf")
+    os.symlink(tmp_path / "loop-a.gguf", tmp_path / "loop-b.gguf")
+    os.mkfifo(tmp_path / "pipe.gguf")
+    for path, said in (
+        (tmp_path / "folder.gguf", "is a folder, not a GGUF file"),
+        (tmp_path / "loop-a.gguf", "is a symlink loop"),
+        (tmp_path / "pipe.gguf", "is not a regular file"),
+        (tmp_path / ("n" * 300 + ".gguf"), "the path is too long for this file system"),
+        (tmp_path / "missing.gguf", "no such file"),
+    ):
+        res = invoke("run", "x", "-n", "2", "--draft", str(path))
+        assert res.exit_code == 1 and f"draft model {tmp_path}" in res.output and said in res.output, (
+            res.output
+        )
+        _no_traceback(res)

@@ -97,7 +97,7 @@ def run(
             click.echo()
         assert last is not None, "max_tokens >= 1: the engine yields at least one token"
         stats = last.stats
-        if baseline:
+        if baseline and stats.strategy != "none":
             base = (
                 pipe.chat([{"role": "user", "content": prompt}], baseline=True, **kw)
                 if chat
@@ -123,6 +123,14 @@ def run(
             )
         else:
             click.echo(f"[{pipe.info.note}] {stats.summary_line()}", err=True)
+            if baseline and stats.strategy == "none":
+                click.echo("note: --baseline skipped: this run was the target alone already", err=True)
+            if grammar is not None and stats.finish_reason == "length":
+                click.echo(
+                    f"note: stopped at --max-tokens {max_tokens} before the output was complete, so it does "
+                    f"not match the {'schema' if json_schema else 'grammar'} yet: raise -n",
+                    err=True,
+                )
             if stats.speedup is not None and stats.speedup < 1.0 and stats.strategy != "none":
                 tries = [] if model["adaptive"] else ["--adaptive (drafts only when it pays)"]
                 tries += ["--draft ngram"] if stats.strategy != "ngram" else ["--draft none"]
