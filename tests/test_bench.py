@@ -770,6 +770,13 @@ def test_bench_refuses_a_bad_sweep_before_anything_loads(no_model_loads, tmp_pat
         (["--tune-n-max", "0"], "Invalid value for '--tune-n-max': '0' is not in the range 1<=x<=64"),
         (["--out", "{file}/sub"], "Invalid value for '--out'"),
         (["--sessions", "agent", "--out", "{file}/sub"], "is a file; give --out a folder path"),
+        pytest.param(
+            ["--out", "/proc/localspec-bench"],  # access() says yes to root here: the folder is made first
+            "'/proc/localspec-bench' cannot be written",
+            marks=pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc"),
+        ),
+        (["--workloads", "code,,chat"], "--workloads has an empty name"),
+        (["--sessions", ""], "--sessions has an empty name"),
         (["--sessions", "agent", "--temperature", "0.7"], "--temperature does not apply with --sessions: "),
         (["--sessions", "agent", "--strategy", "ngram"], "--strategy does not apply with --sessions: "),
         (["--sessions", "agent", "--tune"], "--tune does not apply with --sessions: "),

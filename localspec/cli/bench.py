@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,20 @@ def _check_out_dir(ctx: click.Context, param: click.Parameter, value: str) -> st
             param,
         )
     return value
+
+
+def _make_out_dir(value: str) -> None:
+    """Make --out and write in it, once every usage check passed and before anything loads: access()
+    says yes to root everywhere, /proc and /sys included, and a bench writes only at its end."""
+    try:
+        Path(value).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=value):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(
+            f"{value!r} cannot be written ({exc.strerror or exc}); give --out a folder you can write.",
+            param_hint="'--out'",
+        ) from None
 
 
 #: What each mode leaves unread, and why: given on the command line, such an option is refused (a user would
@@ -276,7 +291,11 @@ def bench(
             tune_n_max, tune_p_min = check_sweep(list(strategies) or None, tune_n_max, tune_p_min, adaptive)
         except LocalspecError as exc:
             raise click.BadParameter(_usage_line(exc), param_hint=["--tune-n-max", "--tune-p-min"]) from None
+    for option, values in (("--workloads", workloads), ("--sessions", sessions)):
+        if any(not v.strip() for item in values for v in item.split(",")):
+            raise click.UsageError(f"{option} has an empty name; give names separated by commas")
     if sessions:
+        _make_out_dir(out_dir)
         cap = max_tokens if ctx.get_parameter_source("max_tokens") is ParameterSource.COMMANDLINE else None
         _bench_sessions(
             _split(sessions),
@@ -297,6 +316,7 @@ def bench(
     for n in names or []:
         if n not in WORKLOADS:
             raise click.UsageError(f"unknown workload {n!r}; choose from {', '.join(WORKLOADS)}")
+    _make_out_dir(out_dir)
     progress = None if (quiet or as_json) else (lambda m: click.echo(f"  {m}", err=True))
     common = dict(
         target=target,
