@@ -218,7 +218,33 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     if tuning:
         for w, t in tuning["workloads"].items():
             lines.append(f"tuned {w}: {t['note']}")
-    return lines
+    return lines + noise_lines(report)
+
+
+#: A speedup this far above its ceiling, or this far from 1x for a strategy that drafted nothing, is
+#: timing noise, not a result: no drafter beats what its acceptance and costs allow by a fifth.
+NOISE_MARGIN = 0.2
+
+
+def noise_lines(report: dict[str, Any]) -> list[str]:
+    """Warnings for figures no drafter can produce: a speedup far above its ceiling, or far from 1x with
+    no draft accepted (then it ran the target alone). They come from a machine busy with something else
+    during the run, or from too few tokens to time."""
+    odd = []
+    for r in rows(report):
+        speedup, efficiency = r.get("speedup"), r.get("efficiency")
+        if not speedup:
+            continue
+        if efficiency and efficiency > 1 + NOISE_MARGIN:
+            odd.append(f"{r['workload']} / {r['config']} {speedup:.2f}x is {efficiency:.0%} of its ceiling")
+        elif not r.get("acceptance_rate") and abs(speedup - 1) > NOISE_MARGIN:
+            odd.append(f"{r['workload']} / {r['config']} {speedup:.2f}x with no draft accepted")
+    if not odd:
+        return []
+    return [
+        "warning: timings this run cannot have measured (" + "; ".join(odd) + "): the machine was busy, or "
+        "the runs too short to time. Rerun on an idle machine with --repeats 3 and more --max-tokens."
+    ]
 
 
 def write_markdown(report: dict[str, Any], path: Path) -> Path:

@@ -501,6 +501,47 @@ def test_report_files_written_and_parseable(tmp_path):
     assert w == 900 and 100 < h < 2000
     text = report.format_text(rep)
     assert "code edit" in text and "ngram k=2" in text
+    assert "warning" not in text, text
+
+
+def test_figures_no_drafter_can_produce_are_flagged_as_noise():
+    """From a run beside another busy process: a model row at 603% of its ceiling, an n-gram row that
+    accepted nothing yet ran 5.3x: the report says they are noise rather than print them as results."""
+    rows = [
+        {
+            "workload": "code",
+            "config": "model k=4",
+            "speedup": 5.5,
+            "efficiency": 6.03,
+            "acceptance_rate": 0.5,
+        },
+        {
+            "workload": "code",
+            "config": "ngram k=4",
+            "speedup": 5.26,
+            "efficiency": None,
+            "acceptance_rate": 0.0,
+        },
+        {
+            "workload": "chat",
+            "config": "ngram k=4",
+            "speedup": 1.1,
+            "efficiency": None,
+            "acceptance_rate": 0.0,
+        },
+        {
+            "workload": "chat",
+            "config": "model k=4",
+            "speedup": 0.9,
+            "efficiency": 1.05,
+            "acceptance_rate": 0.9,
+        },
+    ]
+    (line,) = report.noise_lines({"cells": rows})
+    assert "code / model k=4 5.50x is 603% of its ceiling" in line
+    assert "code / ngram k=4 5.26x with no draft accepted" in line
+    assert "chat" not in line and "--repeats 3" in line
+    assert report.noise_lines({"cells": rows[2:]}) == []
 
 
 # ---------------------------------------------------------------------------------------------- the peer
