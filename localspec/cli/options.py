@@ -37,6 +37,7 @@ COUNT = click.IntRange(min=1)
 MAX_TOKENS = COUNT
 #: Sampling temperature: 0 is greedy; no upper bound, but always finite.
 TEMPERATURE = FiniteFloat(min=0.0)
+_DEFAULTS = settings.DraftSettings()  # what a pair named without a preset drafts with
 _GPU_LAYERS_HELP = (
     "layers to offload to a GPU (-1: all, 0: none; default: all when llama.cpp was built with GPU "
     "offload, else 0)."
@@ -57,19 +58,27 @@ _OPTIONS: dict[str, Callable[[Any], Any]] = {
         type=click.Choice(settings.STRATEGIES),
         help="Drafting strategy (default: the pair's or preset's own).",
     ),
-    "n_max": click.option("--n-max", type=N_MAX, help="Longest draft per round."),
+    "n_max": click.option(
+        "--n-max",
+        type=N_MAX,
+        help=f"Longest draft per round (default: the preset's, else {_DEFAULTS.n_max}; the suffix cache "
+        f"sizes its own drafts up to {settings.LOOKUP_N_MAX}).",
+    ),
     "n_min": click.option(
         "--n-min",
         type=N_MIN,
-        help="Draft at least this many tokens before p-min can stop it.",
+        help=f"Draft at least this many tokens before p-min can stop it (default: {_DEFAULTS.n_min}).",
     ),
     "p_min": click.option(
         "--p-min",
         type=P_MIN,
-        help="Stop drafting when the draft's top probability falls below this.",
+        help="Stop drafting when the draft's top probability falls below this (default: the preset's, "
+        f"else {_DEFAULTS.p_min}).",
     ),
     "adaptive": click.option(
-        "--adaptive/--fixed", default=None, help="Adapt the draft length to measured acceptance and cost."
+        "--adaptive/--fixed",
+        default=None,
+        help="Adapt the draft length to measured acceptance and cost (default: the preset's, else fixed).",
     ),
     "corpus": click.option(
         "--corpus",

@@ -27,10 +27,30 @@ from localspec.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, Grammar
     help="Tokens to generate at most (the prompt plus this must fit --n-ctx).",
 )
 @click.option("--temperature", default=0.0, show_default=True, type=TEMPERATURE, help="0 = greedy.")
-@click.option("--top-k", default=0, type=click.IntRange(min=0), help="Keep the k likeliest tokens (0: all).")
-@click.option("--top-p", default=1.0, type=FiniteFloat(0.0, 1.0, min_open=True), help="Nucleus, in (0, 1].")
-@click.option("--min-p", default=0.0, type=FiniteFloat(0.0, 1.0, max_open=True), help="In [0, 1).")
-@click.option("--seed", type=click.IntRange(min=0), help="Sampling seed (a whole number >= 0).")
+@click.option(
+    "--top-k",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Keep the k likeliest tokens (0: all).",
+)
+@click.option(
+    "--top-p",
+    default=1.0,
+    show_default=True,
+    type=FiniteFloat(0.0, 1.0, min_open=True),
+    help="Nucleus, in (0, 1].",
+)
+@click.option(
+    "--min-p",
+    default=0.0,
+    show_default=True,
+    type=FiniteFloat(0.0, 1.0, max_open=True),
+    help="Drop tokens below this share of the likeliest one's probability, in [0, 1).",
+)
+@click.option(
+    "--seed", type=click.IntRange(min=0), help="Sampling seed (a whole number >= 0; default: random)."
+)
 @click.option(
     "--baseline",
     is_flag=True,
