@@ -43,7 +43,7 @@ from localspec.settings import (
     utf8_problem,
 )
 from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
-from localspec.store import SuffixStore
+from localspec.store import SuffixStore, store_path
 from localspec.suffix import Cell, SuffixDrafter, SuffixIndex
 from localspec.tool_calls import ChatResponse, ToolUse, chat_messages, tool_use
 
@@ -119,13 +119,13 @@ class Pipeline:
         store_namespace: str = "default",
     ) -> None:
         self.info = info
+        store_path(".", "0" * 16, store_namespace)  # a namespace no file can be named by: refused now
         self._suffix_options = (suffix_store, Path(corpus).expanduser() if corpus else None, store_namespace)
         self._suffix: SuffixDrafter | None = None
         self._store: SuffixStore | None = None
         self._costs: MachineCosts | None = None
         self._model_acceptance: float | None = None  # measured by generations that ran the draft model
         self.route: Route | None = None  # the last "auto" decision and its reason
-        self.store_problem: str | None = None  # why the suffix store on disk could not be used, if so
         #: told (a line of text) before a one-time wait: measuring this machine's costs (the CLI prints it)
         self.notify: Callable[[str], None] | None = None
         if settings is None:
@@ -311,6 +311,12 @@ class Pipeline:
         )
         return found is None
 
+    @property
+    def store_problem(self) -> str | None:
+        """Why the suffix store on disk is not being used, or its last save failed; None while it works
+        (or before the suffix cache first ran, or with ``suffix_store=False``)."""
+        return self._store.problem if self._store is not None else None
+
     def suffix_drafter(self) -> SuffixDrafter:
         """The pipeline's suffix cache: earlier requests, the store on disk (unless off), the corpus."""
         if self._suffix is None:
@@ -324,7 +330,6 @@ class Pipeline:
             if persist:
                 self._store = SuffixStore(None, vocab_id, namespace=namespace, n_vocab=n_vocab)
                 index = self._store.load()
-                self.store_problem = self._store.problem
             else:
                 index = SuffixIndex(n_vocab=n_vocab)
             if corpus is not None:

@@ -74,6 +74,20 @@ def test_the_store_outlives_the_process_and_can_be_switched_off(home):
     assert not (off / "suffix").exists()
 
 
+def test_store_problem_says_when_saves_fail_and_a_bad_namespace_is_refused_at_load(tmp_path, monkeypatch):
+    """store_problem was copied once from the load: a store whose every save failed read as fine."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("LOCALSPEC_HOME", str(blocker / "cache"))  # cannot be made: a file is in the way
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix") as pipe:
+        assert pipe.store_problem is None  # nothing ran yet
+        text = pipe.generate(CODE, max_tokens=8)
+        assert "cannot save" in (pipe.store_problem or ""), pipe.store_problem
+        assert len(text.tokens) == 8  # the generation itself is unaffected
+    with pytest.raises(localspec.errors.CacheError, match="namespace '../x' is not usable"):
+        localspec.load(n_threads=2, n_ctx=1024, store_namespace="../x")
+
+
 def test_a_corpus_drafts_with_its_own_source(home, tmp_path):
     corpus = tmp_path / "repo"
     corpus.mkdir()
