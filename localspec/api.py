@@ -206,6 +206,11 @@ class Pipeline:
                     m.close()
             self._draft = None
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran: every later call raises."""
+        return self._target.closed
+
     def __enter__(self) -> Pipeline:
         return self
 
@@ -899,7 +904,7 @@ def generate(
     load_kw = {k: opts.pop(k) for k in list(opts) if k in _LOAD_KEYS}
     key = (str(target), str(draft), preset, tuple(sorted((k, str(v)) for k, v in load_kw.items())))
     pipe = _CACHE.get(key)
-    if pipe is None:
+    if pipe is None or pipe.closed:  # (a caller may have closed the one it was handed)
         for old in _CACHE.values():  # one pair in memory at a time
             old.close()
         _CACHE.clear()

@@ -581,3 +581,17 @@ def test_chat_checks_its_messages_as_the_server_does(embedded_pipe):
     parts = [{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "hi"}]}]
     plain = [{"role": "user", "content": "Say hi"}]
     assert str(embedded_pipe.chat(parts, max_tokens=6)) == str(embedded_pipe.chat(plain, max_tokens=6))
+
+
+def test_the_one_line_api_loads_again_when_its_pipeline_was_closed():
+    from localspec import api
+
+    first = localspec.generate("def f():", max_tokens=4, n_ctx=512)
+    (pipe,) = api._CACHE.values()
+    pipe.close()  # e.g. a library that closes what it was handed
+    assert pipe.closed
+    again = localspec.generate("def f():", max_tokens=4, n_ctx=512)
+    assert str(again) == str(first)
+    for p in api._CACHE.values():
+        p.close()
+    api._CACHE.clear()
