@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -143,6 +144,20 @@ _JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "ar
 _VALUE_KEYS = frozenset({"default", "examples", "const", "enum"})
 
 
+#: Bounds that contradict each other when the first is above the second (nothing can match them; the
+#: converter writes a grammar that drops or garbles one, and the output breaks the schema).
+_BOUND_PAIRS = (
+    ("minimum", "maximum"),
+    ("minLength", "maxLength"),
+    ("minItems", "maxItems"),
+    ("minProperties", "maxProperties"),
+)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def check_schema(schema: Any, what: str) -> None:
     """Refuse what would make the converter or llama.cpp's parser spend without bound."""
     stack: list[tuple[Any, int]] = [(schema, 1)]
@@ -172,6 +187,29 @@ def check_schema(schema: Any, what: str) -> None:
                             param=what,
                             hint=f"use counts of {MAX_SCHEMA_COUNT} or less",
                         )
+            for low, high in _BOUND_PAIRS:
+                lo, hi = node.get(low), node.get(high)
+                if _is_number(lo) and _is_number(hi) and float(lo) > float(hi):
+                    raise GrammarError(
+                        f"the JSON schema's {low} {lo} is more than its {high} {hi}: no value can match",
+                        param=what,
+                        hint=f"fix the bounds so that {low} <= {high}",
+                    )
+            for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+                v = node.get(key)
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise GrammarError(
+                        f"the JSON schema's {key} is {v}, not a number a bound can be",
+                        param=what,
+                        hint="drop it",
+                    )
+            for key in ("enum", "anyOf", "oneOf"):
+                if isinstance(node.get(key), list) and not node[key]:
+                    raise GrammarError(
+                        f"the JSON schema's {key} is empty: no value can match",
+                        param=what,
+                        hint=f"list at least one {'value' if key == 'enum' else 'schema'}",
+                    )
             kind = node.get("type")
             for t in kind if isinstance(kind, list) else [kind]:
                 if isinstance(t, str) and t not in _JSON_TYPES:  # the converter says "AssertionError"

@@ -61,6 +61,13 @@ def test_response_format_maps_onto_grammars_and_names_the_bad_field():
         ({"type": "object", "description": "x" * 70000}, "characters"),
         ({"type": "object", "properties": {"a": {"type": "strin"}}}, "type 'strin', which is not a JSON"),
         ({"type": ["string", "nul"]}, "type 'nul'"),
+        # nothing can match these; the converter drops or garbles a bound and the output broke the schema
+        ({"type": "integer", "minimum": 10, "maximum": 1}, "minimum 10 is more than its maximum 1"),
+        ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength 5 is more than its maxLength 2"),
+        ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1}, "minItems 3"),
+        ({"type": "number", "minimum": float("nan")}, "minimum is nan"),
+        ({"enum": []}, "enum is empty"),
+        ({"type": "object", "properties": {"a": {"anyOf": []}}}, "anyOf is empty"),
     ],
 )
 def test_hostile_schemas_are_refused_before_conversion(schema, match):
@@ -71,6 +78,11 @@ def test_hostile_schemas_are_refused_before_conversion(schema, match):
 
 def test_a_type_key_inside_data_or_as_a_property_name_is_not_a_type():
     schema = {"type": "object", "properties": {"type": {"type": "string"}}, "default": {"type": "x"}}
+    bounds_as_names = {
+        "type": "object",
+        "properties": {"minimum": {"type": "integer"}, "enum": {"type": "array"}},
+    }
+    assert "root" in Grammar.json_schema(bounds_as_names).text
     assert "root" in Grammar.json_schema(schema).text
 
 
