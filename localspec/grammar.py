@@ -32,7 +32,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import llama_cpp
 import numpy as np
@@ -154,7 +154,7 @@ _BOUND_PAIRS = (
 )
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -189,7 +189,7 @@ def check_schema(schema: Any, what: str) -> None:
                         )
             for low, high in _BOUND_PAIRS:
                 lo, hi = node.get(low), node.get(high)
-                if _is_number(lo) and _is_number(hi) and float(lo) > float(hi):
+                if _is_number(lo) and _is_number(hi) and lo > hi:
                     raise GrammarError(
                         f"the JSON schema's {low} {lo} is more than its {high} {hi}: no value can match",
                         param=what,
