@@ -16,10 +16,12 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -103,12 +105,54 @@ def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
     with log.open("a", encoding="utf-8") as fh:
         fh.write(f"\n$ {shlex.join(cmd)}\n")
         fh.flush()
-        rc = subprocess.call(cmd, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT)
+        rc = _call_as_group(cmd, cwd=cwd, stdout=fh)
     if rc != 0:
         raise BenchError(
             f"building the llama.cpp peer failed (exit {rc}): {shlex.join(cmd[:4])} ...",
             hint=f"see the log {log}; cmake, a C++ compiler and network access to PyPI are needed",
         )
+
+
+def _call_as_group(cmd: list[str], *, cwd: Path | None, stdout: Any) -> int:
+    """Run a build step in its own process group and wait for it; interrupted (Ctrl-C, or SIGTERM from
+    ``timeout`` or a supervisor, which reach this process alone), take the whole group down with it:
+    ``subprocess.call`` kills only its child (cmake), and make and the compilers under it went on at full
+    CPU for minutes, re-parented to init, slowing every later measurement."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=os.name == "posix"
+    )
+    previous = None
+    if os.name == "posix" and threading.current_thread() is threading.main_thread():
+
+        def interrupted(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        return proc.wait()
+    except BaseException:
+        _stop_group(proc)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the build's process group, SIGKILL after 10 s."""
+    if os.name != "posix":
+        proc.kill()
+        return
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _extract_vendor(sdist: Path, dest: Path) -> Path:

@@ -958,3 +958,35 @@ def test_a_build_without_this_cpus_features_is_named_after_a_speed_report(monkey
     monkeypatch.setattr(peer, "installed_system_info", lambda: native)
     assert peer.build_note(cpuinfo) is None
     assert peer.build_note(tmp_path / "missing") is None  # not Linux: no note, no error
+
+
+@pytest.mark.skipif(os.name != "posix", reason="process groups")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_an_interrupted_peer_build_takes_its_compilers_with_it(tmp_path, sig):
+    """subprocess.call killed only cmake; make and the compilers under it went on, re-parented to init."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pidfile = tmp_path / "grandchild.pid"
+    build = ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"]
+    script = (
+        f"import sys\nfrom localspec import peer\npeer._call_as_group({build!r}, cwd=None, stdout=None)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(pidfile.read_text())
+    proc.send_signal(getattr(signal, sig))  # to localspec's pid alone, as `timeout` or `kill` sends it
+    assert proc.wait(30) != 0
+    for _ in range(100):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(grandchild, signal.SIGKILL)
+        raise AssertionError("the build's grandchild outlived the interrupted build")
