@@ -36,7 +36,7 @@ from typing import Any, TypeGuard
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+from llama_cpp.llama_grammar import JSON_GBNF, RESERVED_NAMES, SchemaConverter
 
 from localspec.errors import GrammarError, LocalspecError
 from localspec.runtime import llama_said
@@ -124,7 +124,7 @@ class Grammar:
             )
         check_schema(schema, what)
         try:
-            gbnf = json_schema_to_gbnf(text)
+            gbnf = _schema_to_gbnf(text)
         except RecursionError:
             raise GrammarError("the JSON schema nests too deeply to convert", param=what) from None
         except Exception as exc:  # the converter raises what it happens to (KeyError, AssertionError...)
@@ -158,11 +158,35 @@ def _is_number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+#: Keys of a schema whose value maps names to schemas (their keys are names, not keywords).
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
+#: Keywords llama-cpp-python's converter drops without a word, so the output would not hold to them:
+#: refused, with what the keyword asks for.
+_UNENFORCED = {
+    "multipleOf": "a multiple",
+    "uniqueItems": "unique items",
+    "minProperties": "a number of properties",
+    "maxProperties": "a number of properties",
+    "contains": "an item matching a schema",
+    "minContains": "a number of matching items",
+    "maxContains": "a number of matching items",
+    "if": "a condition",
+    "patternProperties": "property names by pattern",
+    "propertyNames": "property names by schema",
+    "dependentRequired": "properties that require others",
+    "dependentSchemas": "properties that require schemas",
+    "unevaluatedProperties": "no unevaluated properties",
+    "unevaluatedItems": "no unevaluated items",
+}
+_NUMBER_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
 def check_schema(schema: Any, what: str) -> None:
-    """Refuse what would make the converter or llama.cpp's parser spend without bound."""
-    stack: list[tuple[Any, int]] = [(schema, 1)]
+    """Refuse what would make the converter or llama.cpp's parser spend without bound, what no value can
+    match, and what the converter would silently not enforce (so the output would break the schema)."""
+    stack: list[tuple[Any, int, bool]] = [(schema, 1, True)]  # (node, depth, node is a schema)
     while stack:
-        node, depth = stack.pop()
+        node, depth, is_schema = stack.pop()
         if depth > MAX_SCHEMA_DEPTH:
             raise GrammarError(
                 f"the JSON schema nests more than {MAX_SCHEMA_DEPTH} levels deep",
@@ -170,57 +194,211 @@ def check_schema(schema: Any, what: str) -> None:
                 hint="flatten it, or name the inner parts in $defs",
             )
         if isinstance(node, Mapping):
-            for key in _COUNT_KEYS:
-                n = node.get(key)
-                if isinstance(n, (int, float)) and not isinstance(n, bool) and n > MAX_SCHEMA_COUNT:
-                    raise GrammarError(
-                        f"{key} {n} is more than a grammar can spell out ({MAX_SCHEMA_COUNT} at most)",
-                        param=what,
-                        hint=f"drop {key}, or use {MAX_SCHEMA_COUNT} or less",
-                    )
-            pattern = node.get("pattern")
-            if isinstance(pattern, str):
-                for m in _PATTERN_COUNT.finditer(pattern):
-                    if any(g and int(g) > MAX_SCHEMA_COUNT for g in m.groups()):
-                        raise GrammarError(
-                            f"the pattern's repeat {m.group(0)} is more than a grammar can spell out",
-                            param=what,
-                            hint=f"use counts of {MAX_SCHEMA_COUNT} or less",
-                        )
-            for low, high in _BOUND_PAIRS:
-                lo, hi = node.get(low), node.get(high)
-                if _is_number(lo) and _is_number(hi) and lo > hi:
-                    raise GrammarError(
-                        f"the JSON schema's {low} {lo} is more than its {high} {hi}: no value can match",
-                        param=what,
-                        hint=f"fix the bounds so that {low} <= {high}",
-                    )
-            for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-                v = node.get(key)
-                if isinstance(v, float) and not math.isfinite(v):
-                    raise GrammarError(
-                        f"the JSON schema's {key} is {v}, not a number a bound can be",
-                        param=what,
-                        hint="drop it",
-                    )
-            for key in ("enum", "anyOf", "oneOf"):
-                if isinstance(node.get(key), list) and not node[key]:
-                    raise GrammarError(
-                        f"the JSON schema's {key} is empty: no value can match",
-                        param=what,
-                        hint=f"list at least one {'value' if key == 'enum' else 'schema'}",
-                    )
-            kind = node.get("type")
-            for t in kind if isinstance(kind, list) else [kind]:
-                if isinstance(t, str) and t not in _JSON_TYPES:  # the converter says "AssertionError"
-                    raise GrammarError(
-                        f"the JSON schema has type {t!r}, which is not a JSON schema type",
-                        param=what,
-                        hint=f"use one of {', '.join(sorted(_JSON_TYPES))}",
-                    )
-            stack.extend((v, depth + 1) for k, v in node.items() if k not in _VALUE_KEYS)
+            if is_schema:
+                _check_schema_node(node, what)
+            stack.extend(
+                (v, depth + 1, is_schema and k not in _SCHEMA_MAPS or not is_schema)
+                for k, v in node.items()
+                if not (is_schema and k in _VALUE_KEYS)
+            )
         elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
+            stack.extend((v, depth + 1, True) for v in node)
+
+
+def _check_schema_node(node: Mapping, what: str) -> None:
+    """The checks of :func:`check_schema` on one schema (not a name -> schema map)."""
+    for key in _COUNT_KEYS:
+        n = node.get(key)
+        if _is_number(n) and n > MAX_SCHEMA_COUNT:
+            raise GrammarError(
+                f"{key} {n} is more than a grammar can spell out ({MAX_SCHEMA_COUNT} at most)",
+                param=what,
+                hint=f"drop {key}, or use {MAX_SCHEMA_COUNT} or less",
+            )
+    pattern = node.get("pattern")
+    if isinstance(pattern, str):
+        for m in _PATTERN_COUNT.finditer(pattern):
+            if any(g and int(g) > MAX_SCHEMA_COUNT for g in m.groups()):
+                raise GrammarError(
+                    f"the pattern's repeat {m.group(0)} is more than a grammar can spell out",
+                    param=what,
+                    hint=f"use counts of {MAX_SCHEMA_COUNT} or less",
+                )
+    for low, high in _BOUND_PAIRS:
+        lo, hi = node.get(low), node.get(high)
+        if _is_number(lo) and _is_number(hi) and lo > hi:
+            raise GrammarError(
+                f"the JSON schema's {low} {lo} is more than its {high} {hi}: no value can match",
+                param=what,
+                hint=f"fix the bounds so that {low} <= {high}",
+            )
+    bounds = [k for k in _NUMBER_BOUNDS if k in node]
+    for key in bounds:
+        v = node[key]
+        if not _is_number(v) or not math.isfinite(v):
+            raise GrammarError(
+                f"the JSON schema's {key} is {v!r}, not a number a bound can be", param=what, hint="drop it"
+            )
+    if bounds and node.get("type") != "integer":
+        raise GrammarError(
+            f"the JSON schema's {bounds[0]} is on a {node.get('type') or 'value without a type'}: only "
+            "integers' bounds can be held by a grammar here",
+            param=what,
+            hint='give it "type": "integer", or drop the bound (and check the value yourself)',
+        )
+    if bounds and _integer_bounds(node) is None:
+        raise GrammarError(
+            "the JSON schema's bounds leave no integer to match", param=what, hint="widen them"
+        )
+    for key in ("enum", "anyOf", "oneOf"):
+        if isinstance(node.get(key), list) and not node[key]:
+            raise GrammarError(
+                f"the JSON schema's {key} is empty: no value can match",
+                param=what,
+                hint=f"list at least one {'value' if key == 'enum' else 'schema'}",
+            )
+    for key, asks in _UNENFORCED.items():
+        if key in node and not (key == "uniqueItems" and node[key] is False):
+            raise GrammarError(
+                f"the JSON schema's {key} ({asks}) cannot be held by a grammar here: the output would "
+                "not follow it",
+                param=what,
+                hint=f"drop {key} (and check it in your code)",
+            )
+    parts = node.get("allOf")
+    if isinstance(parts, list) and not all(
+        isinstance(p, Mapping) and set(p) <= _ALLOF_PART_KEYS and p.get("type", "object") == "object"
+        for p in parts
+    ):
+        raise GrammarError(
+            "the JSON schema's allOf is held only as object parts merged (properties, required, $ref)",
+            param=what,
+            hint="write the schema out as one object, or as anyOf",
+        )
+    kind = node.get("type")
+    for t in kind if isinstance(kind, list) else [kind]:
+        if isinstance(t, str) and t not in _JSON_TYPES:  # the converter says "AssertionError"
+            raise GrammarError(
+                f"the JSON schema has type {t!r}, which is not a JSON schema type",
+                param=what,
+                hint=f"use one of {', '.join(sorted(_JSON_TYPES))}",
+            )
+
+
+def _integer_bounds(node: Mapping) -> tuple[int | None, int | None] | None:
+    """The integers a schema's bounds allow, as (lowest, highest), None for no bound; None when none is
+    allowed. JSON Schema's bounds may be fractional (``minimum: 1.5`` allows 2 and up)."""
+    lows = [math.ceil(node["minimum"])] if "minimum" in node else []
+    highs = [math.floor(node["maximum"])] if "maximum" in node else []
+    if "exclusiveMinimum" in node:
+        lows.append(math.floor(node["exclusiveMinimum"]) + 1)
+    if "exclusiveMaximum" in node:
+        highs.append(math.ceil(node["exclusiveMaximum"]) - 1)
+    lo, hi = max(lows, default=None), min(highs, default=None)
+    if lo is not None and hi is not None and lo > hi:
+        return None
+    return lo, hi
+
+
+#: Digits of the longest integer the converter's own rule writes (``[1-9] [0-9]{0,15}``): an open bound
+#: reaches that far.
+_INTEGER_DIGITS = 16
+_Digits = tuple[tuple[int, int], ...]  # one (lowest, highest) digit per position
+
+
+def _same_length(lo: str, hi: str) -> list[_Digits]:
+    """Digit patterns matching exactly the numbers from ``lo`` to ``hi``, written with as many digits."""
+    if not lo:
+        return [()]
+    a, b = int(lo[0]), int(hi[0])
+    rest = len(lo) - 1
+    if a == b:
+        return [((a, a), *tail) for tail in _same_length(lo[1:], hi[1:])]
+    full: _Digits = ((0, 9),) * rest
+    out: list[_Digits] = []
+    first, last = a, b  # the leading digits whose every continuation is in range
+    if lo[1:] != "0" * rest:
+        out += [((a, a), *t) for t in _same_length(lo[1:], "9" * rest)]
+        first = a + 1
+    tail_hi = [((b, b), *t) for t in _same_length("0" * rest, hi[1:])] if hi[1:] != "9" * rest else []
+    if tail_hi:
+        last = b - 1
+    if first <= last:
+        out.append(((first, last), *full))
+    return out + tail_hi
+
+
+def _magnitudes(lo: int, hi: int) -> list[_Digits]:
+    """Digit patterns matching the numbers ``lo`` to ``hi`` (0 <= lo <= hi) without leading zeros."""
+    out: list[_Digits] = []
+    for n in range(len(str(lo)), len(str(hi)) + 1):
+        start, stop = max(lo, 10 ** (n - 1) if n > 1 else 0), min(hi, 10**n - 1)
+        if start <= stop:
+            out += _same_length(str(start), str(stop))
+    return out
+
+
+def integer_range(lo: int | None, hi: int | None) -> list[tuple[str, _Digits]]:
+    """The integers from ``lo`` to ``hi`` (None: no bound, as far as the converter's 16 digits go) as JSON
+    writes them, one (sign, digits) pattern each: no leading zeros, no ``-0``."""
+    top = 10**_INTEGER_DIGITS - 1
+    lo, hi = -top if lo is None else max(lo, -top), top if hi is None else min(hi, top)
+    out: list[tuple[str, _Digits]] = []
+    if lo < 0:
+        out += [("-", d) for d in _magnitudes(max(1, -min(hi, -1)), -lo)]
+    if hi >= 0:
+        out += [("", d) for d in _magnitudes(max(lo, 0), hi)]
+    return out
+
+
+def _digit_gbnf(d: tuple[int, int]) -> str:
+    return f'"{d[0]}"' if d[0] == d[1] else f"[{d[0]}-{d[1]}]"
+
+
+def integer_range_gbnf(lo: int | None, hi: int | None) -> str:
+    """:func:`integer_range` as a GBNF alternation (runs of a digit class written with a count)."""
+    alternatives = []
+    for sign, digits in integer_range(lo, hi):
+        parts = ['"-"'] if sign else []
+        i = 0
+        while i < len(digits):
+            j = i
+            while j < len(digits) and digits[j] == digits[i]:
+                j += 1
+            parts.append(_digit_gbnf(digits[i]) + (f"{{{j - i}}}" if j - i > 1 else ""))
+            i = j
+        alternatives.append(" ".join(parts))
+    return "(" + " | ".join(alternatives) + ")"
+
+
+class _BoundedConverter(SchemaConverter):
+    """llama-cpp-python's converter, with integer bounds (minimum, maximum and their exclusive forms)
+    held by the grammar; the converter leaves them out ("TODO: support minimum, maximum...")."""
+
+    def visit(self, schema: Any, name: str) -> str:
+        if (
+            isinstance(schema, dict)
+            and schema.get("type") == "integer"
+            and any(k in schema for k in _NUMBER_BOUNDS)
+        ):
+            if not any(k in schema for k in ("$ref", "anyOf", "oneOf", "const", "enum")):
+                bounds = _integer_bounds(schema)
+                assert bounds is not None, "check_schema refuses bounds that allow no integer"
+                rule = name + "-" if name in RESERVED_NAMES else name or "root"
+                return self._add_rule(rule, integer_range_gbnf(*bounds) + " space")
+        return super().visit(schema, name)
+
+
+def _schema_to_gbnf(text: str) -> str:
+    """What llama-cpp-python's ``json_schema_to_gbnf`` does, with :class:`_BoundedConverter`."""
+    converter = _BoundedConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    schema = converter.resolve_refs(json.loads(text), "stdin")
+    converter.visit(schema, "")
+    return converter.format_grammar()
+
+
+#: What an allOf part may hold for the converter to merge it faithfully.
+_ALLOF_PART_KEYS = frozenset({"type", "properties", "required", "$ref", "anyOf", "title", "description"})
 
 
 def response_format_grammar(response_format: Any) -> Grammar | None:
