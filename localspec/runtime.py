@@ -39,16 +39,12 @@ from localspec.errors import (
     SettingsError,
 )
 from localspec.llama_build import check_amx
+from localspec.settings import max_threads
 
 #: The smallest context a model is loaded with (a prompt and a few tokens must fit).
 N_CTX_MIN = 16
 #: The largest context asked for anywhere, before the model's own trained length is known.
 N_CTX_MAX = 1 << 20
-
-
-def max_threads() -> int:
-    """The most CPU threads a model may use: four per logical core (more only slows llama.cpp down)."""
-    return 4 * (os.cpu_count() or 1)
 
 
 def check_load_settings(*, n_ctx: int, n_threads: int, n_gpu_layers: int, what: str = "model") -> None:

@@ -7,6 +7,7 @@ their strategy names and limits from here, so a new strategy or a changed bound 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -39,6 +40,12 @@ MAX_TUNE_SWEEP = 1024
 N_CTX_RANGE = (16, 1 << 20)
 #: CPU threads per model: llama.cpp's own ceiling is GGML_MAX_N_THREADS (512); more crashes it.
 THREADS_RANGE = (1, 512)
+
+
+def max_threads() -> int:
+    """The most CPU threads a model may use on this machine: four per logical core (more only slows
+    llama.cpp down), and never past llama.cpp's own ceiling."""
+    return min(THREADS_RANGE[1], 4 * (os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import pytest
 
 from localspec import bench, benchmath, report, tune, workloads
 from localspec.errors import BenchError
-from localspec.settings import BASELINE, MAX_TUNE_SWEEP, SPECULATIVE_STRATEGIES, DraftSettings
+from localspec.settings import BASELINE, MAX_TUNE_SWEEP, SPECULATIVE_STRATEGIES, DraftSettings, max_threads
 from localspec.workloads import Prompt, Workload
 
 # ---------------------------------------------------------------------------------------------- prompt files
@@ -677,7 +677,7 @@ def test_bench_command_end_to_end(tmp_path):
         (["--repeats", "0"], "--repeats", "x>=1"),
         (["--limit", "0"], "--limit", "x>=1"),  # nothing documents 0 as "all"; without --limit: all
         (["--limit", "-1"], "--limit", "x>=1"),
-        (["--threads", "0"], "--threads", "1<=x<=512"),
+        (["--threads", "0"], "--threads", f"1<=x<={max_threads()}"),
         (["-n", "0"], "--max-tokens", "x>=1"),
         (["--n-max", "0"], "--n-max", "1<=x<=64"),
         (["--p-min", "5"], "--p-min", "0.0<=x<=1.0"),
@@ -717,7 +717,7 @@ def test_bench_help_shows_the_ranges():
     for option, accepted in [
         ("--limit", "[x>=1]"),
         ("--repeats", "x>=1]"),
-        ("--threads", "[1<=x<=512]"),
+        ("--threads", f"[1<=x<={max_threads()}]"),
         ("--max-tokens", "x>=1]"),
         ("--n-ctx", "[16<=x<=1048576]"),
         ("--n-max", "[1<=x<=64]"),

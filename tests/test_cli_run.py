@@ -11,6 +11,7 @@ from click.testing import CliRunner
 import localspec
 from localspec.cli import main
 from localspec.errors import ModelNotFoundError
+from localspec.settings import max_threads
 
 
 def invoke(*args: str, **kw):
@@ -35,9 +36,15 @@ def _no_traceback(res) -> None:
         (["--min-p", "1"], "Invalid value for '--min-p': 1.0 is not in the range 0.0<=x<1.0"),
         (["--top-k", "-1"], "Invalid value for '--top-k': -1 is not in the range x>=0"),
         (["--seed", "-5"], "Invalid value for '--seed': -5 is not in the range x>=0"),
-        (["--threads", "100000"], "Invalid value for '--threads': 100000 is not in the range 1<=x<=512"),
-        (["--threads", "0"], "Invalid value for '--threads': 0 is not in the range 1<=x<=512"),
-        (["--draft-threads", "0"], "Invalid value for '--draft-threads': 0 is not in the range 1<=x<=512"),
+        (
+            ["--threads", "100000"],
+            f"Invalid value for '--threads': 100000 is not in the range 1<=x<={max_threads()}",
+        ),
+        (["--threads", "0"], f"Invalid value for '--threads': 0 is not in the range 1<=x<={max_threads()}"),
+        (
+            ["--draft-threads", "0"],
+            f"Invalid value for '--draft-threads': 0 is not in the range 1<=x<={max_threads()}",
+        ),
         (["--n-ctx", "1"], "Invalid value for '--n-ctx': 1 is not in the range 16<=x<=1048576"),
         (
             ["--n-ctx", str(10**12)],

@@ -30,7 +30,8 @@ N_MAX = click.IntRange(*settings.N_MAX_RANGE)
 N_MIN = click.IntRange(0, settings.N_MAX_RANGE[1])
 P_MIN = FiniteFloat(*settings.P_MIN_RANGE)
 N_CTX = click.IntRange(*settings.N_CTX_RANGE)
-THREADS = click.IntRange(*settings.THREADS_RANGE)
+#: CPU threads per model: up to four per logical core of this machine (llama.cpp's ceiling is 512).
+THREADS = click.IntRange(settings.THREADS_RANGE[0], settings.max_threads())
 #: A count of something that must happen at least once: tokens to generate, prompts, repeats.
 COUNT = click.IntRange(min=1)
 #: Tokens to generate at most (``run``'s and ``bench``'s ``--max-tokens``).
