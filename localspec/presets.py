@@ -487,6 +487,11 @@ def load_presets() -> tuple[list[Preset], list[PresetError]]:
     return list(by_name.values()), problems
 
 
+def builtin_preset_names() -> set[str]:
+    """The names of the presets that come with localspec."""
+    return {p.name for p in _load_dir(constants.builtin_presets_dir(), "builtin", [])}
+
+
 def list_presets() -> list[Preset]:
     """Every preset that loads (see :func:`load_presets`; :func:`preset_problems` lists the skipped files)."""
     return load_presets()[0]

@@ -785,6 +785,12 @@ _SIX_STRATEGIES_64_LENGTHS = ["--tune-n-max", "1-64", "--tune-p-min", "0.1,0.2,0
             ["1088 settings per prompt (1 strategy, 64 draft lengths, 17 p_min values"],
         ),
         (["--save-preset", "My Pair"], "--save-preset", ["'My Pair' may only hold", '"my-pair-7b"']),
+        # a user preset replaces a built-in one: saving as the embedded pair's changed what plain `run` does
+        (
+            ["--save-preset", "tiny-embedded"],
+            "--save-preset",
+            ["would hide the built-in preset 'tiny-embedded'"],
+        ),
     ],
 )
 def test_bench_refuses_a_bad_sweep_before_anything_loads(no_model_loads, tmp_path, args, option, says):

@@ -12,6 +12,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from localspec import constants
 from localspec.cli.options import COUNT, MAX_TOKENS, TEMPERATURE, shared_options
 from localspec.errors import LocalspecError
 from localspec.sessions import SESSION_WORKLOADS
@@ -69,6 +70,17 @@ def _check_preset_name(ctx: click.Context, param: click.Parameter, value: str | 
         check_preset_name(value, where)
     except LocalspecError as exc:
         raise click.BadParameter(_usage_line(exc, drop=f"{where}: "), ctx, param) from None
+    from localspec.presets import builtin_preset_names
+
+    written = {value, *(f"{value}-{w}" for w in WORKLOADS)}  # what save_winners writes
+    hidden = sorted(written & builtin_preset_names())
+    if hidden:  # a user preset replaces a built-in one of its name: `run` with no preset would change
+        raise click.BadParameter(
+            f"{value!r} would hide the built-in preset {hidden[0]!r} (a user preset replaces a built-in "
+            "one of its name); pick a name of your own.",
+            ctx,
+            param,
+        )
     return value
 
 
@@ -344,7 +356,9 @@ def bench(
         if save_preset:
             from localspec.tune import save_winners
 
-            result["tuning"]["saved"] = save_winners(result, save_preset, preset=preset)
+            # the embedded pair is saved by its preset (files named inside the package, not by path)
+            base = preset or (constants.EMBEDDED_PRESET if target is None else None)
+            result["tuning"]["saved"] = save_winners(result, save_preset, preset=base)
     else:
         result = benchmark(
             **common,
@@ -373,7 +387,6 @@ def _bench_sessions(
     names, target, draft, preset, threads, n_ctx, repeats, max_tokens, out_dir, quiet, peer, as_json
 ) -> None:
     import localspec
-    from localspec import constants
     from localspec.peer import SESSION_MODES
     from localspec.session_bench import PeerSetup, markdown, run_bench
 
