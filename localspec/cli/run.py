@@ -146,11 +146,14 @@ def run(
             if baseline and stats.strategy == "none":
                 click.echo("note: --baseline skipped: this run was the target alone already", err=True)
             if grammar is not None and stats.finish_reason == "length":
-                click.echo(
-                    f"note: stopped at --max-tokens {max_tokens} before the output was complete, so it does "
-                    f"not match the {'schema' if json_schema else 'grammar'} yet: raise -n",
-                    err=True,
+                # a JSON schema's grammar ends with the value, so a cut one is unfinished; a GBNF grammar
+                # may accept where it was cut (root ::= [a-z]*)
+                said = (
+                    "before the output was complete, so it does not match the schema yet"
+                    if json_schema
+                    else "before the grammar ended it, so it may be unfinished"
                 )
+                click.echo(f"note: stopped at --max-tokens {max_tokens} {said}: raise -n", err=True)
             if stats.speedup is not None and stats.speedup < 1.0 and stats.strategy != "none":
                 tries = [] if model["adaptive"] else ["--adaptive (drafts only when it pays)"]
                 tries += ["--draft ngram"] if stats.strategy != "ngram" else ["--draft none"]
