@@ -104,6 +104,21 @@ def render(pipe: Any, prompt: Prompt) -> tuple[list[int], list[str]]:
     return list(pipe.tokenize(prompt.text)), []
 
 
+def check_prompts_fit(pipe: Any, workloads: Sequence[Workload], max_tokens: int) -> None:
+    """Refuse, before the first run, a prompt that with ``max_tokens`` does not fit the context: found
+    mid-run it ended minutes of benchmarking without naming the prompt."""
+    for w in workloads:
+        for prompt in w.prompts:
+            n = len(render(pipe, prompt)[0])
+            if n + max_tokens > pipe.n_ctx:
+                larger = "" if pipe.n_ctx_is_trained else ", or raise --n-ctx"
+                raise BenchError(
+                    f"prompt {prompt.id!r} of {w.name} is {n} tokens: with --max-tokens {max_tokens} it does "
+                    f"not fit the context of {pipe.n_ctx} tokens{pipe.n_ctx_note()}",
+                    hint=f"shorten or drop that prompt, lower --max-tokens{larger}",
+                )
+
+
 def _has_chat_template(pipe: Any) -> bool:
     """A model without a chat template (the embedded tiny pair) gets chat prompts as plain text."""
     try:
@@ -235,6 +250,7 @@ def benchmark(
             raise BenchError(
                 "nothing to compare: no speculative strategy", hint="use --strategy model or ngram"
             )
+        check_prompts_fit(pipe, wl, max_tokens)
         peer_run, peer_configs, peer_note = None, [], ""
         if peer:
             peer_configs = [c for c in configs if c.strategy in peer_mod.PEER_STRATEGIES and not c.adaptive]

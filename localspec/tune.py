@@ -9,7 +9,14 @@ from dataclasses import replace
 from typing import Any
 
 from localspec import constants
-from localspec.bench import default_strategies, engine_runner, open_pipeline, pair_info, run_interleaved
+from localspec.bench import (
+    check_prompts_fit,
+    default_strategies,
+    engine_runner,
+    open_pipeline,
+    pair_info,
+    run_interleaved,
+)
 from localspec.benchmath import summarise
 from localspec.errors import BenchError
 from localspec.report import machine_info
@@ -326,6 +333,7 @@ def tune_benchmark(
             strategies = list(SPECULATIVE_STRATEGIES) if pipe.info.draft_path else default_strategies(pipe)
         strategies = list(strategies)
         configs = tune_configs(strategies, n_max_values, p_min_values, adaptive)
+        check_prompts_fit(pipe, wl, max_tokens)
         runner = engine_runner(pipe, temperature=temperature)
         runner(wl[0].prompts[0], BASELINE, min(8, max_tokens))  # warm-up, not counted
         tuning = tune(runner, wl, configs, max_tokens=max_tokens, margin=margin, progress=progress)

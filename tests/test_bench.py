@@ -996,3 +996,16 @@ def test_an_interrupted_peer_build_takes_its_compilers_with_it(tmp_path, sig):
     else:
         os.kill(grandchild, signal.SIGKILL)
         raise AssertionError("the build's grandchild outlived the interrupted build")
+
+
+def test_a_prompt_too_long_for_the_context_is_named_before_the_first_run(tmp_path):
+    """Found mid-run, it ended minutes of benchmarking with the API's message and no prompt named."""
+    from localspec.bench import benchmark
+    from localspec.errors import BenchError
+
+    prompts = tmp_path / "mine.txt"
+    prompts.write_text("def g():\n" + "def f(): return 1 " * 2000 + "\n")
+    with pytest.raises(BenchError) as err:
+        benchmark(prompts_file=prompts, max_tokens=4, threads=2, strategies=["ngram"])
+    assert "prompt 'mine-02' of mine is" in err.value.message and "--max-tokens 4" in err.value.message
+    assert "raise --n-ctx" not in (err.value.hint or "")  # the embedded pair is at its trained context
