@@ -46,6 +46,7 @@ from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.store import SuffixStore, store_path
 from localspec.suffix import Cell, SuffixDrafter, SuffixIndex
 from localspec.tool_calls import ChatResponse, ToolUse, chat_messages, tool_use
+from localspec.units import format_bytes
 
 
 class GenerationResult(str):
@@ -373,10 +374,20 @@ class Pipeline:
         from localspec.store import read_corpus
 
         scan = read_corpus(folder)
+        root = str(scan.root.resolve())
+        before = self._store.corpus_root if self._store is not None else None
+        if self.notify is not None:  # a pause of seconds per MB of text, and the store's corpus changes
+            replaced = (
+                f"; it replaces the corpus from {before} in the store" if before and before != root else ""
+            )
+            self.notify(
+                f"indexing {len(scan.files):,} files ({format_bytes(scan.n_bytes)}) of {root} as the suffix "
+                f"cache's corpus{replaced}"
+            )
         tokenize = self._target.tokenize
         index.set_corpus([tokenize(text, add_bos=False, special=False) for _, text in scan.files])
         if self._store is not None:
-            self._store.corpus_root = str(scan.root.resolve())
+            self._store.corpus_root = root
 
     def _route(self, s: DraftSettings, tokens: list[int]) -> tuple[DraftSettings, Route]:
         """``auto``: suffix alone, or the draft model (adaptive) with the suffix cache, for this request."""

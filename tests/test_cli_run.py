@@ -66,6 +66,10 @@ def _no_traceback(res) -> None:
             "--strategy model+ngram drafts with a model, and --draft ngram gives none",
         ),
         (["--strategy", "model", "--draft", "none"], "give --draft PATH (or 'auto')"),
+        (
+            ["--strategy", "ngram", "--corpus", "."],
+            "--corpus feeds the suffix cache, and --strategy ngram does not",
+        ),
     ],
 )
 def test_bad_values_are_usage_errors(args, message, monkeypatch):

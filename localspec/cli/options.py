@@ -84,7 +84,8 @@ _OPTIONS: dict[str, Callable[[Any], Any]] = {
     "corpus": click.option(
         "--corpus",
         type=click.Path(exists=True, file_okay=False),
-        help="A folder (your repository, notes) the suffix cache drafts from (strategies suffix/auto).",
+        help="A folder (your repository, notes) the suffix cache drafts from (strategies suffix, "
+        "model+suffix, auto); it replaces the corpus `localspec index` stored for this model's vocabulary.",
     ),
     "no_store": click.option(
         "--no-store",
@@ -145,6 +146,11 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
         raise click.UsageError(
             f"--strategy {opts['strategy']} drafts with a model, and --draft {opts['draft']} gives none: "
             "give --draft PATH (or 'auto'), or a strategy without 'model' (ngram, suffix, auto)"
+        )
+    if opts.get("corpus") and opts["strategy"] and opts["strategy"] not in settings.SUFFIX_STRATEGIES:
+        raise click.UsageError(
+            f"--corpus feeds the suffix cache, and --strategy {opts['strategy']} does not use it: "
+            f"use --strategy {' or '.join(settings.SUFFIX_STRATEGIES)}, or drop --corpus"
         )
     # GPU layers only when given: None lets the library decide (all layers on a GPU build of llama.cpp).
     gpu = {"n_gpu_layers": opts["gpu_layers"], "draft_n_gpu_layers": opts["draft_gpu_layers"]}
