@@ -477,7 +477,11 @@ class SuffixStore:
                 }
                 self._replace(self.calibration_path, [json.dumps(doc, separators=(",", ":")).encode()])
         except OSError as exc:
-            self.problem = f"suffix cache {self.path}: cannot save ({exc.strerror or exc})"
+            self.problem = (
+                f"suffix cache {self.path}: cannot save ({exc.strerror or exc}); this process still "
+                "remembers its requests. Point LOCALSPEC_HOME at a folder you can write, or keep it in "
+                "memory (--no-store, suffix_store=False)"
+            )
             log.warning(self.problem)
             return False
         self.problem = None

@@ -257,3 +257,23 @@ def test_a_model_path_that_is_no_file_says_what_it_is(tmp_path):
             res.output
         )
         _no_traceback(res)
+
+
+def test_library_warnings_are_lines_of_their_own_after_streamed_text(tmp_path, monkeypatch):
+    """A store that cannot be saved warns at the end of a generation, while the streamed text's last line
+    has no newline yet: the warning started mid-line, glued to the text."""
+    import logging
+
+    from localspec.cli.options import WARNING_LINES
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("LOCALSPEC_HOME", str(blocker / "home"))
+    res = invoke("run", "-n", "4", "--strategy", "suffix", "--n-ctx", "256", "def f():")
+    assert res.exit_code == 0, res.output
+    assert "\nlocalspec: suffix cache" in res.output and "Point LOCALSPEC_HOME at a folder" in res.output
+    seen = []
+    monkeypatch.setattr("click.echo", lambda text, err=False: seen.append(text))
+    WARNING_LINES.mid_line = True  # a terminal's stdout in the middle of a line
+    WARNING_LINES.emit(logging.LogRecord("localspec.store", logging.WARNING, "", 0, "it failed", (), None))
+    assert seen == ["\nlocalspec: it failed"] and not WARNING_LINES.mid_line

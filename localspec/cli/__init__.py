@@ -76,6 +76,9 @@ class _FriendlyGroup(click.Group):
 )
 def main(show_traceback: bool) -> None:
     """Speculative decoding for local GGUF models through llama.cpp."""
+    from localspec.cli.options import install_warning_lines
+
+    install_warning_lines()
 
 
 def _register() -> None:

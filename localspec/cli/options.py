@@ -4,6 +4,7 @@ declared once, with the bounds from :mod:`localspec.settings`, and the one place
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -13,6 +14,35 @@ import click
 from localspec import constants, settings
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class WarningLines(logging.Handler):
+    """The library's warnings (a store that cannot be saved, a damaged file ignored) on stderr as
+    ``localspec: ...`` lines, each on a line of its own: ``run`` streams text to stdout without a final
+    newline until the end, and a warning logged meanwhile was glued to the middle of that line."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter("localspec: %(message)s"))
+        self.mid_line = False  # set by whoever writes text to a terminal's stdout without a newline
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            click.echo(("\n" if self.mid_line else "") + text, err=True)
+            self.mid_line = False
+        except Exception:
+            self.handleError(record)
+
+
+#: The one handler the command line puts on the ``localspec`` logger (:func:`install_warning_lines`).
+WARNING_LINES = WarningLines()
+
+
+def install_warning_lines() -> None:
+    logger = logging.getLogger("localspec")
+    if WARNING_LINES not in logger.handlers:
+        logger.addHandler(WARNING_LINES)
 
 
 class FiniteFloat(click.FloatRange):

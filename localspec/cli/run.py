@@ -9,7 +9,14 @@ from pathlib import Path
 import click
 
 from localspec import constants
-from localspec.cli.options import MAX_TOKENS, TEMPERATURE, FiniteFloat, load_pipeline, model_options
+from localspec.cli.options import (
+    MAX_TOKENS,
+    TEMPERATURE,
+    WARNING_LINES,
+    FiniteFloat,
+    load_pipeline,
+    model_options,
+)
 from localspec.errors import GrammarError
 from localspec.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, Grammar
 
@@ -109,12 +116,16 @@ def run(
             stream = pipe.stream(prompt, **kw)
         parts = []
         last = None
+        tty = sys.stdout.isatty()  # (piped, the two streams are not one line: nothing to keep apart)
         for last in stream:
             parts.append(last.text)
             if not as_json:
                 click.echo(last.text, nl=False)
+                if last.text:
+                    WARNING_LINES.mid_line = tty and not last.text.endswith("\n")
         if not as_json:
             click.echo()
+            WARNING_LINES.mid_line = False
         assert last is not None, "max_tokens >= 1: the engine yields at least one token"
         stats = last.stats
         if baseline and stats.strategy != "none":
