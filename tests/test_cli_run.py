@@ -277,3 +277,40 @@ def test_library_warnings_are_lines_of_their_own_after_streamed_text(tmp_path, m
     WARNING_LINES.mid_line = True  # a terminal's stdout in the middle of a line
     WARNING_LINES.emit(logging.LogRecord("localspec.store", logging.WARNING, "", 0, "it failed", (), None))
     assert seen == ["\nlocalspec: it failed"] and not WARNING_LINES.mid_line
+
+
+def test_every_command_module_is_in_the_lazy_table_and_importing_the_cli_loads_no_model_code():
+    """The table names each command once; `import localspec.cli` must not import llama.cpp or numpy,
+    or a Ctrl-C during that import (a second on two cores) printed a traceback instead of Interrupted."""
+    import importlib
+    import subprocess
+    import sys
+
+    from localspec.cli import COMMAND_MODULES
+
+    declared = {}
+    for module in set(COMMAND_MODULES.values()):
+        for command in importlib.import_module(f"localspec.cli.{module}").COMMANDS:
+            declared[command.name] = module
+    assert declared == COMMAND_MODULES
+    probe = "import sys, localspec.cli; print(sorted(m for m in ('numpy', 'llama_cpp') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_ctrl_c_while_the_command_line_is_imported_is_interrupted_not_a_traceback():
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "class Stop:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'localspec.cli':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Stop())\n"
+        "from localspec.__main__ import entry\n"
+        "entry()\n"
+    )
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert res.returncode == 130 and res.stderr == "Interrupted.\n", res.stderr

@@ -131,7 +131,7 @@ def check_quote(q: Quote, preset_names: set[str]) -> list[str]:
             problems.append(
                 f"{q}: no command {' '.join([*path, name])!r} in `localspec {' '.join(path)} --help` "
                 f"(known: {', '.join(_known_commands(group))}); whoever documents it must also register "
-                "it (localspec/cli/__init__.py, _register)"
+                "it (localspec/cli/__init__.py, COMMAND_MODULES)"
             )
             return problems
         path.append(name)

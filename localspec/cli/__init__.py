@@ -17,6 +17,7 @@ What a user sees when something goes wrong, decided here once for every command:
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -35,8 +36,37 @@ def _where(exc: BaseException) -> str:
     return f"{os.path.basename(last.filename)}:{last.lineno}"
 
 
+#: Each command and the module under ``localspec.cli`` that declares it (in its ``COMMANDS``). A module is
+#: imported when one of its commands runs (or for ``--help``), inside :meth:`_FriendlyGroup.invoke`: they
+#: import numpy and llama.cpp, and a Ctrl-C during that second of importing printed a traceback.
+COMMAND_MODULES = {
+    "bench": "bench",
+    "cache": "cache",
+    "download": "hub",
+    "find-draft": "hub",
+    "index": "cache",
+    "pair": "models",
+    "presets": "hub",
+    "run": "run",
+    "scan": "models",
+    "serve": "serve",
+    "ui": "ui",
+}
+
+
 class _FriendlyGroup(click.Group):
-    """Turns expected errors into a short message and an exit status, never a traceback (see above)."""
+    """Turns expected errors into a short message and an exit status, never a traceback (see above);
+    loads each command's module when the command is asked for (:data:`COMMAND_MODULES`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            module = importlib.import_module(f"localspec.cli.{COMMAND_MODULES[cmd_name]}")
+            for command in module.COMMANDS:
+                self.add_command(command)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -79,20 +109,3 @@ def main(show_traceback: bool) -> None:
     from localspec.cli.options import install_warning_lines
 
     install_warning_lines()
-
-
-def _register() -> None:
-    import importlib
-
-    for name in ("models", "run", "hub", "bench", "ui", "serve", "cache"):
-        try:
-            module = importlib.import_module(f"localspec.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"localspec.cli.{name}":
-                continue  # that concern is not built yet
-            raise
-        for command in module.COMMANDS:
-            main.add_command(command)
-
-
-_register()
