@@ -242,7 +242,15 @@ def translate_error(exc: Exception, repo_id: str, filename: str | None = None) -
             "set HF_HUB_OFFLINE=1",
         )
     if isinstance(exc, hf.HfHubHTTPError):
-        return DownloadError(f"{what}: the Hub answered with an error: {exc}", hint="try again later")
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        said = str(exc).split("\n")[0]  # (httpx appends a line of "For more information check: <MDN>")
+        if isinstance(status, int) and 400 <= status < 500 and status != 429:
+            return DownloadError(
+                f"{what}: {constants.hf_endpoint()} answered {status}: {said}",
+                hint="check the repository id, file name and revision, and HF_ENDPOINT if you set it; "
+                "retrying will not change the answer",
+            )
+        return DownloadError(f"{what}: the Hub answered with an error: {said}", hint="try again later")
     return DownloadError(
         f"{what}: download failed: {exc}", hint="run the command again; it resumes where possible"
     )

@@ -514,3 +514,19 @@ def test_xet_headers_do_not_switch_localspec_off_plain_http(fake_hub, ggufs, mon
     assert pair.target.read_bytes() == ggufs["target"].read_bytes()
     assert [e.path for e in fake_hub.log if "xet-read-token" in e.path] == []
     assert len(fake_hub.requests_for("t-Q4_K_M.gguf", "GET")) == 1
+
+
+def test_a_client_error_from_the_hub_is_not_worth_retrying_and_carries_no_mdn_link():
+    import httpx
+    from huggingface_hub import errors as hf
+
+    from localspec.hub import translate_error
+
+    def answered(code: int) -> str:
+        r = httpx.Response(code, request=httpx.Request("GET", "http://hub.example/api/models/a/b"))
+        text = f"Client error '{code}' for url 'http://hub.example'\nFor more information check: https://developer.mozilla.org/x"
+        return str(translate_error(hf.HfHubHTTPError(text, response=r), "a/b", "f.gguf"))
+
+    assert "answered 404" in answered(404) and "retrying will not change" in answered(404)
+    assert "mozilla" not in answered(404) and "mozilla" not in answered(500)
+    assert "try again later" in answered(500) and "try again later" in answered(429)
