@@ -519,7 +519,8 @@ def get_preset(name: str) -> Preset:
             + "; ".join(str(p.message).split("\n")[0][:200] for p in problems[:3])
             + ")"
         )
-    raise PresetError(msg, hint="run `localspec presets` to list them all (and fix the files named)")
+    fix = " (and fix the skipped files named)" if problems else ""
+    raise PresetError(msg, hint=f"run `localspec presets` to list them all{fix}")
 
 
 def user_preset_path(name: str) -> Path:

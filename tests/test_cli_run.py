@@ -128,6 +128,16 @@ def test_plain_value_and_os_errors_are_one_line(monkeypatch, exc, shown):
     assert "localspec --traceback" in second
 
 
+def test_a_full_disk_is_the_machine_not_a_bug(monkeypatch):
+    monkeypatch.setattr(localspec, "load", _load_raising(OSError(errno.ENOSPC, "No space left on device")))
+    res = invoke("run", "hi")
+    _no_traceback(res)
+    assert res.exit_code == 1 and res.output.splitlines() == [
+        "Error: No space left on device",
+        "  -> free some disk space, or send the output somewhere with room",
+    ]
+
+
 def test_traceback_flag_shows_the_real_error(monkeypatch):
     monkeypatch.setattr(localspec, "load", _load_raising(ValueError("boom")))
     res = invoke("--traceback", "run", "hi")

@@ -6,8 +6,9 @@ What a user sees when something goes wrong, decided here once for every command:
   bounds with a click type, the bounds taken from :mod:`localspec.settings`);
 - a :class:`~localspec.errors.LocalspecError` (a missing file, an incompatible pair, a failed download...):
   its message and next step, exit status 1;
+- a full disk or a read-only file system: what it is and what to do, exit status 1;
 - a plain ``ValueError`` or ``OSError`` (a check the library does without its own error type yet, a
-  permission denied, a full disk): the message in one line, where it was raised, and how to get the full
+  permission denied): the message in one line, where it was raised, and how to get the full
   traceback, exit status 1. Such an error is either a bad value the library refused or a bug; the short form
   keeps the first readable and ``localspec --traceback ...`` keeps the second reportable;
 - any other exception (``TypeError``, ``KeyError``, ...) is a bug in localspec: its traceback is printed as
@@ -17,10 +18,12 @@ What a user sees when something goes wrong, decided here once for every command:
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 import click
 
@@ -35,6 +38,13 @@ def _where(exc: BaseException) -> str:
     last = frames[-1]
     return f"{os.path.basename(last.filename)}:{last.lineno}"
 
+
+#: OS errors that are the machine's state (a full disk, a read-only folder), not a bug: what to do.
+_NOT_A_BUG = {
+    errno.ENOSPC: "free some disk space, or send the output somewhere with room",
+    errno.EROFS: "the file system is read-only: use a folder on a writable one",
+    errno.EDQUOT: "your disk quota is used up: free some space",
+}
 
 #: Each command and the module under ``localspec.cli`` that declares it (in its ``COMMANDS``). A module is
 #: imported when one of its commands runs (or for ``--help``), inside :meth:`_FriendlyGroup.invoke`: they
@@ -83,17 +93,31 @@ class _FriendlyGroup(click.Group):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             sys.exit(141)
-        except (ValueError, OSError) as exc:
+        except OSError as exc:
             if ctx.params.get("show_traceback"):
                 raise
-            name = type(exc).__name__
-            click.echo(f"Error: {exc} ({name} at {_where(exc)})", err=True)
-            click.echo(
-                "  -> if the values you gave are valid, this is a bug: run again as "
-                "`localspec --traceback ...` and report what it prints",
-                err=True,
-            )
-            sys.exit(1)
+            if exc.errno in _NOT_A_BUG:  # the machine's state, not localspec's: what it is and what to do
+                click.echo(
+                    f"Error: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), err=True
+                )
+                click.echo(f"  -> {_NOT_A_BUG[exc.errno]}", err=True)
+                sys.exit(1)
+            self._bug(exc)
+        except ValueError as exc:
+            if ctx.params.get("show_traceback"):
+                raise
+            self._bug(exc)
+
+    @staticmethod
+    def _bug(exc: Exception) -> NoReturn:
+        """A plain ValueError or OSError: one line, where it was raised, and how to report it."""
+        click.echo(f"Error: {exc} ({type(exc).__name__} at {_where(exc)})", err=True)
+        click.echo(
+            "  -> if the values you gave are valid, this is a bug: run again as "
+            "`localspec --traceback ...` and report what it prints",
+            err=True,
+        )
+        sys.exit(1)
 
 
 @click.group(cls=_FriendlyGroup)
