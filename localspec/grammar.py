@@ -80,17 +80,18 @@ class Grammar:
     trigger: str = ""
 
     @classmethod
-    def gbnf(cls, text: str, *, root: str = "root") -> Grammar:
-        """Your own GBNF (llama.cpp's grammar format), checked when a generation first uses it."""
+    def gbnf(cls, text: str, *, root: str = "root", what: str = "grammar") -> Grammar:
+        """Your own GBNF (llama.cpp's grammar format), checked when a generation first uses it; ``what``
+        names it in errors (a file's path, say)."""
         if not isinstance(text, str) or not text.strip():
-            raise GrammarError("the grammar is empty", param="grammar", hint="give GBNF text with a root")
+            raise GrammarError(f"the {what} is empty", param=what, hint="give GBNF text with a root")
         if len(text) > MAX_GRAMMAR_CHARS:
             raise GrammarError(
-                f"the grammar is {len(text):,} characters, more than {MAX_GRAMMAR_CHARS:,}",
-                param="grammar",
+                f"the {what} is {len(text):,} characters, more than {MAX_GRAMMAR_CHARS:,}",
+                param=what,
                 hint="write repeated parts as rules with * or {m,n}",
             )
-        return cls(text, root)
+        return cls(text, root, what)
 
     @classmethod
     def json_object(cls) -> Grammar:
@@ -485,8 +486,10 @@ class Constraint:
             raise GrammarError(
                 f"llama.cpp could not parse the {grammar.what}" + (f": {why.strip()[:300]}" if why else ""),
                 param=grammar.what,
-                hint="see llama.cpp's grammars/README.md for the format; a JSON schema's large counts "
-                "(maxLength, maxItems) are spelled out rule by rule and llama.cpp refuses more than 2000",
+                hint="a JSON schema's large counts (maxLength, maxItems) are spelled out rule by rule and "
+                "llama.cpp refuses more than 2000: lower them"
+                if "schema" in grammar.what
+                else "see llama.cpp's grammars/README.md for the GBNF format (a root rule, then rules)",
             )
         self._one = np.zeros(1, dtype=_TOKEN_DATA)
         self._one_arr = _token_array(self._one)

@@ -110,10 +110,14 @@ def run(
         grammar=grammar,
     )
     with pipe:
-        if chat:
-            stream = pipe.chat_stream([{"role": "user", "content": prompt}], **kw)
-        else:
-            stream = pipe.stream(prompt, **kw)
+        try:  # a grammar is parsed here, with the target's vocabulary: a broken one is a usage error
+            if chat:
+                stream = pipe.chat_stream([{"role": "user", "content": prompt}], **kw)
+            else:
+                stream = pipe.stream(prompt, **kw)
+        except GrammarError as exc:
+            option = "--grammar-file" if grammar_file is not None else "--json-schema"
+            raise click.BadParameter(str(exc), param_hint=option) from None
         parts = []
         last = None
         tty = sys.stdout.isatty()  # (piped, the two streams are not one line: nothing to keep apart)
@@ -181,11 +185,23 @@ def _grammar(json_schema: str | None, grammar_file: Path | None) -> Grammar | No
         raise click.UsageError("give --json-schema or --grammar-file, not both")
     try:
         if grammar_file is not None:
-            return Grammar.gbnf(_read(grammar_file, MAX_GRAMMAR_CHARS, "--grammar-file"))
+            text = _read(grammar_file, MAX_GRAMMAR_CHARS, "--grammar-file")
+            return Grammar.gbnf(text, what=f"grammar in {grammar_file}")
         if json_schema is not None:
             text = json_schema
+            if not text.strip():
+                raise click.BadParameter(
+                    "is empty: give a JSON schema or a file holding one", param_hint="--json-schema"
+                )
             if not text.lstrip().startswith("{"):
-                text = _read(Path(text), MAX_SCHEMA_CHARS, "--json-schema")
+                path = Path(text)
+                if not path.exists() and _is_json(text):  # 42, "str", [...]: meant as a schema, not a file
+                    raise click.BadParameter(
+                        f"{text} is JSON but not an object, and no file has that name: a schema is an "
+                        'object, e.g. {"type": "object", "properties": {...}}',
+                        param_hint="--json-schema",
+                    )
+                text = _read(path, MAX_SCHEMA_CHARS, "--json-schema")
             try:
                 schema = json.loads(text)
             except ValueError as exc:
@@ -196,9 +212,19 @@ def _grammar(json_schema: str | None, grammar_file: Path | None) -> Grammar | No
     return None
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _read(path: Path, limit: int, option: str) -> str:
     """A small text file, or a usage error naming the option (never a read of something huge)."""
     try:
+        if path.exists() and not path.is_file():
+            raise click.BadParameter(f"{path} is not a regular file", param_hint=option)
         if not path.is_file():
             raise click.BadParameter(f"{path}: no such file", param_hint=option)
         if path.stat().st_size > 4 * limit:
