@@ -815,6 +815,14 @@ def load(
     """
     settings = DraftSettings()
     note = ""
+    for name, value in (("target", target), ("draft", draft), ("preset", preset)):
+        if isinstance(value, str) and not value.strip():  # Path("") is ".", the current folder
+            raise SettingsError(
+                f"{name} is an empty string",
+                hint="give a path" + (", 'ngram', 'none' or 'auto'" if name == "draft" else "")
+                if name != "preset"
+                else "give a preset name (`localspec presets` lists them)",
+            )
     if preset is None and target is None:  # the embedded pair, with its preset's draft settings
         preset = constants.EMBEDDED_PRESET
     preset_draft: Path | None = None
