@@ -332,6 +332,8 @@ def usability(meta: GGUFMetadata) -> tuple[bool, str | None]:
             f"shard {split_no + 1}{of} of a split model: open the first shard "
             f"(...-00001-of-...gguf), llama.cpp loads the rest"
         )
+    if meta.n_tensors == 0 and not isinstance(kv.get("tokenizer.ggml.tokens"), list):
+        return False, "no weights and no vocabulary: a GGUF header with nothing a model needs"
     if meta.n_tensors == 0:
         return False, "vocab-only file (no weights): fine for pairing checks, not for generation"
     if arch in RECURRENT_ARCHS or arch in HYBRID_ARCHS:

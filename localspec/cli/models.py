@@ -189,8 +189,8 @@ def pair(target: str, draft: str | None, as_json: bool, search: tuple[str, ...])
 def _print_target(t: ModelInfo) -> None:
     _echo(f"Target: {t.path}")
     _echo(
-        f"  {t.name} | {t.architecture} | {_params(t.n_params)} params | {t.quant or '-'} | "
-        f"{t.n_vocab or 0:,} tokens | fingerprint {t.fingerprint_short}"
+        f"  {t.name} | {t.architecture or '-'} | {_params(t.n_params)} params | {t.quant or '-'} | "
+        f"{t.n_vocab or 0:,} tokens | fingerprint {t.fingerprint_short or '-'}"
     )
     if not t.usable:
         _echo(f"  cannot run as a target: {t.unusable_reason}")
@@ -230,8 +230,8 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> None:
     _print_target(t)
     _echo(f"Draft:  {d.path}")
     _echo(
-        f"  {d.name} | {d.architecture} | {_params(d.n_params)} params | {d.quant or '-'} | "
-        f"{d.n_vocab or 0:,} tokens | fingerprint {d.fingerprint_short}"
+        f"  {d.name} | {d.architecture or '-'} | {_params(d.n_params)} params | {d.quant or '-'} | "
+        f"{d.n_vocab or 0:,} tokens | fingerprint {d.fingerprint_short or '-'}"
     )
     if not d.usable:
         _echo(f"  cannot run as a draft: {d.unusable_reason}")
