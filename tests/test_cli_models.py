@@ -149,6 +149,11 @@ def test_usage_and_bad_files(tmp_path):
     bad.write_bytes(b"GGUF\x01\x00\x00\x00" + bytes(40))
     res = CliRunner().invoke(main, ["pair", str(bad)])
     assert res.exit_code == 1 and "version 1" in res.output and "cannot read the target" in res.output
+    import os
+
+    os.mkfifo(tmp_path / "pipe.gguf")  # named on purpose: "No GGUF models found" told nothing
+    res = CliRunner().invoke(main, ["scan", str(tmp_path / "pipe.gguf")])
+    assert res.exit_code == 2 and "is not a regular file or a folder" in res.output, res.output
 
 
 @pytest.mark.parametrize("as_json", [False, True])

@@ -96,6 +96,13 @@ def scan(paths: tuple[str, ...], as_json: bool, no_cache: bool) -> None:
     With no PATH: LOCALSPEC_MODELS, the Hugging Face cache, LM Studio's and Ollama's model folders.
     """
     roots = list(paths) if paths else None
+    for (
+        p
+    ) in paths:  # named on purpose: say why it is skipped (a folder's FIFOs and devices are skipped quietly)
+        if not os.path.isdir(p) and not os.path.isfile(p):
+            raise click.BadParameter(
+                f"{p} is not a regular file or a folder (a FIFO or a device?)", param_hint="PATH"
+            )
     models = scanmod.scan(roots, use_cache=not no_cache)
     if as_json:
         _json([m.as_dict() for m in models])
