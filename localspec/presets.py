@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from localspec import constants
 from localspec.errors import PresetError, SettingsError
-from localspec.settings import DraftSettings
+from localspec.settings import N_CTX_RANGE, DraftSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,7 +31,6 @@ _REV_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 MAX_REVISION = 255
 MAX_SIZE = 10**15  # 1 PB: far above any model, far below what overflows a float or an int64
-MAX_N_CTX = 1 << 24  # 16M tokens: above every model's training context
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
@@ -364,10 +363,11 @@ def parse_preset(table: dict, *, where: str, source: str, base_dir: Path | None 
     else:
         raise PresetError(f"{where}: key 'gated' must be true, false or a note", hint="e.g. gated = true")
     n_ctx = _expect(table, "n_ctx", int, where, constants.DEFAULT_N_CTX)
-    if not 64 <= n_ctx <= MAX_N_CTX:
+    low, high = N_CTX_RANGE  # what --n-ctx and load() accept
+    if not low <= n_ctx <= high:
         raise PresetError(
-            f"{where}.n_ctx: {n_ctx} is out of range (64 to {MAX_N_CTX})",
-            hint="use at least 512 (4096 is usual)",
+            f"{where}.n_ctx: {n_ctx} is out of range ({low} to {high:,})",
+            hint="use the model's trained context or less (4096 is usual)",
         )
     return Preset(
         name=name,

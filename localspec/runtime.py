@@ -39,20 +39,16 @@ from localspec.errors import (
     SettingsError,
 )
 from localspec.llama_build import check_amx
-from localspec.settings import max_threads
-
-#: The smallest context a model is loaded with (a prompt and a few tokens must fit).
-N_CTX_MIN = 16
-#: The largest context asked for anywhere, before the model's own trained length is known.
-N_CTX_MAX = 1 << 20
+from localspec.settings import N_CTX_RANGE, max_threads
 
 
 def check_load_settings(*, n_ctx: int, n_threads: int, n_gpu_layers: int, what: str = "model") -> None:
     """Refuse values llama.cpp would crash on or spend without bound, before anything loads."""
-    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not N_CTX_MIN <= n_ctx <= N_CTX_MAX:
+    low, high = N_CTX_RANGE
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not low <= n_ctx <= high:
         raise SettingsError(
             f"n_ctx {n_ctx!r} is out of range for the {what}",
-            hint=f"use a whole number from {N_CTX_MIN} to the model's trained context (4096 is usual)",
+            hint=f"use a whole number from {low} to the model's trained context (4096 is usual)",
         )
     top = max_threads()
     if isinstance(n_threads, bool) or not isinstance(n_threads, int) or not 1 <= n_threads <= top:
