@@ -47,7 +47,13 @@ def _translate(exc: Exception, repo_id: str, filename: str | None = None) -> Loc
 
     if isinstance(exc, OfflineModeIsEnabled):  # HF_HUB_OFFLINE unset here: TRANSFORMERS_OFFLINE, then
         return _offline_error(repo_id, "HF_HUB_OFFLINE" if constants.hf_offline() else "TRANSFORMERS_OFFLINE")
-    return translate_error(exc, repo_id, filename)
+    error = translate_error(exc, repo_id, filename)
+    if error.hint and "HF_HUB_OFFLINE=1" in error.hint:  # a search cannot run from the cache
+        error.hint = (
+            "check the network (or a proxy / HF_ENDPOINT); the search needs the Hub, and offline "
+            "`localspec pair TARGET` ranks the drafts already on this machine"
+        )
+    return error
 
 
 def remote_metadata(repo_id: str, filename: str, revision: str | None = None):

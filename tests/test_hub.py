@@ -530,3 +530,16 @@ def test_a_client_error_from_the_hub_is_not_worth_retrying_and_carries_no_mdn_li
     assert "answered 404" in answered(404) and "retrying will not change" in answered(404)
     assert "mozilla" not in answered(404) and "mozilla" not in answered(500)
     assert "try again later" in answered(500) and "try again later" in answered(429)
+
+
+def test_a_search_with_the_hub_unreachable_does_not_send_the_user_to_offline_mode(monkeypatch, tmp_path):
+    """download's hint (with the files cached, set HF_HUB_OFFLINE=1) led find-draft into its refusal of
+    offline mode; a search needs the Hub, and `localspec pair` ranks the local drafts instead."""
+    from localspec.errors import DownloadError
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(DownloadError) as err:
+        hub_search.search_hub_drafts("Qwen/Qwen2.5-Coder-7B-Instruct-GGUF")
+    assert "HF_HUB_OFFLINE=1" not in str(err.value) and "localspec pair TARGET" in (err.value.hint or "")

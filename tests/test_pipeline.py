@@ -601,4 +601,3 @@ def test_the_one_line_api_loads_again_when_its_pipeline_was_closed():
 def test_an_empty_model_or_preset_name_is_refused_not_read_as_the_current_folder(name):
     with pytest.raises(SettingsError, match=f"{name} is an empty string"):
         localspec.load(**{name: ""})
-
