@@ -726,4 +726,7 @@ def launch(
         show_error=False,
         footer_links=["settings"],
         ssr_mode=False,
+        # the command line says where the page is; Gradio's lines add API advice ("set share=True in
+        # launch()"), except the public link a share prints, which only Gradio knows
+        quiet=not share,
     )
