@@ -324,3 +324,8 @@ def test_ctrl_c_while_the_command_line_is_imported_is_interrupted_not_a_tracebac
     )
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert res.returncode == 130 and res.stderr == "Interrupted.\n", res.stderr
+
+
+def test_an_n_ctx_past_the_trained_context_is_said_when_lowered():
+    res = invoke("run", "-n", "4", "--n-ctx", "100000", "x")
+    assert res.exit_code == 0 and "--n-ctx 100000 lowered to 2048, the model's trained context" in res.output

@@ -98,6 +98,11 @@ def run(
         raise click.UsageError("give a PROMPT argument or pipe one on stdin")
     grammar = _grammar(json_schema, grammar_file)  # checked before a model loads
     pipe = load_pipeline(**model)
+    if pipe.n_ctx_asked:  # past it the model writes garbage; said before the text, not only on overflow
+        click.echo(
+            f"localspec: --n-ctx {pipe.n_ctx_asked} lowered to {pipe.n_ctx}, the model's trained context",
+            err=True,
+        )
     if prompt is None:
         prompt = sys.stdin.read()
     kw = dict(
