@@ -329,3 +329,16 @@ def test_ctrl_c_while_the_command_line_is_imported_is_interrupted_not_a_tracebac
 def test_an_n_ctx_past_the_trained_context_is_said_when_lowered():
     res = invoke("run", "-n", "4", "--n-ctx", "100000", "x")
     assert res.exit_code == 0 and "--n-ctx 100000 lowered to 2048, the model's trained context" in res.output
+
+
+def test_a_dash_prompt_reads_stdin():
+    piped = invoke("run", "-n", "4", "--json", "-", input="def fib(n):")
+    given = invoke("run", "-n", "4", "--json", "def fib(n):")
+    assert piped.exit_code == 0 and given.exit_code == 0, piped.output
+    import json
+
+    assert json.loads(piped.output)["text"] == json.loads(given.output)["text"]
+    assert (
+        json.loads(piped.output)["stats"]["prompt_tokens"]
+        == json.loads(given.output)["stats"]["prompt_tokens"]
+    )

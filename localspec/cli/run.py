@@ -90,10 +90,12 @@ def run(
     as_json,
     **model,
 ) -> None:
-    """Generate a completion of PROMPT (or stdin) with speculative decoding.
+    """Generate a completion of PROMPT (or stdin, also as PROMPT '-') with speculative decoding.
 
     With no --target and no --preset it runs the small embedded pair, offline.
     """
+    if prompt == "-":  # the usual spelling of "read stdin"
+        prompt = None
     if prompt is None and sys.stdin.isatty():
         raise click.UsageError("give a PROMPT argument or pipe one on stdin")
     grammar = _grammar(json_schema, grammar_file)  # checked before a model loads
