@@ -13,7 +13,13 @@ import click
 from click.core import ParameterSource
 
 from localspec import constants
-from localspec.cli.options import COUNT, MAX_TOKENS, TEMPERATURE, shared_options
+from localspec.cli.options import (
+    COUNT,
+    MAX_TOKENS,
+    TEMPERATURE,
+    check_strategies_have_a_draft,
+    shared_options,
+)
 from localspec.errors import LocalspecError
 from localspec.sessions import SESSION_WORKLOADS
 from localspec.settings import MAX_TUNE_SWEEP, N_MAX_RANGE, P_MIN_RANGE, SPECULATIVE_STRATEGIES
@@ -292,6 +298,7 @@ def bench(
         if not tune and ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
             flag = "--" + name.replace("_", "-")
             raise click.UsageError(f"{flag} needs --tune (it names what the tuner sweeps)")
+    check_strategies_have_a_draft(list(strategies), draft)
     if sessions:
         _refuse_unread(ctx, "sessions")
     elif tune:

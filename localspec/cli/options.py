@@ -163,6 +163,16 @@ def shared_options(*names: str) -> Callable[[F], F]:
     return add
 
 
+def check_strategies_have_a_draft(strategies: list[str], draft: str | None) -> None:
+    """A usage error when a strategy drafts with a model and ``--draft`` names no model."""
+    for strategy in strategies:
+        if strategy in settings.MODEL_STRATEGIES and draft in ("ngram", "none"):
+            raise click.UsageError(
+                f"--strategy {strategy} drafts with a model, and --draft {draft} gives none: "
+                "give --draft PATH (or 'auto'), or a strategy without 'model' (ngram, suffix, auto)"
+            )
+
+
 def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
     """:func:`localspec.load` from the options of :func:`model_options` (usage errors raised first)."""
     import localspec
@@ -172,11 +182,7 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
     n_min, n_max = opts["n_min"], opts["n_max"]
     if n_min is not None and n_max is not None and n_min > n_max:
         raise click.BadParameter(f"{n_min} is more than --n-max ({n_max}).", param_hint="'--n-min'")
-    if opts["strategy"] in settings.MODEL_STRATEGIES and opts["draft"] in ("ngram", "none"):
-        raise click.UsageError(
-            f"--strategy {opts['strategy']} drafts with a model, and --draft {opts['draft']} gives none: "
-            "give --draft PATH (or 'auto'), or a strategy without 'model' (ngram, suffix, auto)"
-        )
+    check_strategies_have_a_draft([opts["strategy"]] if opts["strategy"] else [], opts["draft"])
     if opts.get("corpus") and opts["strategy"] and opts["strategy"] not in settings.SUFFIX_STRATEGIES:
         raise click.UsageError(
             f"--corpus feeds the suffix cache, and --strategy {opts['strategy']} does not use it: "
