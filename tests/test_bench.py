@@ -823,7 +823,7 @@ def test_bench_refuses_a_bad_sweep_before_anything_loads(no_model_loads, tmp_pat
             marks=pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc"),
         ),
         (["--workloads", "code,,chat"], "--workloads has an empty name"),
-        (["--draft", "none", "--strategy", "model"], "--strategy model drafts with a model, and --draft none"),
+        (["--draft", "none", "--strategy", "model"], "drafts with a model, and --draft none"),
         (["--sessions", ""], "--sessions has an empty name"),
         (["--sessions", "agent", "--temperature", "0.7"], "--temperature does not apply with --sessions: "),
         (["--sessions", "agent", "--strategy", "ngram"], "--strategy does not apply with --sessions: "),
