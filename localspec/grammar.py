@@ -198,7 +198,7 @@ def check_schema(schema: Any, what: str) -> None:
             if is_schema:
                 _check_schema_node(node, what)
             stack.extend(
-                (v, depth + 1, is_schema and k not in _SCHEMA_MAPS or not is_schema)
+                (v, depth + 1, not (is_schema and k in _SCHEMA_MAPS))  # a map's values are schemas
                 for k, v in node.items()
                 if not (is_schema and k in _VALUE_KEYS)
             )
