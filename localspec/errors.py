@@ -68,11 +68,13 @@ class SettingsError(LocalspecError, ValueError):
 class PresetError(LocalspecError, ValueError):
     """A preset name that does not exist or a preset file that does not validate.
 
-    ``path`` is the file (or folder) that was skipped because of it, when
-    :func:`localspec.presets.load_presets` reports one; None otherwise.
+    ``path`` is the file (or folder) it was found in, when :func:`localspec.presets.load_presets`
+    reports one, and ``preset`` the name of the one preset that was left out for it (None when the
+    whole file was).
     """
 
     path: str | None = None
+    preset: str | None = None
 
 
 class DownloadError(LocalspecError, OSError):

@@ -386,22 +386,27 @@ def parse_preset(table: dict, *, where: str, source: str, base_dir: Path | None 
     )
 
 
-def load_file(path: Path, *, source: str) -> list[Preset]:
-    """All presets of one TOML file (``source`` is "builtin" or "user")."""
+def load_file(path: Path, *, source: str, problems: list[PresetError] | None = None) -> list[Preset]:
+    """All presets of one TOML file (``source``: "builtin" or "user"; ``problems``: as in parse_text)."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise PresetError(
             f"{path}: cannot read ({exc.strerror or exc})", hint="check the file's permissions"
         ) from exc
-    return parse_text(raw, path=path, source=source)
+    return parse_text(raw, path=path, source=source, problems=problems)
 
 
-def parse_text(raw: bytes | str, *, path: Path, source: str) -> list[Preset]:
+def parse_text(
+    raw: bytes | str, *, path: Path, source: str, problems: list[PresetError] | None = None
+) -> list[Preset]:
     """All presets of one TOML document (``path`` names it in errors and anchors relative paths).
 
     Anything wrong raises :class:`PresetError` naming ``path``: bad UTF-8, bad TOML, nesting too deep
-    for the parser, out-of-range numbers, unknown keys.
+    for the parser, out-of-range numbers, unknown keys. With a ``problems`` list, a fault inside one
+    ``[[preset]]`` table goes there instead (its ``preset`` set to the preset's name) and only that
+    preset is left out: one typo does not take the file's other presets with it. A fault of the file
+    as a whole (its encoding, its syntax, its ``[defaults]``) still raises.
     """
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
@@ -436,16 +441,26 @@ def parse_text(raw: bytes | str, *, path: Path, source: str) -> list[Preset]:
         )
     out = []
     for i, table in enumerate(tables):
-        label = str(table.get("name", f"#{i + 1}"))[:80] if isinstance(table, dict) else f"#{i + 1}"
+        name = table.get("name") if isinstance(table, dict) else None
+        label = str(name if name is not None else f"#{i + 1}")[:80]
         where = f"{path} [preset {label}]"
-        if not isinstance(table, dict):
-            raise PresetError(f"{where}: expected a table", hint="write each preset as [[preset]]")
-        out.append(parse_preset(_merge(defaults, table), where=where, source=source, base_dir=path.parent))
+        try:
+            if not isinstance(table, dict):
+                raise PresetError(f"{where}: expected a table", hint="write each preset as [[preset]]")
+            out.append(
+                parse_preset(_merge(defaults, table), where=where, source=source, base_dir=path.parent)
+            )
+        except PresetError as exc:
+            if problems is None:
+                raise
+            exc.preset = name if isinstance(name, str) else None
+            problems.append(exc)
     return out
 
 
 def _load_dir(folder: Path, source: str, problems: list[PresetError]) -> list[Preset]:
-    """Every preset in ``folder``; a file that does not load goes to ``problems`` and is skipped whole."""
+    """Every preset in ``folder``. A file that does not load goes to ``problems`` and is skipped whole;
+    a preset that does not (a bad value, a name an earlier file took) goes there alone."""
     try:
         paths = sorted(p for p in folder.glob("*.toml") if p.is_file()) if folder.is_dir() else []
     except OSError as exc:
@@ -456,26 +471,30 @@ def _load_dir(folder: Path, source: str, problems: list[PresetError]) -> list[Pr
     presets: list[Preset] = []
     seen: dict[str, Path] = {}
     for path in sorted(paths):
+        found: list[PresetError] = []
         try:
-            loaded = load_file(path, source=source if source == "builtin" else str(path))
-            for preset in loaded:
-                if preset.name in seen:
-                    raise PresetError(
-                        f"{path}: preset '{preset.name}' is also defined in {seen[preset.name]}",
-                        hint="rename one of them",
-                    )
+            loaded = load_file(path, source=source if source == "builtin" else str(path), problems=found)
         except PresetError as exc:
-            exc.path = str(path)
-            problems.append(exc)
-            continue
+            found, loaded = [exc], []
         for preset in loaded:
+            if preset.name in seen:
+                twin = PresetError(
+                    f"{path} [preset {preset.name}]: the name is also used in {seen[preset.name]}",
+                    hint="rename one of them",
+                )
+                twin.preset = preset.name
+                found.append(twin)
+                continue
             seen[preset.name] = path
             presets.append(preset)
+        for problem in found:
+            problem.path = str(path)
+        problems.extend(found)
     return presets
 
 
 def load_presets() -> tuple[list[Preset], list[PresetError]]:
-    """Built-in presets plus the user's, and one :class:`PresetError` per file that was skipped.
+    """Built-in presets plus the user's, and one :class:`PresetError` per file or preset that was skipped.
 
     A user preset replaces a built-in one of the same name. A broken file never hides the others:
     it is reported (by path, with the key and a next step) and left out.
@@ -498,7 +517,7 @@ def list_presets() -> list[Preset]:
 
 
 def preset_problems() -> list[PresetError]:
-    """One error per preset file that was skipped because it does not load (empty when all are fine)."""
+    """One error per preset file or preset skipped because it does not load (empty when all are fine)."""
     return load_presets()[1]
 
 
@@ -508,18 +527,24 @@ def get_preset(name: str) -> Preset:
     presets = {p.name: p for p in found}
     if name in presets:
         return presets[name]
+    for problem in problems:
+        if problem.preset == name:  # it exists, but does not load: say why, not "no such preset"
+            raise PresetError(
+                f"preset '{name}' was skipped: {' '.join(problem.message.split())}", hint=problem.hint
+            )
     close = difflib.get_close_matches(name, presets, n=5, cutoff=0.5)
     close += [n for n in presets if name.lower() in n and n not in close][: 5 - len(close)]
     msg = f"no preset named '{name}'"
     if close:
         msg += f"; did you mean: {', '.join(close)}?"
-    if problems:
+    files = [p for p in problems if p.preset is None]
+    if files:
         msg += (
-            f" ({len(problems)} preset file(s) were skipped: "
-            + "; ".join(str(p.message).split("\n")[0][:200] for p in problems[:3])
+            f" ({len(files)} preset file(s) were skipped: "
+            + "; ".join(str(p.message).split("\n")[0][:200] for p in files[:3])
             + ")"
         )
-    fix = " (and fix the skipped files named)" if problems else ""
+    fix = " (and fix the skipped files named)" if files else ""
     raise PresetError(msg, hint=f"run `localspec presets` to list them all{fix}")
 
 

@@ -106,8 +106,12 @@ def test_presets_names_the_files_it_skipped(env, tmp_path):
     assert [ln for ln in res.stderr.splitlines() if ln.startswith("skipped: ")] == skipped
 
     # the error for an unknown preset sends the user here; the files it names are the ones listed above
+    res = runner.invoke(main, ["download", "nope"])
+    assert res.exit_code == 1 and "localspec presets" in res.output and "broken.toml" in res.output
+    # a preset that is there but does not load says so, and what to fix
     res = runner.invoke(main, ["download", "bad"])
-    assert res.exit_code == 1 and "localspec presets" in res.output and "bad.toml" in res.output
+    assert res.exit_code == 1 and "preset 'bad' was skipped" in res.output and "bad.toml" in res.output
+    assert "add `target = ...`" in res.output
 
 
 @pytest.mark.parametrize("how", ["env", "huggingface_hub"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -133,17 +134,48 @@ def test_user_presets_override_builtin_and_round_trip(user_config):
     assert not (user_config / "broken.toml").exists()
 
 
-def test_duplicate_names_in_one_folder_are_reported_and_the_second_file_skipped(user_config):
+def test_duplicate_names_in_one_folder_are_reported_and_the_second_one_skipped(user_config):
     user_config.mkdir(parents=True)
-    for f in ("a.toml", "b.toml"):
-        (user_config / f).write_text('[[preset]]\nname = "twin"\ntarget = { path = "/t.gguf" }\n')
-    twins = [p for p in list_presets() if p.name == "twin"]
-    assert [p.source for p in twins] == [str(user_config / "a.toml")]
-    (problem,) = preset_problems()
-    assert f"{user_config / 'b.toml'}: preset 'twin' is also defined in {user_config / 'a.toml'}" in str(
-        problem
+    (user_config / "a.toml").write_text('[[preset]]\nname = "twin"\ntarget = { path = "/t.gguf" }\n')
+    (user_config / "b.toml").write_text(
+        '[[preset]]\nname = "twin"\ntarget = { path = "/u.gguf" }\n'
+        '[[preset]]\nname = "other"\ntarget = { path = "/v.gguf" }\n'
     )
-    assert problem.path == str(user_config / "b.toml")
+    presets = list_presets()
+    twins = [p for p in presets if p.name == "twin"]
+    assert [p.source for p in twins] == [str(user_config / "a.toml")]
+    assert "other" in {p.name for p in presets}  # the file's other preset still loads
+    (problem,) = preset_problems()
+    twin = f"{user_config / 'b.toml'} [preset twin]: the name is also used in {user_config / 'a.toml'}"
+    assert twin in str(problem)
+    assert problem.path == str(user_config / "b.toml") and problem.preset == "twin"
+
+
+def test_one_bad_preset_leaves_the_rest_of_its_file_loaded(user_config):
+    user_config.mkdir(parents=True)
+    (user_config / "mine.toml").write_text(
+        '[[preset]]\nname = "first"\ntarget = { path = "/a.gguf" }\n'
+        '[[preset]]\nname = "huge"\ntarget = { path = "/b.gguf" }\nn_ctx = 999999999\n'
+        '[[preset]]\ntarget = { path = "/c.gguf" }\n'
+        '[[preset]]\nname = "last"\ntarget = { path = "/d.gguf" }\n'
+    )
+    presets, problems = load_presets()
+    names = {p.name for p in presets}
+    assert {"first", "last", "tiny-embedded"} <= names and "huge" not in names
+    assert [(p.preset, p.path) for p in problems] == [
+        ("huge", str(user_config / "mine.toml")),
+        (None, str(user_config / "mine.toml")),  # no name to report it under: "#3" in the message
+    ]
+    assert "[preset huge].n_ctx: 999999999 is out of range" in problems[0].message
+    assert "[preset #3]: missing key 'name'" in problems[1].message
+    # asking for the skipped one says why it is not there, not "no preset named"
+    why = r"preset 'huge' was skipped: .*n_ctx: 999999999 is out of range"
+    with pytest.raises(PresetError, match=why) as e:
+        get_preset("huge")
+    assert "trained context" in (e.value.hint or "")
+    assert get_preset("last").target.path == Path("/d.gguf")
+    with pytest.raises(PresetError, match="no preset named 'nope'"):
+        get_preset("nope")
 
 
 GOOD = '[[preset]]\nname = "good"\ntarget = { path = "/t.gguf" }\n'
@@ -182,10 +214,14 @@ def test_a_broken_user_file_is_reported_by_name_and_the_rest_keep_working(user_c
     (problem,) = problems
     assert isinstance(problem, PresetError) and str(problem).startswith(str(bad)), str(problem)
     assert message in str(problem) and problem.hint
-    assert problem.path == str(bad)  # the skipped file itself, for `localspec presets` to name
+    assert problem.path == str(bad)  # the file it is in, for `localspec presets` to name
     assert preset_problems()[0].message == problem.message
-    with pytest.raises(PresetError, match="1 preset file"):
-        get_preset("not-there")
+    if problem.preset is None:  # the whole file was skipped: an unknown name points at it
+        with pytest.raises(PresetError, match="1 preset file"):
+            get_preset("not-there")
+    else:  # only that preset was: asking for it says why
+        with pytest.raises(PresetError, match=f"preset '{problem.preset}' was skipped"):
+            get_preset(problem.preset)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ def _short(ref) -> str:
 
 
 def _skipped_line(problem: PresetError) -> str:
-    """One line per skipped file: the message names the file (and preset and key) and says what is wrong."""
+    """One line per skipped file or preset: the message names the file (preset, key) and what is wrong."""
     line = " ".join(problem.message.split())  # a TOML parser's message may span lines
     return f"skipped: {line}" + (f" -> {problem.hint}" if problem.hint else "")
 
@@ -29,10 +29,10 @@ def _skipped_line(problem: PresetError) -> str:
     "--json",
     "as_json",
     is_flag=True,
-    help="Print every preset as JSON, with its source (skipped files: stderr).",
+    help="Print every preset as JSON, with its source (skipped files and presets: stderr).",
 )
 def presets(as_json: bool) -> None:
-    """List ready-made model pairs (built-in and your own), and name the preset files that were skipped."""
+    """List ready-made model pairs (built-in and your own), and name the preset files and presets skipped."""
     found, problems = load_presets()
     rows = []
     for p in found:
