@@ -70,6 +70,11 @@ _VALUE_TYPES = {int(t): t for t in GGUFValueType}
 _SEPARATORS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27)
 
 
+def model_file_stem(path: str | os.PathLike[str]) -> str:
+    """What a model is called when its header names nothing: its file name without ``.gguf``."""
+    return Path(path).name.removesuffix(".gguf")
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -129,7 +134,7 @@ class GGUFMetadata:
         name = self.kv.get("general.name")
         if isinstance(name, str) and name.strip():
             return name.strip()
-        return Path(self.path).name.removesuffix(".gguf")
+        return model_file_stem(self.path)
 
     @property
     def file_type(self) -> int | None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from localspec import constants
 from localspec.errors import GGUFError
-from localspec.gguf_meta import is_gguf_file, read_metadata
+from localspec.gguf_meta import is_gguf_file, model_file_stem, read_metadata
 from localspec.vocab import (
     MAX_MASK_FRACTION,
     VOCAB_TYPES,
@@ -114,7 +114,7 @@ def inspect(path: str | os.PathLike[str]) -> ModelInfo:
     """Read one GGUF: summary, vocabulary (kept in ``.vocab``) and usability. Never raises for a bad file:
     the problem is in ``.error``."""
     p = os.fspath(path)
-    info = ModelInfo(path=p, name=Path(p).name)
+    info = ModelInfo(path=p, name=model_file_stem(p))
     try:
         info.size_bytes = os.stat(p).st_size
         meta = read_metadata(p, tensors=True, merges=False)
@@ -183,7 +183,7 @@ def scan(paths: Iterable[str | os.PathLike[str]] | None = None, *, use_cache: bo
         try:
             st = os.stat(real)
         except OSError as exc:
-            out.append(ModelInfo(path=f, name=Path(f).name, error=f"{f}: {exc.strerror or exc}"))
+            out.append(ModelInfo(path=f, name=model_file_stem(f), error=f"{f}: {exc.strerror or exc}"))
             continue
         key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "mode": st.st_mode}
         info = _cached_info(cache.get(real), key)

@@ -41,6 +41,7 @@ from starlette.types import Receive, Scope, Send
 
 from localspec.errors import GrammarError, LocalspecError, MessageError
 from localspec.exposure import check_exposure, is_loopback
+from localspec.gguf_meta import model_file_stem
 from localspec.grammar import reply_grammar
 from localspec.settings import STRATEGIES
 from localspec.tool_calls import NO_TOOLS, ToolCallError, ToolUse, chat_messages, tool_use
@@ -500,7 +501,7 @@ class _Endpoint:
 
     def __init__(self, pipe: Pipeline, opts: ServeOptions, worker: Worker, metrics: Metrics) -> None:
         self.pipe, self.opts, self.worker, self.metrics = pipe, opts, worker, metrics
-        self.model_id = opts.model_id or pipe.info.target_path.name.removesuffix(".gguf")
+        self.model_id = opts.model_id or model_file_stem(pipe.info.target_path)
         self.names = (self.model_id, *[a for a in opts.aliases if a and a != self.model_id])
 
     def check_model(self, name: str) -> None:

@@ -198,3 +198,15 @@ def test_console_script_subprocess(folder, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert len(json.loads(proc.stdout)) == 6
+
+
+def test_scan_json_names_unreadable_files_like_readable_ones(tmp_path):
+    """`name` is the header's general.name, else the file name without .gguf: for a file that does not
+    read too (it used to keep its extension there)."""
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 4)
+    shutil.copyfile(vocab_path("gpt-2"), tmp_path / "fine.gguf")
+    res = CliRunner().invoke(main, ["scan", str(tmp_path), "--json"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    rows = {os.path.basename(r["path"]): r for r in json.loads(res.stdout)}
+    assert rows["broken.gguf"]["error"] and rows["broken.gguf"]["name"] == "broken"
+    assert rows["fine.gguf"]["error"] is None and not rows["fine.gguf"]["name"].endswith(".gguf")
