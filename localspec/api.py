@@ -441,26 +441,13 @@ class Pipeline:
         stop = _checked_stop(stop)
         n = len(tokens)
         if n + max_tokens > self.n_ctx:
-            if self.n_ctx_is_trained:
-                room = self.n_ctx - n
-                hint = "shorten the prompt" + (f" or lower max_tokens to {room} or less" if room > 0 else "")
-                hint += (
-                    f": the model was trained on {self.info.n_ctx_train} tokens, the most it is loaded with"
-                )
-            elif n >= self.n_ctx:
-                hint = (
-                    f"the prompt alone needs {n} tokens: shorten it, or load with an n_ctx of at least "
-                    f"{n + max_tokens}"
-                )
-            else:
-                hint = (
-                    f"shorten the prompt, lower max_tokens to {self.n_ctx - n} or less, "
-                    "or load with a larger n_ctx"
-                )
-            raise ContextOverflowError(
-                f"the prompt ({n} tokens) plus max_tokens ({max_tokens}) exceeds the context "
-                f"window of {self.n_ctx} tokens{self.n_ctx_note()}",
-                hint=hint,
+            raise ContextOverflowError.before_generating(
+                prompt_tokens=n,
+                max_tokens=max_tokens,
+                n_ctx=self.n_ctx,
+                n_ctx_train=self.info.n_ctx_train,
+                at_trained_limit=self.n_ctx_is_trained,
+                lowered_from=self.n_ctx_asked or None,
             )
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         params.validate()

@@ -58,7 +58,73 @@ class BuildError(LocalspecError, RuntimeError):
 
 
 class ContextOverflowError(LocalspecError, ValueError):
-    """Prompt plus max_tokens does not fit the context window."""
+    """Prompt plus max_tokens does not fit the context window.
+
+    Raised before generating (:meth:`before_generating`, by :meth:`localspec.Pipeline.stream_tokens`)
+    it carries the numbers (``prompt_tokens``, ``max_tokens``, ``n_ctx``, ``n_ctx_train``,
+    ``at_trained_limit``: n_ctx is the model's trained context, so a larger one is no way out), and
+    :meth:`reworded` says the same in another front end's option names (the command line's ``-n`` and
+    ``--n-ctx``). Raised mid-generation (a model's context filled up) it carries only its message.
+    """
+
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    n_ctx: int | None = None
+    n_ctx_train: int | None = None
+    at_trained_limit: bool = False
+    lowered_from: int | None = None
+
+    @classmethod
+    def before_generating(
+        cls,
+        *,
+        prompt_tokens: int,
+        max_tokens: int,
+        n_ctx: int,
+        n_ctx_train: int | None,
+        at_trained_limit: bool,
+        lowered_from: int | None = None,
+        words: tuple[str, str, str] = ("max_tokens", "n_ctx", "load"),
+    ) -> ContextOverflowError:
+        """The error for a request that does not fit, worded with ``words``: the name of the setting for
+        the answer's length, the one for the context, and the verb that sets the context."""
+        max_name, ctx_name, load = words
+        n, room = prompt_tokens, n_ctx - prompt_tokens
+        lowered = f" ({ctx_name} {lowered_from} lowered to the model's trained context)" * bool(lowered_from)
+        if at_trained_limit:
+            hint = "shorten the prompt" + (f" or lower {max_name} to {room} or less" if room > 0 else "")
+            hint += f": the model was trained on {n_ctx_train or n_ctx} tokens, the most it is loaded with"
+        elif room <= 0:
+            hint = (
+                f"the prompt alone needs {n} tokens: shorten it, or {load} with {ctx_name} "
+                f"{n + max_tokens} or more"
+            )
+        else:
+            hint = (
+                f"shorten the prompt, lower {max_name} to {room} or less, or {load} with a larger {ctx_name}"
+            )
+        exc = cls(
+            f"the prompt ({n} tokens) plus {max_name} {max_tokens} exceeds the context window of "
+            f"{n_ctx} tokens{lowered}",
+            hint=hint,
+        )
+        exc.prompt_tokens, exc.max_tokens, exc.n_ctx = prompt_tokens, max_tokens, n_ctx
+        exc.n_ctx_train, exc.at_trained_limit, exc.lowered_from = n_ctx_train, at_trained_limit, lowered_from
+        return exc
+
+    def reworded(self, max_tokens: str, n_ctx: str, load: str) -> ContextOverflowError:
+        """The same error in other option names (itself when it carries no numbers)."""
+        if self.prompt_tokens is None or self.max_tokens is None or self.n_ctx is None:
+            return self
+        return self.before_generating(
+            prompt_tokens=self.prompt_tokens,
+            max_tokens=self.max_tokens,
+            n_ctx=self.n_ctx,
+            n_ctx_train=self.n_ctx_train,
+            at_trained_limit=self.at_trained_limit,
+            lowered_from=self.lowered_from,
+            words=(max_tokens, n_ctx, load),
+        )
 
 
 class SettingsError(LocalspecError, ValueError):

@@ -342,3 +342,15 @@ def test_a_dash_prompt_reads_stdin():
         json.loads(piped.output)["stats"]["prompt_tokens"]
         == json.loads(given.output)["stats"]["prompt_tokens"]
     )
+
+
+def test_a_request_past_the_context_is_refused_in_the_command_lines_own_option_names():
+    """The numbers the API reports, with the CLI's -n and --n-ctx for its max_tokens and n_ctx."""
+    res = invoke("run", "--n-ctx", "256", "-n", "4000", "def f():")
+    assert res.exit_code == 1, res.output
+    assert "plus -n 4000 exceeds the context window of 256 tokens" in res.output, res.output
+    assert "lower -n to" in res.output and "run again with a larger --n-ctx" in res.output
+    assert "max_tokens" not in res.output and "n_ctx " not in res.output
+    res = invoke("run", "-n", "4000", "--n-ctx", "100000", "def f():")  # lowered to the trained 2048
+    assert res.exit_code == 1 and "(--n-ctx 100000 lowered to the model's trained context)" in res.output
+    assert "trained on 2048 tokens" in res.output and "larger --n-ctx" not in res.output

@@ -17,7 +17,7 @@ from localspec.cli.options import (
     load_pipeline,
     model_options,
 )
-from localspec.errors import GrammarError
+from localspec.errors import ContextOverflowError, GrammarError
 from localspec.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, Grammar
 
 
@@ -125,6 +125,8 @@ def run(
         except GrammarError as exc:
             option = "--grammar-file" if grammar_file is not None else "--json-schema"
             raise click.BadParameter(str(exc), param_hint=option) from None
+        except ContextOverflowError as exc:  # the same numbers, in this command's own option names
+            raise exc.reworded(max_tokens="-n", n_ctx="--n-ctx", load="run again") from None
         parts = []
         last = None
         tty = sys.stdout.isatty()  # (piped, the two streams are not one line: nothing to keep apart)
