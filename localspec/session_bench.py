@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localspec.report import NOISE_MARGIN
 from localspec.sessions import SessionWorkload, corpus_files, load_session_workload, run_session
 from localspec.settings import DraftSettings
 from localspec.suffix import Cell
@@ -273,6 +274,7 @@ def bench_workload(
                 "vs_llama_cpp_best": statistics.median(vs_peer) if vs_peer else None,
                 "speedups_generation": gen,
                 "tokens_per_second": statistics.median(m.gen_tps for m in mine),
+                "tokens_per_second_repeats": [m.gen_tps for m in mine],
                 "tokens_per_second_end_to_end": statistics.median(m.e2e_tps for m in mine),
                 "tokens": [m.tokens for m in mine],
                 "acceptance": last.accepted / last.drafted if last.drafted else None,
@@ -291,6 +293,43 @@ def bench_workload(
         "repeats": repeats,
         "rows": rows,
     }
+
+
+def noise_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Warnings for figures a run cannot vouch for: the target alone's speed moving between repeats by
+    more than :data:`~localspec.report.NOISE_MARGIN` (the machine's speed changed under the run), one
+    setting's per-repeat speedups spread wider than that around their median, a speedup that far from
+    1x with no draft accepted, or a single repeat (nothing to tell noise by)."""
+    odd = []
+    for res in results:
+        name = res["workload"]
+        for row in res["rows"]:
+            label = f"{name} / {row['config']}"
+            speeds = [x for x in row.get("tokens_per_second_repeats", []) if x]
+            moved = len(speeds) > 1 and max(speeds) > (1 + NOISE_MARGIN) * min(speeds)
+            if row["strategy"] == "none" and moved:
+                odd.append(f"{label} ran {min(speeds):.1f}-{max(speeds):.1f} tok/s across repeats")
+            ups = row.get("speedups_generation") or []
+            median = row.get("speedup_generation")
+            if median and len(ups) > 1 and (max(ups) - min(ups)) > NOISE_MARGIN * median:
+                odd.append(f"{label} {min(ups):.2f}-{max(ups):.2f}x across repeats")
+            elif (
+                median
+                and not row["peer"]
+                and row["strategy"] != "none"
+                and not row.get("acceptance")
+                and abs(median - 1) > NOISE_MARGIN
+            ):
+                odd.append(f"{label} {median:.2f}x with no draft accepted")
+    lines = []
+    if odd:
+        lines.append(
+            "warning: timings this run cannot vouch for (" + "; ".join(odd) + "): the machine was busy "
+            "or changed speed. Rerun on an idle machine; each figure is a median of per-repeat ratios."
+        )
+    if any(res["repeats"] < 2 for res in results):
+        lines.append("note: one repeat: no second run to tell noise by; --repeats 3 for figures to publish.")
+    return lines
 
 
 def default_configs(has_model: bool) -> list[SessionConfig]:

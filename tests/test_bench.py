@@ -877,7 +877,7 @@ def test_session_bench_caps_requests_only_when_asked_and_prints_json(monkeypatch
 
     def fake_run(pipe, names, **kw):
         seen.append({"names": names, **kw})
-        return [{"workload": names[0], "rows": []}]
+        return [{"workload": names[0], "repeats": kw["repeats"], "rows": []}]
 
     monkeypatch.setattr(localspec, "load", fake_load)
     monkeypatch.setattr(session_bench, "run_bench", fake_run)
@@ -886,11 +886,12 @@ def test_session_bench_caps_requests_only_when_asked_and_prints_json(monkeypatch
     res = CliRunner().invoke(main, [*base, "-q"])
     assert res.exit_code == 0 and "THE TABLE" in res.output, res.output
     assert seen[-1]["max_tokens"] is None and seen[-1]["repeats"] == 1  # each request's own length
+    assert "note: one repeat" in res.stderr  # nothing to tell noise by: said
     res = CliRunner().invoke(main, [*base, "-n", "16", "--repeats", "2", "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output) == [{"workload": "agent", "rows": []}]  # nothing but the JSON on stdout
+    assert json.loads(res.stdout) == [{"workload": "agent", "repeats": 2, "rows": []}]  # only the JSON
     assert seen[-1]["max_tokens"] == 16 and seen[-1]["repeats"] == 2
-    assert json.loads((tmp_path / "out" / "sessions.json").read_text()) == json.loads(res.output)
+    assert json.loads((tmp_path / "out" / "sessions.json").read_text()) == json.loads(res.stdout)
 
 
 def test_good_sweep_values_reach_the_tuner_parsed(monkeypatch, tmp_path):

@@ -15,7 +15,14 @@ import pytest
 import localspec
 from localspec import peer
 from localspec.errors import BenchError
-from localspec.session_bench import PeerSetup, SessionConfig, bench_workload, markdown, warm_snapshot
+from localspec.session_bench import (
+    PeerSetup,
+    SessionConfig,
+    bench_workload,
+    markdown,
+    noise_lines,
+    warm_snapshot,
+)
 from localspec.sessions import load_session_workload
 from localspec.settings import DraftSettings
 
@@ -55,6 +62,50 @@ def test_every_setting_runs_every_request_and_rows_compare_to_the_target_alone(p
         assert row["vs_llama_cpp_best"] is None and row["peer"] is False
     table = markdown([res])
     assert "llama.cpp" not in table and "| suffix k=8 (warm)" in table
+
+
+def _row(config, strategy, ups, speeds, acceptance=0.5, peer=False):
+    return {
+        "config": config,
+        "strategy": strategy,
+        "peer": peer,
+        "acceptance": acceptance,
+        "speedups_generation": ups,
+        "speedup_generation": sorted(ups)[len(ups) // 2],
+        "tokens_per_second_repeats": speeds,
+    }
+
+
+def test_session_figures_a_run_cannot_vouch_for_are_flagged():
+    """From runs beside a busy process: the target alone moving 11-15 tok/s between repeats, a setting
+    whose repeats gave 1.2x and 2.4x, an n-gram row at 1.9x that accepted nothing."""
+    busy = {
+        "workload": "agent",
+        "repeats": 3,
+        "rows": [
+            _row("none", "none", [1.0, 1.0, 1.0], [11.0, 15.0, 14.0]),
+            _row("suffix k=32", "suffix", [1.2, 2.4, 1.5], [16.0, 30.0, 21.0]),
+            _row("ngram k=4", "ngram", [1.9, 1.9, 1.95], [25.0, 27.0, 26.0], acceptance=0.0),
+            _row("ngram-mod", "ngram-mod", [1.0, 1.01, 1.02], [15.0, 15.0, 15.0], acceptance=None, peer=True),
+        ],
+    }
+    (line,) = noise_lines([busy])
+    assert "agent / none ran 11.0-15.0 tok/s across repeats" in line
+    assert "agent / suffix k=32 1.20-2.40x across repeats" in line
+    assert "agent / ngram k=4 1.90x with no draft accepted" in line
+    assert "ngram-mod" not in line and line.startswith("warning: ")
+    calm = {
+        "workload": "agent",
+        "repeats": 3,
+        "rows": [
+            _row("none", "none", [1.0, 1.0, 1.0], [14.0, 15.0, 14.5]),
+            _row("suffix k=32", "suffix", [1.6, 1.7, 1.65], [23.0, 25.0, 24.0]),
+            _row("ngram k=4", "ngram", [1.0, 1.02, 0.99], [14.0, 15.0, 14.5], acceptance=0.0),
+        ],
+    }
+    assert noise_lines([calm]) == []
+    (note,) = noise_lines([{**calm, "repeats": 1}])
+    assert note.startswith("note: one repeat") and "--repeats 3" in note
 
 
 def test_a_warm_start_is_what_a_store_holds_after_the_warm_up_sessions(pipe, workload):

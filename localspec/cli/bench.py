@@ -395,7 +395,7 @@ def _bench_sessions(
 ) -> None:
     import localspec
     from localspec.peer import SESSION_MODES
-    from localspec.session_bench import PeerSetup, markdown, run_bench
+    from localspec.session_bench import PeerSetup, markdown, noise_lines, run_bench
 
     for n in names:
         if n not in SESSION_WORKLOADS:
@@ -434,9 +434,12 @@ def _bench_sessions(
     (out / "sessions.md").write_text(table, encoding="utf-8")
     if as_json:
         click.echo(json.dumps(results, indent=1))
-        return
-    click.echo(table)
-    _say_build_note()
+    else:
+        click.echo(table)
+    for line in noise_lines(results):
+        click.echo(line, err=True)
+    if not as_json:
+        _say_build_note()
 
 
 def _say_build_note() -> None:
