@@ -39,6 +39,7 @@ import numpy as np
 from llama_cpp.llama_grammar import JSON_GBNF, RESERVED_NAMES, SchemaConverter
 
 from localspec.errors import GrammarError, LocalspecError
+from localspec.number_ranges import Bound, integer_range_gbnf, number_range, number_range_gbnf
 from localspec.runtime import llama_said
 from localspec.sampling import SamplingParams, distribution, sample
 
@@ -240,17 +241,19 @@ def _check_schema_node(node: Mapping, what: str) -> None:
             raise GrammarError(
                 f"the JSON schema's {key} is {v!r}, not a number a bound can be", param=what, hint="drop it"
             )
-    if bounds and node.get("type") != "integer":
+    if bounds and node.get("type") not in ("integer", "number"):
         raise GrammarError(
             f"the JSON schema's {bounds[0]} is on a {node.get('type') or 'value without a type'}: only "
-            "integers' bounds can be held by a grammar here",
+            "the bounds of one integer or number type can be held by a grammar here",
             param=what,
-            hint='give it "type": "integer", or drop the bound (and check the value yourself)',
+            hint='give it "type": "integer" or "number", or drop the bound (and check the value yourself)',
         )
-    if bounds and _integer_bounds(node) is None:
+    if bounds and node["type"] == "integer" and _integer_bounds(node) is None:
         raise GrammarError(
             "the JSON schema's bounds leave no integer to match", param=what, hint="widen them"
         )
+    if bounds and node["type"] == "number" and not number_range(*_number_bounds(node)):
+        raise GrammarError("the JSON schema's bounds leave no number to match", param=what, hint="widen them")
     for key in ("enum", "anyOf", "oneOf"):
         if isinstance(node.get(key), list) and not node[key]:
             raise GrammarError(
@@ -301,92 +304,32 @@ def _integer_bounds(node: Mapping) -> tuple[int | None, int | None] | None:
     return lo, hi
 
 
-#: Digits of the longest integer the converter's own rule writes (``[1-9] [0-9]{0,15}``): an open bound
-#: reaches that far.
-_INTEGER_DIGITS = 16
-_Digits = tuple[tuple[int, int], ...]  # one (lowest, highest) digit per position
-
-
-def _same_length(lo: str, hi: str) -> list[_Digits]:
-    """Digit patterns matching exactly the numbers from ``lo`` to ``hi``, written with as many digits."""
-    if not lo:
-        return [()]
-    a, b = int(lo[0]), int(hi[0])
-    rest = len(lo) - 1
-    if a == b:
-        return [((a, a), *tail) for tail in _same_length(lo[1:], hi[1:])]
-    full: _Digits = ((0, 9),) * rest
-    out: list[_Digits] = []
-    first, last = a, b  # the leading digits whose every continuation is in range
-    if lo[1:] != "0" * rest:
-        out += [((a, a), *t) for t in _same_length(lo[1:], "9" * rest)]
-        first = a + 1
-    tail_hi = [((b, b), *t) for t in _same_length("0" * rest, hi[1:])] if hi[1:] != "9" * rest else []
-    if tail_hi:
-        last = b - 1
-    if first <= last:
-        out.append(((first, last), *full))
-    return out + tail_hi
-
-
-def _magnitudes(lo: int, hi: int) -> list[_Digits]:
-    """Digit patterns matching the numbers ``lo`` to ``hi`` (0 <= lo <= hi) without leading zeros."""
-    out: list[_Digits] = []
-    for n in range(len(str(lo)), len(str(hi)) + 1):
-        start, stop = max(lo, 10 ** (n - 1) if n > 1 else 0), min(hi, 10**n - 1)
-        if start <= stop:
-            out += _same_length(str(start), str(stop))
-    return out
-
-
-def integer_range(lo: int | None, hi: int | None) -> list[tuple[str, _Digits]]:
-    """The integers from ``lo`` to ``hi`` (None: no bound, as far as the converter's 16 digits go) as JSON
-    writes them, one (sign, digits) pattern each: no leading zeros, no ``-0``."""
-    top = 10**_INTEGER_DIGITS - 1
-    lo, hi = -top if lo is None else max(lo, -top), top if hi is None else min(hi, top)
-    out: list[tuple[str, _Digits]] = []
-    if lo < 0:
-        out += [("-", d) for d in _magnitudes(max(1, -min(hi, -1)), -lo)]
-    if hi >= 0:
-        out += [("", d) for d in _magnitudes(max(lo, 0), hi)]
-    return out
-
-
-def _digit_gbnf(d: tuple[int, int]) -> str:
-    return f'"{d[0]}"' if d[0] == d[1] else f"[{d[0]}-{d[1]}]"
-
-
-def integer_range_gbnf(lo: int | None, hi: int | None) -> str:
-    """:func:`integer_range` as a GBNF alternation (runs of a digit class written with a count)."""
-    alternatives = []
-    for sign, digits in integer_range(lo, hi):
-        parts = ['"-"'] if sign else []
-        i = 0
-        while i < len(digits):
-            j = i
-            while j < len(digits) and digits[j] == digits[i]:
-                j += 1
-            parts.append(_digit_gbnf(digits[i]) + (f"{{{j - i}}}" if j - i > 1 else ""))
-            i = j
-        alternatives.append(" ".join(parts))
-    return "(" + " | ".join(alternatives) + ")"
+def _number_bounds(node: Mapping) -> tuple[Bound | None, Bound | None]:
+    """A schema's lower and upper bound (the tighter one where both forms are given; None: none)."""
+    lows = [Bound(node[k], k == "minimum") for k in ("minimum", "exclusiveMinimum") if k in node]
+    highs = [Bound(node[k], k == "maximum") for k in ("maximum", "exclusiveMaximum") if k in node]
+    lo = max(lows, key=lambda b: (b.value, not b.inclusive), default=None)
+    hi = min(highs, key=lambda b: (b.value, b.inclusive), default=None)
+    return lo, hi
 
 
 class _BoundedConverter(SchemaConverter):
-    """llama-cpp-python's converter, with integer bounds (minimum, maximum and their exclusive forms)
-    held by the grammar; the converter leaves them out ("TODO: support minimum, maximum...")."""
+    """llama-cpp-python's converter, with the bounds of integers and numbers (minimum, maximum and their
+    exclusive forms) held by the grammar; the converter leaves them out ("TODO: support minimum...")."""
 
     def visit(self, schema: Any, name: str) -> str:
         if (
             isinstance(schema, dict)
-            and schema.get("type") == "integer"
+            and schema.get("type") in ("integer", "number")
             and any(k in schema for k in _NUMBER_BOUNDS)
+            and not any(k in schema for k in ("$ref", "anyOf", "oneOf", "const", "enum"))
         ):
-            if not any(k in schema for k in ("$ref", "anyOf", "oneOf", "const", "enum")):
+            rule = name + "-" if name in RESERVED_NAMES else name or "root"
+            if schema["type"] == "integer":
                 bounds = _integer_bounds(schema)
                 assert bounds is not None, "check_schema refuses bounds that allow no integer"
-                rule = name + "-" if name in RESERVED_NAMES else name or "root"
                 return self._add_rule(rule, integer_range_gbnf(*bounds) + " space")
+            return self._add_rule(rule, number_range_gbnf(*_number_bounds(schema)) + " space")
         return super().visit(schema, name)
 
 

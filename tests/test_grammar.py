@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from localspec import Grammar
 from localspec.errors import GrammarError, SettingsError
-from localspec.grammar import Constraint, integer_range, reply_grammar, response_format_grammar
+from localspec.grammar import Constraint, reply_grammar, response_format_grammar
+from localspec.number_ranges import Bound, integer_range, number_range
 from localspec.sampling import SamplingParams, distribution
 
 PERSON = {
@@ -74,8 +75,10 @@ def test_response_format_maps_onto_grammars_and_names_the_bad_field():
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
         ({"type": "object", "minProperties": 2}, "minProperties"),
         ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "allOf is held only as object parts"),
-        ({"type": "number", "minimum": 0, "maximum": 1}, "only integers' bounds"),
-        ({"type": ["integer", "null"], "minimum": 1}, "only integers' bounds"),
+        ({"type": "string", "minimum": 0}, "only the bounds of one integer or number type"),
+        ({"type": ["integer", "null"], "minimum": 1}, "only the bounds of one integer or number"),
+        ({"type": "number", "minimum": 1, "exclusiveMaximum": 1}, "leave no number"),
+        ({"type": "number", "exclusiveMinimum": 2.5, "maximum": 2.5}, "leave no number"),
         ({"type": "integer", "minimum": 1.5, "maximum": 1.9}, "leave no integer"),
         ({"type": "object", "properties": {"a": {"anyOf": []}}}, "anyOf is empty"),
     ],
@@ -114,6 +117,79 @@ def test_an_integer_range_matches_exactly_its_integers_as_json_writes_them(lo, h
             v,
         )
     assert not rx.fullmatch("-0") and not rx.fullmatch("01")
+
+
+def _number_regex(lo, hi):
+    import re
+
+    def run(r):
+        low, high, fewest, most = r
+        return f"[{low}-{high}]{{{fewest},{most}}}"
+
+    alternatives = []
+    for sign, digits, bare, fractions in number_range(lo, hi):
+        head = re.escape(sign) + "".join(f"[{a}-{b}]" for a, b in digits)
+        if fractions:
+            dot = r"\.(?:" + "|".join("".join(run(r) for r in p) for p in fractions) + ")"
+            head += f"(?:{dot})" + ("?" if bare else "")
+        alternatives.append(head)
+    return re.compile("|".join(alternatives) or "(?!)")
+
+
+_DECIMAL = st.decimals(min_value=-1000, max_value=1000, places=3, allow_nan=False, allow_infinity=False)
+_BOUND = st.one_of(st.none(), st.builds(Bound, _DECIMAL, st.booleans()))
+
+
+def _spellings(value):
+    """``value`` as JSON may write it without an exponent: the shortest form and with trailing zeros."""
+    from decimal import Decimal
+
+    text = format(Decimal(value).normalize(), "f")
+    whole, _, fraction = text.partition(".")
+    whole = whole.lstrip("-") or "0"
+    sign = "-" if Decimal(value) < 0 else ""
+    out = {sign + whole + (f".{fraction}" if fraction else "")}
+    out |= {sign + whole + "." + fraction + "0" * k for k in (1, 2) if len(fraction) + k <= 16}
+    return out
+
+
+@given(_BOUND, _BOUND, st.lists(_DECIMAL, max_size=20))
+def test_a_number_range_matches_exactly_its_numbers_as_json_writes_them(lo, hi, samples):
+    """Against comparing the numbers themselves: every spelling of values at and near either bound (steps of
+    1 to 0.0001 either way) and some anywhere; never "-0" or "-0.0"; the GBNF is the same patterns."""
+    from decimal import Decimal
+
+    rx = _number_regex(lo, hi)
+    points = [b.value for b in (lo, hi) if b is not None] + [Decimal(0)]
+    near = [p + k * Decimal(10) ** -j for p in points for j in range(5) for k in (-3, -1, 0, 1, 3)]
+    for v in near + samples:
+        inside = (lo is None or v > lo.value or (v == lo.value and lo.inclusive)) and (
+            hi is None or v < hi.value or (v == hi.value and hi.inclusive)
+        )
+        for text in _spellings(v):
+            assert bool(rx.fullmatch(text)) == inside, (lo, hi, text)
+    for zero in ("-0", "-0.0", "00", "01.5", "1.", ".5"):
+        assert not rx.fullmatch(zero), (lo, hi, zero)
+
+
+def test_number_bounds_hold_in_the_output(embedded_pipe):
+    """Bounds on "type": "number" were refused; now held like the integers' (the toy model writes long digit
+    runs when it may)."""
+    from decimal import Decimal
+
+    for schema, low, high in (
+        ({"type": "number", "minimum": 0, "maximum": 1}, 0, 1),
+        ({"type": "number", "exclusiveMinimum": -2.5, "maximum": -0.25}, -2.5, -0.25),
+        ({"type": "number", "minimum": 100.125}, 100.125, None),
+    ):
+        for prompt in ("The number is", "x = 999999", "-1000000000", "0."):
+            text = str(embedded_pipe.generate(prompt, max_tokens=30, grammar=Grammar.json_schema(schema)))
+            value = Decimal(text.strip())
+            assert low <= value and (high is None or value <= high), (schema, prompt, text)
+            assert value != Decimal("-2.5"), text  # exclusive
+    scored = {"type": "object", "properties": {"p": {"type": "number", "maximum": 0.5}}, "required": ["p"]}
+    text = str(embedded_pipe.generate("{", max_tokens=40, grammar=Grammar.json_schema(scored)))
+    assert json.loads(text)["p"] <= 0.5, text
 
 
 def test_integer_bounds_hold_in_the_output(embedded_pipe):
