@@ -37,6 +37,7 @@ from localspec.sampling import SamplingParams
 from localspec.settings import (
     LOOKUP_N_MAX,
     MODEL_STRATEGIES,
+    REPEATS_RANGE,
     SUFFIX_STRATEGIES,
     UTF8_HINT,
     DraftSettings,
@@ -640,15 +641,29 @@ class Pipeline:
         """Target alone and speculative on the same prompt, interleaved, in this process.
 
         A short uncounted run of each side first, so neither pays for cold caches and page faults
-        (on a small model the first call can be several times slower than the next).
+        (on a small model the first call can be several times slower than the next). ``repeats`` runs
+        of each side (within :data:`~localspec.settings.REPEATS_RANGE`); the speedup is the ratio of
+        their medians.
         """
+        low, high = REPEATS_RANGE
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or not low <= repeats <= high:
+            raise SettingsError(
+                f"repeats must be a whole number from {low} to {high}, got {repeats!r:.40}",
+                hint="e.g. repeats=3 (each repeat runs both sides once more)",
+            )
         kwargs.pop("baseline", None)
+        strategy = kwargs.get("strategy")
+        if (strategy if strategy is not None else self.settings.strategy) == "none":
+            raise SettingsError(
+                "nothing to compare: this runs the target alone, which is the other side already",
+                hint="load a draft, or pass strategy='ngram' (or 'suffix') to compare prompt lookup",
+            )
         if warmup:
             short = {**kwargs, "max_tokens": min(8, kwargs.get("max_tokens", constants.DEFAULT_MAX_TOKENS))}
             self.generate(prompt, baseline=True, **short)
             self.generate(prompt, **short)
         base_runs, spec_runs = [], []
-        for _ in range(max(1, repeats)):
+        for _ in range(repeats):
             base_runs.append(self.generate(prompt, baseline=True, **kwargs))
             spec_runs.append(self.generate(prompt, **kwargs))
         b_tps = [r.stats.tokens_per_second for r in base_runs]

@@ -40,6 +40,8 @@ MAX_TUNE_SWEEP = 1024
 N_CTX_RANGE = (16, 1 << 20)
 #: CPU threads per model: llama.cpp's own ceiling is GGML_MAX_N_THREADS (512); more crashes it.
 THREADS_RANGE = (1, 512)
+#: Runs of each side per prompt in a comparison or a benchmark (``Pipeline.compare``, ``bench --repeats``).
+REPEATS_RANGE = (1, 100)
 
 
 def max_threads() -> int:

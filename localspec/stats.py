@@ -210,7 +210,12 @@ class GenerationStats:
 
 @dataclass
 class Comparison:
-    """Target alone and speculative on the same prompt, interleaved in one process."""
+    """Target alone and speculative on the same prompt, interleaved in one process.
+
+    ``same_text`` compares the last run of each side: greedy, the texts part only at near-ties of the
+    target's logits (batching moves them); sampled, they are two draws of the same distribution and
+    differ by design, so it says nothing there.
+    """
 
     baseline: Any
     speculative: Any

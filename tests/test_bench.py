@@ -674,7 +674,7 @@ def test_bench_command_end_to_end(tmp_path):
 @pytest.mark.parametrize(
     ("args", "option", "accepted"),
     [
-        (["--repeats", "0"], "--repeats", "x>=1"),
+        (["--repeats", "0"], "--repeats", "1<=x<=100"),
         (["--limit", "0"], "--limit", "x>=1"),  # nothing documents 0 as "all"; without --limit: all
         (["--limit", "-1"], "--limit", "x>=1"),
         (["--threads", "0"], "--threads", f"1<=x<={max_threads()}"),
@@ -684,7 +684,7 @@ def test_bench_command_end_to_end(tmp_path):
         (["--p-min", "nan"], "--p-min", "not a finite number"),
         (["--n-ctx", "1"], "--n-ctx", "16<=x<=1048576"),
         (["--temperature", "-1"], "--temperature", "x>=0.0"),
-        (["--sessions", "agent", "--repeats", "0"], "--repeats", "x>=1"),
+        (["--sessions", "agent", "--repeats", "0"], "--repeats", "1<=x<=100"),
     ],
 )
 def test_bench_refuses_what_run_refuses_before_anything_loads(monkeypatch, tmp_path, args, option, accepted):
@@ -716,7 +716,7 @@ def test_bench_help_shows_the_ranges():
     text = " ".join(CliRunner().invoke(main, ["bench", "--help"]).output.split())
     for option, accepted in [
         ("--limit", "[x>=1]"),
-        ("--repeats", "x>=1]"),
+        ("--repeats", "1<=x<=100]"),
         ("--threads", f"[1<=x<={max_threads()}]"),
         ("--max-tokens", "x>=1]"),
         ("--n-ctx", "[16<=x<=1048576]"),

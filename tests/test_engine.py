@@ -17,6 +17,7 @@ from localspec.errors import (
     GGUFError,
     IncompatiblePairError,
     ModelNotFoundError,
+    SettingsError,
     UnusableModelError,
 )
 
@@ -305,3 +306,15 @@ def test_run_command_prints_text_summary_and_speedup():
     res = CliRunner().invoke(main, ["run", "-t", "missing.gguf", "x"])
     assert res.exit_code == 1
     assert "missing.gguf: no such file" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("repeats", ["x", 2.5, 0, -3, True, 101])
+def test_compare_refuses_repeats_it_cannot_run(embedded_pipe, repeats):
+    with pytest.raises(SettingsError, match="repeats must be a whole number from 1 to 100"):
+        embedded_pipe.compare("def f():", max_tokens=4, repeats=repeats)
+
+
+def test_compare_of_the_target_alone_says_there_is_nothing_to_compare(embedded_pipe):
+    with pytest.raises(SettingsError, match="nothing to compare") as exc:
+        embedded_pipe.compare("def f():", max_tokens=4, strategy="none")
+    assert "strategy='ngram'" in (exc.value.hint or "")

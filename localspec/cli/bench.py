@@ -22,7 +22,13 @@ from localspec.cli.options import (
 )
 from localspec.errors import LocalspecError
 from localspec.sessions import SESSION_WORKLOADS
-from localspec.settings import MAX_TUNE_SWEEP, N_MAX_RANGE, P_MIN_RANGE, SPECULATIVE_STRATEGIES
+from localspec.settings import (
+    MAX_TUNE_SWEEP,
+    N_MAX_RANGE,
+    P_MIN_RANGE,
+    REPEATS_RANGE,
+    SPECULATIVE_STRATEGIES,
+)
 from localspec.workloads import WORKLOADS
 
 
@@ -187,7 +193,13 @@ _P_LO, _P_HI = P_MIN_RANGE
     help="Tokens per prompt at most (with --sessions: a cap on each request's own length).",
 )
 @click.option("--temperature", default=0.0, show_default=True, type=TEMPERATURE, help="0 = greedy.")
-@click.option("--repeats", default=1, show_default=True, type=COUNT, help="Runs per prompt and setting.")
+@click.option(
+    "--repeats",
+    default=1,
+    show_default=True,
+    type=click.IntRange(*REPEATS_RANGE),
+    help="Runs per prompt and setting.",
+)
 @shared_options("threads", "n_ctx")
 @click.option(
     "--strategy",
