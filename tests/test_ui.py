@@ -417,6 +417,20 @@ def test_a_bad_json_schema_is_refused_before_anything_is_loaded(app, schema, say
     assert says in err and "Traceback" not in err and app.loads == []
 
 
+def test_a_warning_toast_shows_the_message_as_text_not_markup(app, monkeypatch):
+    """Gradio renders a toast as HTML (its sanitiser keeps <img src> and styles): a schema, a path or a
+    file name in a message must reach it escaped, as the error box already had it."""
+    toasts: list[str] = []
+    monkeypatch.setattr("localspec.ui.app.gr.Warning", toasts.append)
+    schema = '{"type": "<img src=http://example.com/pixel.gif>"}'
+    _last_output(app, _values(app, format="JSON schema", schema=schema), "A")
+    (toast,) = toasts
+    assert "<img" not in toast and "&lt;img src=http://example.com/pixel.gif&gt;" in toast
+    toasts.clear()
+    app.on_compare(_values(app, format="JSON schema", schema=schema), progress=lambda *a, **k: None)
+    assert toasts and "<img" not in toasts[0]
+
+
 def test_the_output_setting_becomes_the_generation_s_grammar(app):
     from localspec import Grammar
 

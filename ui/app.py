@@ -8,6 +8,7 @@ the pipeline's ``stream``/``chat_stream``/``compare``.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import time
@@ -411,7 +412,7 @@ class App:
                 tokens.close()
         except Exception as exc:
             if isinstance(exc, LocalspecError):
-                gr.Warning(exc.message)
+                gr.Warning(html.escape(exc.message))  # Gradio renders a toast's text as HTML
             yield {err: friendly(exc), out: tokens_html(pieces, prefix=prefix, status="failed")}
 
     def on_compare(self, v: dict[str, Any], progress: gr.Progress = gr.Progress()) -> dict:  # noqa: B008
@@ -444,7 +445,7 @@ class App:
             return {**fit, c["error"]: "", c["result"]: panel, c["output"]: text}
         except Exception as exc:
             if isinstance(exc, LocalspecError):
-                gr.Warning(exc.message)
+                gr.Warning(html.escape(exc.message))  # Gradio renders a toast's text as HTML
             return {**fit, c["error"]: friendly(exc)}
 
     def on_stop(self, request: gr.Request) -> None:
