@@ -382,6 +382,53 @@ def test_stop_ends_only_the_run_of_the_session_that_pressed_it(app):
     assert out.count('class="ls-t"') == 10
 
 
+def test_stop_while_a_run_waits_in_the_queue_cancels_it_and_only_it(app):
+    """A Stop before the queued run starts (nothing of this session running yet) cancels that run; a
+    Stop with nothing queued leaves the next click alone."""
+    app.on_request(_session("B"))  # B clicks Run while A's run holds the engine: B's waits in the queue
+    app.on_stop(_session("B"))  # then presses Stop
+    out, err = _last_output(app, _values(app), "B")
+    assert "stopped before it started" in out and "t0 " not in out and err == ""
+    app.on_stop(_session("B"))  # a Stop with nothing running or waiting...
+    app.on_request(_session("B"))
+    out, _ = _last_output(app, _values(app), "B")  # ...does not cut the next run short
+    assert out.count('class="ls-t"') == 10
+    app.on_request(_session("A"))  # the click arriving after its run started: nothing left to cancel
+    out, _ = _last_output(app, _values(app), "A")
+    app.on_stop(_session("A"))
+    out, _ = _last_output(app, _values(app), "A")
+    assert out.count('class="ls-t"') == 10
+
+
+def test_the_bench_stops_between_runs_on_its_own_pages_stop(app, monkeypatch):
+    from localspec.ui import bench_tab
+
+    seen: list[str] = []
+
+    def fake_benchmark(progress, **kw):
+        try:
+            for i in range(50):
+                progress(f"code #{i}: model k=4: 12.0 tok/s")
+                seen.append("run")
+                if i == 2:
+                    app.on_stop(_session("other"))  # someone else's Stop: no effect
+                    app.on_stop(_session("A"))
+            return {}
+        finally:
+            seen.append("closed")  # the benchmark closes its pipeline on the way out
+
+    monkeypatch.setattr(bench_tab.bench, "benchmark", fake_benchmark)
+    c = app.c
+    v = _values(app)
+    v.update({c["bench_workloads"]: ["code"], c["bench_limit"]: 1, c["bench_repeats"]: 1})
+    v.update({c["bench_max_tokens"]: 8, c["bench_strategies"]: []})
+    msg, table, png, data = app.on_bench(v, _session("A"), progress=lambda *a, **k: None)
+    assert seen == ["run", "run", "run", "closed"], seen
+    assert "stopped after 3 of" in html.unescape(msg) and "nothing was written" in html.unescape(msg)
+    assert table == "" and png is None and data is None
+    assert app.holder.busy_with == ""
+
+
 @pytest.mark.parametrize(
     ("field", "value", "says"),
     [
@@ -427,7 +474,9 @@ def test_a_warning_toast_shows_the_message_as_text_not_markup(app, monkeypatch):
     (toast,) = toasts
     assert "<img" not in toast and "&lt;img src=http://example.com/pixel.gif&gt;" in toast
     toasts.clear()
-    app.on_compare(_values(app, format="JSON schema", schema=schema), progress=lambda *a, **k: None)
+    app.on_compare(
+        _values(app, format="JSON schema", schema=schema), _session("A"), progress=lambda *a, **k: None
+    )
     assert toasts and "<img" not in toasts[0]
 
 
@@ -564,6 +613,28 @@ def test_the_whole_answer_is_on_the_page_before_the_stream_is_cleaned_up(app):
     else:
         raise AssertionError("the answer never reached the page")
     assert list(run) == [] and app.fake.cleaned == 1
+
+
+@pytest.mark.browser
+def test_browser_the_bench_tabs_stop_ends_a_long_bench(ui):
+    """A bench of hundreds of runs had no Stop: only killing the server ended it."""
+    page, _ = ui
+    page.click("button[role=tab]:has-text('Bench')")
+    page.wait_for_selector("#ls-bench-run", timeout=30_000)
+    for name in ("chat", "translate"):  # more workloads: hundreds of runs on the embedded pair
+        page.click(f"#ls-bench-workloads label:has-text('{name}')")
+    page.click("#ls-bench-run")
+    page.wait_for_function(  # running: the progress bar counts runs
+        "() => document.body.innerText.includes('runs')", timeout=60_000
+    )
+    page.click("#ls-bench-stop")
+    page.wait_for_function(
+        "() => document.querySelector('#ls-bench-msg').innerText.includes('stopped after')", timeout=60_000
+    )
+    said = page.inner_text("#ls-bench-msg")
+    assert "nothing was written" in said and "Traceback" not in said
+    page.screenshot(path=str(ARTIFACTS / "ui-bench-stopped.png"), full_page=True)
+    page.click("button[role=tab]:has-text('Generate')")
 
 
 @pytest.mark.browser

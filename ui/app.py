@@ -44,6 +44,7 @@ from .common import (
     max_tokens_range,
     note_update,
     progress_adapter,
+    session_key,
     typed_note,
 )
 from .render import (
@@ -96,11 +97,6 @@ def _load(**kwargs: Any) -> Any:
     import localspec
 
     return localspec.load(**kwargs)
-
-
-def session_key(request: gr.Request | None) -> str:
-    """The browser session a call came from (one per page load), so Stop stops only that session."""
-    return str(getattr(request, "session_hash", None) or "")
 
 
 def trained_context(path: str) -> int | None:
@@ -356,12 +352,18 @@ class App:
         pieces: list[tuple[str, bool | str | None]] = []
         stats = None
         try:
+            if not self.holder.claim(session):  # its Stop came while it waited in the queue
+                yield {out: tokens_html([], prefix=prefix, status="stopped before it started")}
+                return
             if not prompt.strip():
                 raise LocalspecError(
                     "the prompt is empty", hint="type something to continue in the prompt box"
                 )
             opts = self.gen_opts(v)  # every value checked before anything is loaded
-            yield {err: "", out: tokens_html([], prefix=prefix, status="loading the pair...")}
+            status = "loading the pair..."
+            if self.holder.busy_with:  # it holds the engine until it ends (or its own page's Stop)
+                status = f"waiting for {self.holder.busy_with} running on this server to end..."
+            yield {err: "", out: tokens_html([], prefix=prefix, status=status)}
             pipe = self._pipe(v, progress)
             yield self.fit_max_tokens(opts)
             if pipe.costs_pending(opts["strategy"]):
@@ -415,18 +417,25 @@ class App:
                 gr.Warning(html.escape(exc.message))  # Gradio renders a toast's text as HTML
             yield {err: friendly(exc), out: tokens_html(pieces, prefix=prefix, status="failed")}
 
-    def on_compare(self, v: dict[str, Any], progress: gr.Progress = gr.Progress()) -> dict:  # noqa: B008
+    def on_compare(
+        self,
+        v: dict[str, Any],
+        request: gr.Request,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008
+    ) -> dict:
         c = self.c
         prompt = v[c["prompt"]] or ""
         fit: dict[Any, Any] = {}
         try:
+            if not self.holder.claim(session_key(request)):  # its Stop came while it waited
+                return {c["output"]: tokens_html([], status="stopped before it started")}
             if not prompt.strip():
                 raise LocalspecError("the prompt is empty", hint="type a prompt, then press Compare")
             opts = self.gen_opts(v)
             pipe = self._pipe(v, progress)
             fit = self.fit_max_tokens(opts)
             progress(None, desc="target alone, then with the draft")
-            with self.holder.busy():
+            with self.holder.busy("a comparison"):
                 cmp = pipe.compare(prompt, **opts)
             spec = cmp.speculative.stats
             panel = result_panel_html(
@@ -448,8 +457,13 @@ class App:
                 gr.Warning(html.escape(exc.message))  # Gradio renders a toast's text as HTML
             return {**fit, c["error"]: friendly(exc)}
 
+    def on_request(self, request: gr.Request) -> None:
+        """A run, compare or bench was clicked: counted for Stop before it leaves the queue."""
+        self.holder.note_request(session_key(request))
+
     def on_stop(self, request: gr.Request) -> None:
-        """Stop the run of the session that pressed Stop, not anyone else's."""
+        """Stop the run (or bench) of the session that pressed Stop, not anyone else's, and its runs
+        still waiting in the queue."""
         self.holder.request_stop(session_key(request))
 
     # -- layout --------------------------------------------------------------------------------
@@ -590,6 +604,7 @@ class App:
                 c["chat"] = gr.State([])
             with gr.Tab("Bench"):
                 bench = build_bench_tab(self)
+                self.on_bench = bench[2]
 
             inputs = {v for k, v in c.items() if k not in ("output", "result", "error", "settings_note")}
             outputs = [c["output"], c["result"], c["error"], c["chat"], c["max_tokens"], c["settings_note"]]
@@ -657,13 +672,21 @@ class App:
                 "show_progress_on": busy,
                 **raw,
             }
-            run_btn.click(self.on_run, inputs, outputs, **engine)
-            c["prompt"].submit(self.on_run, inputs, outputs, **engine)
-            cmp_btn.click(self.on_compare, inputs, outputs, **engine)
-            if bench is not None:
-                button, fn, bench_outputs = bench
-                button.click(fn, inputs, bench_outputs, concurrency_limit=1, concurrency_id="engine", **raw)
+            # each click is counted as it happens (unqueued), so that a Stop while it waits cancels it
+            queued: list[tuple[Any, Callable[..., Any]]] = [
+                (run_btn.click, self.on_run),
+                (c["prompt"].submit, self.on_run),
+                (cmp_btn.click, self.on_compare),
+            ]
+            for listen, fn in queued:
+                listen(self.on_request, None, None, queue=False)
+                listen(fn, inputs, outputs, **engine)
             stop_btn.click(self.on_stop, None, None, queue=False)
+            if bench is not None:
+                button, bench_stop, fn, bench_outputs = bench
+                button.click(self.on_request, None, None, queue=False)
+                button.click(fn, inputs, bench_outputs, concurrency_limit=1, concurrency_id="engine", **raw)
+                bench_stop.click(self.on_stop, None, None, queue=False)
             clear_btn.click(
                 lambda: ([], tokens_html([]), ""), None, [c["chat"], c["output"], c["error"]], queue=False
             )

@@ -8,12 +8,14 @@ The tab only maps the page's choices onto those calls and counts progress lines 
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from localspec import bench, report
+from localspec.errors import LocalspecError
 from localspec.settings import SPECULATIVE_STRATEGIES
 from localspec.workloads import WORKLOADS, load_workloads
 
@@ -23,6 +25,7 @@ from .common import (
     BENCH_REPEATS_RANGE,
     bounded_int,
     friendly,
+    session_key,
 )
 from .render import ok_html
 
@@ -32,8 +35,17 @@ def expected_runs(workloads: list[Any], n_configs: int, repeats: int) -> int:
     return max(1, sum(len(w.prompts) for w in workloads) * (1 + n_configs) * max(1, repeats))
 
 
-def run_bench(app: Any, v: dict[str, Any], progress: Any) -> tuple[str, str, str | None, str | None]:
-    """Run the benchmark for the pair chosen in the Generate tab; returns (message, table md, png, json)."""
+class BenchStopped(LocalspecError):
+    """The page's Stop ended the benchmark between two runs."""
+
+
+def run_bench(
+    app: Any, v: dict[str, Any], progress: Any, session: str = ""
+) -> tuple[str, str, str | None, str | None]:
+    """Run the benchmark for the pair chosen in the Generate tab; returns (message, table md, png, json).
+
+    ``session``'s Stop ends it after the run in progress (:class:`BenchStopped`; the benchmark closes
+    its pipeline on the way out, as on any error)."""
     c = app.c
     spec = app.spec(v)
     names = list(v[c["bench_workloads"]] or []) or None
@@ -44,8 +56,14 @@ def run_bench(app: Any, v: dict[str, Any], progress: Any) -> tuple[str, str, str
     workloads = load_workloads(names, None, limit)
     total = expected_runs(workloads, len(strategies) if strategies else 2, repeats)  # default: model, ngram
     done = [0]
+    stop = threading.Event()  # set by this session's Stop while the benchmark runs
 
     def tick(message: str) -> None:
+        if stop.is_set():
+            raise BenchStopped(
+                f"the benchmark was stopped after {done[0]} of {total} runs; nothing was written",
+                hint="press Run bench again for a whole report (fewer prompts or tokens make it shorter)",
+            )
         if ":" in message and " tok/s" in message:  # one counted run finished
             done[0] += 1
         try:
@@ -57,7 +75,8 @@ def run_bench(app: Any, v: dict[str, Any], progress: Any) -> tuple[str, str, str
         {"preset": spec.preset} if spec.preset else {"target": spec.target, "draft": spec.draft}
     )
     progress(0.0, desc="loading the pair")
-    with app.holder.busy():
+    with app.holder.busy("a benchmark"), app.holder.stoppable(session) as stop_pressed:
+        stop = stop_pressed
         app.holder.close()  # the bench loads its own pipeline: one pair in memory at a time
         result = bench.benchmark(
             **kwargs,
@@ -77,17 +96,17 @@ def run_bench(app: Any, v: dict[str, Any], progress: Any) -> tuple[str, str, str
     return msg, table, str(files["png"]), str(files["json"])
 
 
-def build_bench_tab(app: Any) -> tuple[Any, Any, list[Any]]:
-    """Controls, a Run bench button, the report table (Markdown), its chart (PNG) and the JSON file.
+def build_bench_tab(app: Any) -> tuple[Any, Any, Any, list[Any]]:
+    """Controls, Run bench and Stop buttons, the report table (Markdown), its chart (PNG), the JSON file.
 
-    Returns (button, handler, outputs) for the caller to wire once all inputs exist (the pair is picked
-    in the Generate tab)."""
+    Returns (button, stop button, handler, outputs) for the caller to wire once all inputs exist (the
+    pair is picked in the Generate tab)."""
     c = app.c
     gr.Markdown(
         "Runs the target alone and each strategy **interleaved on the same prompts** in this process, "
         "for the pair picked in the Generate tab, and reports acceptance, tokens/s, speedup (median over "
         "prompts), the theoretical ceiling and the draft's memory cost. Same as `localspec bench`; the "
-        "loaded pair is closed while it runs."
+        "loaded pair is closed while it runs. **Stop** ends it after the run in progress."
     )
     with gr.Row():
         c["bench_workloads"] = gr.CheckboxGroup(
@@ -102,17 +121,24 @@ def build_bench_tab(app: Any) -> tuple[Any, Any, list[Any]]:
             64, label=f"Max tokens per run (up to {BENCH_MAX_TOKENS_RANGE[1]})", precision=0
         )
         c["bench_repeats"] = gr.Number(1, label=f"Repeats (up to {BENCH_REPEATS_RANGE[1]})", precision=0)
-    bench_btn = gr.Button("Run bench", variant="primary", elem_id="ls-bench-run")
+    with gr.Row():
+        bench_btn = gr.Button("Run bench", variant="primary", elem_id="ls-bench-run")
+        stop_btn = gr.Button("Stop", variant="stop", elem_id="ls-bench-stop")
     msg = gr.HTML("", elem_id="ls-bench-msg")
     table = gr.Markdown("", elem_id="ls-bench-table")
     with gr.Row():
         chart = gr.Image(label="Speedup per workload", type="filepath", elem_id="ls-bench-chart", height=320)
         report_file = gr.File(label="bench.json")
 
-    def on_bench(v: dict[str, Any], progress: gr.Progress = gr.Progress()):  # noqa: B008
+    def on_bench(v: dict[str, Any], request: gr.Request, progress: gr.Progress = gr.Progress()):  # noqa: B008
+        session = session_key(request)
         try:
-            return run_bench(app, v, progress)
+            if not app.holder.claim(session):
+                raise BenchStopped("stopped before it started", hint="press Run bench to start it")
+            return run_bench(app, v, progress, session)
+        except BenchStopped as exc:  # asked for: said plainly, not as a failure
+            return ok_html(f"{exc.message} ({exc.hint})"), "", None, None
         except Exception as exc:  # every failure becomes a message in the page
             return friendly(exc), "", None, None
 
-    return bench_btn, on_bench, [msg, table, chart, report_file]
+    return bench_btn, stop_btn, on_bench, [msg, table, chart, report_file]

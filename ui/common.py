@@ -220,3 +220,9 @@ def note_html(text: str) -> str:
 def note_update(text: str) -> Any:
     """The Settings note (under the Run settings) showing ``text``, or hidden for none (no empty gap)."""
     return gr.update(value=note_html(text), visible=bool(text))
+
+
+def session_key(request: Any) -> str:
+    """The browser session a call came from (one per page load, a ``gr.Request``), so Stop stops only
+    that session's runs."""
+    return str(getattr(request, "session_hash", None) or "")

@@ -1,8 +1,9 @@
 """The one loaded pipeline the page works with, kept between runs.
 
 Switching to another pair closes the old pipeline first (frees both models); a Stop
-request makes the running stream *of the session that asked* end at the next token (each browser
-session has its own stop flag: one visitor's Stop never ends another's run), and the stream is always
+request makes the running stream *of the session that asked* end at the next token, or its benchmark
+after the run in progress (each browser session has its own stop flag: one visitor's Stop never ends
+another's run), and cancels that session's runs still waiting in the queue; the stream is always
 closed (``generator.close()``) so the engine rewinds its caches.
 """
 
@@ -62,6 +63,12 @@ class PipelineHolder:
     _stopped: set[str] = field(default_factory=set)  # sessions whose last stream ended on Stop
     _stops_lock: threading.Lock = field(default_factory=threading.Lock)  # never held while loading
     _stream: Iterator[Any] | None = None
+    #: per session: runs queued (clicks), runs started, and the count up to which queued ones are cancelled
+    _requested: dict[str, int] = field(default_factory=dict)
+    _started: dict[str, int] = field(default_factory=dict)
+    _cancelled: dict[str, int] = field(default_factory=dict)
+    #: what holds the pipeline for a blocking call right now ("" when nothing does): said to a run waiting
+    busy_with: str = ""
 
     def get(self, spec: PairSpec, progress: Callable[[str, int, int], None] | None = None) -> Any:
         """The pipeline for ``spec``: reused if loaded, else the old one is closed and a new one loaded."""
@@ -86,28 +93,65 @@ class PipelineHolder:
                     self.pipe, self.spec = None, None
 
     @contextmanager
-    def busy(self) -> Iterator[None]:
-        """Hold the pipeline for one blocking call (compare, bench) so nothing else switches it meanwhile."""
+    def busy(self, what: str = "") -> Iterator[None]:
+        """Hold the pipeline for one blocking call (compare, bench) so nothing else switches it meanwhile;
+        ``what`` names it for :attr:`busy_with` while it runs."""
         with self._lock:
-            yield
+            self.busy_with = what
+            try:
+                yield
+            finally:
+                self.busy_with = ""
 
-    # -- streaming with Stop ---------------------------------------------------------------
+    # -- Stop: a running stream or bench, or a request still waiting in the queue --------------------
+
+    def note_request(self, session: str = "") -> None:
+        """A click that queues a run for ``session`` (called unqueued, as the click happens): a Stop
+        before the run starts cancels it (:meth:`claim`)."""
+        with self._stops_lock:
+            if len(self._requested) > 1000:  # stale sessions (closed pages): forget them
+                for counts in (self._requested, self._started, self._cancelled):
+                    counts.clear()
+            self._requested[session] = self._requested.get(session, 0) + 1
+
+    def claim(self, session: str = "") -> bool:
+        """Called when a queued run of ``session`` starts: False when its Stop came while it waited."""
+        with self._stops_lock:
+            started = self._started[session] = self._started.get(session, 0) + 1
+            return started > self._cancelled.get(session, 0)
 
     def request_stop(self, session: str = "") -> None:
-        """Stop the stream of ``session`` (a browser session), if it has one running; nobody else's."""
+        """Stop what ``session`` (a browser session) runs, if anything; nobody else's. With nothing
+        running, the runs it has waiting in the queue are cancelled instead."""
         with self._stops_lock:
             event = self._stops.get(session)
+            if event is None and self._requested.get(session, 0) > self._started.get(session, 0):
+                self._cancelled[session] = self._requested[session]
         if event is not None:
             event.set()
 
-    def stream(self, make: Callable[[], Iterator[Any]], *, session: str = "") -> Generator[Any, None, None]:
-        """Iterate ``make()`` for ``session``, ending early on its Stop; the inner generator is closed in
-        every case."""
+    @contextmanager
+    def stoppable(self, session: str = "") -> Iterator[threading.Event]:
+        """An event that ``session``'s Stop sets while the block runs (a stream's tokens, a bench's runs)."""
         event = threading.Event()
         with self._stops_lock:
             self._stops[session] = event
             self._stopped.discard(session)
         try:
+            yield event
+        finally:
+            with self._stops_lock:
+                if self._stops.get(session) is event:
+                    del self._stops[session]
+                if event.is_set():
+                    if len(self._stopped) > 1000:  # stale sessions (closed pages): forget them
+                        self._stopped.clear()
+                    self._stopped.add(session)
+
+    def stream(self, make: Callable[[], Iterator[Any]], *, session: str = "") -> Generator[Any, None, None]:
+        """Iterate ``make()`` for ``session``, ending early on its Stop; the inner generator is closed in
+        every case."""
+        with self.stoppable(session) as event:
             with self._lock:
                 self._close_stream()
                 inner = make()
@@ -120,14 +164,6 @@ class PipelineHolder:
             finally:
                 with self._lock:
                     self._close_stream()
-        finally:
-            with self._stops_lock:
-                if self._stops.get(session) is event:
-                    del self._stops[session]
-                if event.is_set():
-                    if len(self._stopped) > 1000:  # stale sessions (closed pages): forget them
-                        self._stopped.clear()
-                    self._stopped.add(session)
 
     def was_stopped(self, session: str = "") -> bool:
         """True when the last stream of ``session`` ended because that session pressed Stop."""
