@@ -441,15 +441,7 @@ class Pipeline:
         tokens = self._checked_tokens(tokens)
         stop = _checked_stop(stop)
         n = len(tokens)
-        if n + max_tokens > self.n_ctx:
-            raise ContextOverflowError.before_generating(
-                prompt_tokens=n,
-                max_tokens=max_tokens,
-                n_ctx=self.n_ctx,
-                n_ctx_train=self.info.n_ctx_train,
-                at_trained_limit=self.n_ctx_is_trained,
-                lowered_from=self.n_ctx_asked or None,
-            )
+        self._check_fits(n, max_tokens)
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         params.validate()
         if strategy is not None and n_max is None and strategy in SUFFIX_STRATEGIES:
@@ -487,6 +479,18 @@ class Pipeline:
             grammar=grammar,
         )
         return self._learning(stream) if settings.uses_model else stream
+
+    def _check_fits(self, n: int, max_tokens: int) -> None:
+        """A prompt of ``n`` tokens plus ``max_tokens`` within the context, else ContextOverflowError."""
+        if n + max_tokens > self.n_ctx:
+            raise ContextOverflowError.before_generating(
+                prompt_tokens=n,
+                max_tokens=max_tokens,
+                n_ctx=self.n_ctx,
+                n_ctx_train=self.info.n_ctx_train,
+                at_trained_limit=self.n_ctx_is_trained,
+                lowered_from=self.n_ctx_asked or None,
+            )
 
     def _checked_tokens(self, tokens: Any) -> list[int]:
         """``tokens`` as a list of the target's token ids; llama.cpp would refuse an id outside its
@@ -658,8 +662,12 @@ class Pipeline:
                 "nothing to compare: this runs the target alone, which is the other side already",
                 hint="load a draft, or pass strategy='ngram' (or 'suffix') to compare prompt lookup",
             )
+        max_tokens = kwargs.get("max_tokens", constants.DEFAULT_MAX_TOKENS)
+        counted = isinstance(max_tokens, int) and not isinstance(max_tokens, bool)  # (else the run says)
+        if counted:
+            self._check_fits(len(self.tokenize(prompt)), max_tokens)  # the request's, not the warm-up's
         if warmup:
-            short = {**kwargs, "max_tokens": min(8, kwargs.get("max_tokens", constants.DEFAULT_MAX_TOKENS))}
+            short = {**kwargs, "max_tokens": min(8, max_tokens) if counted else max_tokens}
             self.generate(prompt, baseline=True, **short)
             self.generate(prompt, **short)
         base_runs, spec_runs = [], []

@@ -318,3 +318,10 @@ def test_compare_of_the_target_alone_says_there_is_nothing_to_compare(embedded_p
     with pytest.raises(SettingsError, match="nothing to compare") as exc:
         embedded_pipe.compare("def f():", max_tokens=4, strategy="none")
     assert "strategy='ngram'" in (exc.value.hint or "")
+
+
+def test_compare_of_a_prompt_past_the_context_names_the_requests_max_tokens(embedded_pipe):
+    """It named the 8 tokens of its own warm-up run."""
+    long_prompt = "word " * 3000
+    with pytest.raises(ContextOverflowError, match=r"plus max_tokens 64 exceeds"):
+        embedded_pipe.compare(long_prompt, max_tokens=64, strategy="ngram")

@@ -705,7 +705,7 @@ def test_max_tokens_follows_the_loaded_pairs_context_and_is_lowered_with_a_note(
     c = app.c
     assert app.on_pair_choice(_values(app, max_tokens=600))[0]["maximum"] == 8192  # nothing loaded yet
 
-    got = _run_updates(app, _values(app, max_tokens=600))
+    got = _run_updates(app, _values(app, max_tokens=600, prompt="a"))  # the shortest prompt: 2 tokens
     assert got[c["max_tokens"]]["maximum"] == 510 and got[c["max_tokens"]]["value"] == 510
     note = _note(got[c["settings_note"]])
     assert "Max tokens lowered from 600 to 510" in note and "context is 512 tokens" in note, note
@@ -716,7 +716,7 @@ def test_max_tokens_follows_the_loaded_pairs_context_and_is_lowered_with_a_note(
     assert "Max tokens: 600 is out of range" in err and "use a value from 1 to 510" in err, err
     assert "the loaded pair's context is 512 tokens" in err and len(app.loads) == 1
 
-    got = _run_updates(app, _values(app, max_tokens=510))  # the top itself is fine, and says nothing
+    got = _run_updates(app, _values(app, max_tokens=510, prompt="a"))  # the top itself is fine, says nothing
     assert got[c["max_tokens"]]["maximum"] == 510 and c["settings_note"] not in got
     assert app.fake.opts["max_tokens"] == 510 and len(app.loads) == 1
 
@@ -725,6 +725,19 @@ def test_max_tokens_follows_the_loaded_pairs_context_and_is_lowered_with_a_note(
     assert (slider["maximum"], slider["value"]) == (510, 510) and "from 4000 to 510" in _note(note)
     slider, note = app.on_pair_choice(_values(app, max_tokens=4000, n_ctx=1024))
     assert slider["maximum"] == 8192 and "value" not in slider and _note(note) == ""
+
+
+def test_max_tokens_past_what_this_prompt_leaves_is_lowered_for_this_run(app):
+    """The page's top (510 here) is for the shortest prompt; Run with it and a real prompt was refused
+    ("lower max_tokens to 503 or less"), right after the page had set it. Now that run is lowered, said."""
+    c = app.c
+    _run_updates(app, _values(app, max_tokens=16))  # loads the pair
+    got = _run_updates(app, _values(app, max_tokens=510, prompt="def f():"))  # BOS + 8 bytes: 9 tokens
+    note = _note(got[c["settings_note"]])
+    assert "Max tokens 510 lowered to 503 for this run: the prompt takes 9 of the context's 512" in note
+    assert app.fake.opts["max_tokens"] == 503 and "value" not in got[c["max_tokens"]]  # the page keeps 510
+    got = _run_updates(app, _values(app, max_tokens=100, prompt="def f():"))
+    assert app.fake.opts["max_tokens"] == 100 and c["settings_note"] not in got
 
 
 def test_a_pair_at_its_trained_context_says_no_larger_context_helps(app):

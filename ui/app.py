@@ -25,6 +25,7 @@ from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
 from localspec.gguf_meta import read_metadata
 from localspec.grammar import Grammar
 from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, STRATEGIES
+from localspec.tool_calls import chat_messages
 
 from . import pairs
 from .bench_tab import build_bench_tab
@@ -258,9 +259,11 @@ class App:
 
         return handler
 
-    def fit_max_tokens(self, opts: dict[str, Any]) -> dict[Any, Any]:
+    def fit_max_tokens(self, opts: dict[str, Any], prompt_tokens: int | None = None) -> dict[Any, Any]:
         """After a pair was loaded for a run: Max tokens' top becomes its context's room, and a value above it
-        is lowered for this run and in the page, with a note (updates for the slider and the note)."""
+        is lowered for this run and in the page, with a note (updates for the slider and the note). With
+        ``prompt_tokens`` (this run's prompt), a value past what this prompt leaves is lowered for this
+        run only, with a note: the page's top is for the shortest prompt, so it can be more."""
         c = self.c
         assert self.loaded_room is not None  # set by _pipe
         room = self.loaded_room[1]
@@ -270,7 +273,26 @@ class App:
             opts["max_tokens"] = room.max_tokens
             update[c["max_tokens"]] = gr.update(maximum=room.max_tokens, value=room.max_tokens)
             update[c["settings_note"]] = note_update(lowered_note(asked, room.max_tokens, room))
+        left = room.n_ctx - prompt_tokens if prompt_tokens is not None else 0
+        if 0 < left < opts["max_tokens"]:  # (none left at all: the engine's refusal says what to do)
+            note = (
+                f"Max tokens {opts['max_tokens']} lowered to {left} for this run: the prompt takes "
+                f"{prompt_tokens} of the context's {room.n_ctx} tokens ({room.more()})."
+            )
+            opts["max_tokens"] = left
+            update[c["settings_note"]] = note_update(note)
         return update
+
+    @staticmethod
+    def prompt_tokens(pipe: Any, prompt: str, messages: list[dict] | None) -> int | None:
+        """How many tokens this run's prompt takes (a chat's as its template renders it); None when it
+        cannot be told here (the run itself then says what is wrong)."""
+        try:
+            if messages is None:
+                return len(pipe.tokenize(prompt))
+            return len(pipe.format_chat(chat_messages(messages))[0])
+        except Exception:
+            return None
 
     @staticmethod
     def preset_settings(name: str | None) -> tuple[int, float, bool, str] | None:
@@ -365,16 +387,17 @@ class App:
                 status = f"waiting for {self.holder.busy_with} running on this server to end..."
             yield {err: "", out: tokens_html([], prefix=prefix, status=status)}
             pipe = self._pipe(v, progress)
-            yield self.fit_max_tokens(opts)
+            messages = history + [{"role": "user", "content": prompt}] if is_chat else None
+            yield self.fit_max_tokens(opts, self.prompt_tokens(pipe, prompt, messages))
             if pipe.costs_pending(opts["strategy"]):
                 status = "measuring this machine's decoding costs once (20-30 s on two CPU cores; kept)..."
                 yield {out: tokens_html([], prefix=prefix, status=status)}
                 pipe.machine_costs()
-            if is_chat:
-                messages = history + [{"role": "user", "content": prompt}]
+            if messages is not None:
+                conversation = messages
 
                 def make():
-                    return pipe.chat_stream(messages, **opts)
+                    return pipe.chat_stream(conversation, **opts)
             else:
 
                 def make():
@@ -433,7 +456,7 @@ class App:
                 raise LocalspecError("the prompt is empty", hint="type a prompt, then press Compare")
             opts = self.gen_opts(v)
             pipe = self._pipe(v, progress)
-            fit = self.fit_max_tokens(opts)
+            fit = self.fit_max_tokens(opts, self.prompt_tokens(pipe, prompt, None))
             progress(None, desc="target alone, then with the draft")
             with self.holder.busy("a comparison"):
                 cmp = pipe.compare(prompt, **opts)
