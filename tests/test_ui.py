@@ -90,6 +90,25 @@ def test_result_panel_puts_speedup_next_to_memory_with_readable_numbers():
         'id="ls-acceptance" data-value=""' in html
         and "strategy: auto -&gt; suffix: the prompt overlaps" in html
     )
+    assert 'id="ls-draft-unused"' in html  # the draft model is loaded, this run did not use it
+    assert 'id="ls-draft-unused"' not in result_panel_html(stats, memory=memory)  # strategy model used it
+    said = result_panel_html(stats, speedup=24.1, memory=memory, caution="Caution: <noise>")
+    assert 'id="ls-caution">Caution: &lt;noise&gt;</div>' in said
+
+
+def test_compare_flags_a_speedup_no_drafting_can_produce():
+    """Seen on a busy machine: 24.11x at 4 tokens per pass, 1.16x with nothing drafted."""
+    from types import SimpleNamespace
+
+    from localspec.ui.app import noise_caution
+
+    def cmp(speedup, per_pass, accepted):
+        stats = SimpleNamespace(tokens_per_round=per_pass, accepted=accepted)
+        return SimpleNamespace(speedup=speedup, speculative=SimpleNamespace(stats=stats))
+
+    assert "24.11x is more than the 4.00 tokens each target pass gave" in noise_caution(cmp(24.11, 4.0, 30))
+    assert "1.35x with no draft accepted" in noise_caution(cmp(1.35, 1.0, 0))
+    assert noise_caution(cmp(1.6, 4.0, 30)) == "" and noise_caution(cmp(1.1, 1.0, 0)) == ""
 
 
 # ------------------------------------------------------------------------------------------ pipeline holder

@@ -24,6 +24,7 @@ from localspec import constants, presets
 from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
 from localspec.gguf_meta import read_metadata
 from localspec.grammar import Grammar
+from localspec.report import NOISE_MARGIN
 from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, STRATEGIES
 from localspec.tool_calls import chat_messages
 
@@ -131,6 +132,24 @@ def _same_text_note(cmp: Any, opts: dict[str, Any]) -> str:
     return (
         "no: they part at a near-tie, where the batched verify pass rounds differently "
         "(each token is still the target's own best)"
+    )
+
+
+def noise_caution(cmp: Any) -> str:
+    """A warning for a Compare figure no drafting can produce (one timing of each side, taken while
+    something else ran): a speedup past the tokens each target pass yielded, or far from 1x with no draft
+    accepted; "" when the figure is possible. The same margin as the benchmark's noise warnings."""
+    spec = cmp.speculative.stats
+    per_pass = spec.tokens_per_round
+    if not spec.accepted and abs(cmp.speedup - 1) > NOISE_MARGIN:
+        why = f"{cmp.speedup:.2f}x with no draft accepted is the target alone timed twice"
+    elif per_pass and cmp.speedup > per_pass * (1 + NOISE_MARGIN):
+        why = f"{cmp.speedup:.2f}x is more than the {per_pass:.2f} tokens each target pass gave"
+    else:
+        return ""
+    return (
+        f"Caution: {why}, so the machine was busy during one of the runs; press Compare again "
+        "when it is idle (the Bench tab repeats and takes medians)."
     )
 
 
@@ -467,13 +486,17 @@ class App:
                 speedup=cmp.speedup,
                 memory=getattr(pipe, "memory", None) or spec.memory,
                 note="same text with and without the draft: " + _same_text_note(cmp, opts),
+                caution=noise_caution(cmp),
             )
             run = cmp.speculative
             sources = [
                 src if drafted else None for src, drafted in zip(run.sources, run.from_draft, strict=True)
             ]
             pieces = list(zip(run.pieces, sources, strict=True)) or [(str(run), None)]
-            text = tokens_html(pieces, status="compare: the run with the draft")
+            status = "compare: the run with the draft"
+            if v[c["mode"]] == "Chat":  # compare() times plain completions: said so
+                status += ", a plain completion of the prompt box (Compare does not run the chat)"
+            text = tokens_html(pieces, status=status)
             return {**fit, c["error"]: "", c["result"]: panel, c["output"]: text}
         except Exception as exc:
             if isinstance(exc, LocalspecError):

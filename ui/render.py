@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from localspec.settings import MODEL_STRATEGIES
 from localspec.units import format_bytes
 
 MB = 1e6  # decimal, as localspec.units.format_bytes writes sizes: the data-value and the text agree
@@ -55,6 +56,8 @@ CSS = """
 #ls-preset-facts.ls-missing { border-left: 3px solid #f5a524; }
 #ls-preset-facts.ls-cached { border-left: 3px solid #46a758; }
 .ls-note { font-size: 0.82rem; color: var(--body-text-color-subdued); margin-top: 6px; }
+.ls-caution { font-size: 0.82rem; color: #92400e; background: #fef3c7; border-radius: 6px; padding: 4px 8px;
+  margin: 4px 0; }
 """
 
 
@@ -211,12 +214,20 @@ def acceptance_bars_html(acceptance: Sequence[float] | None, drafted: Sequence[i
 
 
 def result_panel_html(
-    stats: Any, *, baseline: Any = None, speedup: float | None = None, memory: Any = None, note: str = ""
+    stats: Any,
+    *,
+    baseline: Any = None,
+    speedup: float | None = None,
+    memory: Any = None,
+    note: str = "",
+    caution: str = "",
 ) -> str:
     """Speed next to memory: the two cards the issue asks for, plus acceptance by position.
 
     ``stats`` are the speculative run's GenerationStats, ``baseline`` the target-alone run's
-    (None after a plain Run, when only Compare can tell the speedup).
+    (None after a plain Run, when only Compare can tell the speedup); ``caution`` is said under the
+    speedup (a figure the run cannot have measured). A run whose strategy drafted without the draft
+    model says its memory is loaded but unused.
     """
     memory = memory if memory is not None else _get(stats, "memory")
     spec_tps = _get(stats, "tokens_per_second")
@@ -254,15 +265,22 @@ def result_panel_html(
     speed_card = (
         '<div class="ls-card"><h4>Speed</h4>'
         f'<div class="ls-big">{_value("ls-speedup", speedup, sp_text)}</div>'
-        f"{_table(speed_rows)}</div>"
+        + (f'<div class="ls-caution" id="ls-caution">{esc(caution)}</div>' if caution else "")
+        + f"{_table(speed_rows)}</div>"
     )
     mem = memory_rows(memory)
     over_pct = mem[4][2]
+    unused = ""
+    if _get(memory, "draft_overhead_bytes") and _get(stats, "strategy") not in MODEL_STRATEGIES:
+        unused = (
+            '<div class="ls-note" id="ls-draft-unused">loaded, but this run did not use the draft model'
+            " (pick the draft <i>n-gram lookup</i> to free it)</div>"
+        )
     mem_card = (
         '<div class="ls-card"><h4>Memory cost of the draft</h4>'
         f'<div class="ls-big">{esc(format_bytes(_get(memory, "draft_overhead_bytes")))} '
         f'<span style="font-size:1rem">({esc(fmt_num(over_pct, 1, " % of target"))})</span></div>'
-        f"{_table(mem)}</div>"
+        f"{unused}{_table(mem)}</div>"
     )
     strategy = _get(stats, "route") or _get(stats, "strategy", "")  # auto: what it chose, and why
     draft_name = _get(stats, "draft_name") or ""
