@@ -695,8 +695,26 @@ def test_a_typed_target_is_offered_the_drafts_next_to_it(app, tmp_path, monkeypa
     small = write_tiny_llama(tmp_path / "small.gguf", vocab, n_embd=16)
     msg, drafts, table = app.on_target(str(big))
     values = [v for _, v in drafts["choices"]]
-    assert msg == "" and values[0] == str(small) and values[-2:] == ["ngram", "none"], (values, table)
+    assert msg == {"__type__": "update"} and values[0] == str(small) and values[-2:] == ["ngram", "none"]
     assert "| yes | tiny-test" in table and "identical" in table
+
+
+def test_a_scan_offers_the_largest_model_as_the_target_with_its_drafts_and_says_so(app, tmp_path):
+    """It offered the smallest (a 0.5B target with no draft); its "found N" was wiped by the target's
+    change at once, and an unchanged target left the candidates table blank."""
+    from _tiny_gguf import write_tiny_llama
+
+    vocab = next((Path(__file__).parent / "data" / "vocab").glob("*gpt-2*.gguf"))
+    small = write_tiny_llama(tmp_path / "a-small.gguf", vocab, n_embd=16)  # first by name
+    big = write_tiny_llama(tmp_path / "b-big.gguf", vocab, n_embd=32)
+    for _ in range(2):  # the second scan: the same target, so no change event fills the table
+        msg, target, drafts, table = app.on_scan(str(tmp_path))
+        assert "found 2 model(s)" in msg and target["value"] == str(big)
+        assert [v for _, v in drafts["choices"]][0] == str(small) and "identical" in table
+    msg, _, _, _ = app.on_scan(str(tmp_path / "nowhere"))
+    assert "no such folder" in msg and str(tmp_path / "nowhere") in msg and "then Scan" in msg
+    msg, _, _, _ = app.on_scan(str(tmp_path / "a-small.gguf") + "x")
+    assert "Nothing found" in msg
 
 
 # ------------------------------------------------------------------- Max tokens and the pair's context

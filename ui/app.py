@@ -348,26 +348,41 @@ class App:
         return msg, pairs.preset_info_html(name), gr.update(choices=choices, value=name)
 
     def on_scan(self, folders: str):
+        """The models found (largest first as the target), that target's drafts and candidates table, and
+        a message that says what was found, or where it looked and why nothing was."""
         try:
             self.view = pairs.scan_models(folders or "")
         except Exception as exc:
             return friendly(exc), gr.update(), gr.update(), ""
         choices = self.view.target_choices()
         if not choices:
-            msg = error_html("no GGUF models found there", title="Nothing found")
+            typed = pairs.scan_folders(folders or "")
+            missing = [f for f in typed if not Path(f).expanduser().exists()]
+            if missing:
+                why = f"no such folder: {', '.join(missing)}"
+            elif typed:
+                why = "no GGUF models found there"
+            else:
+                where = ", ".join(str(d) for d in constants.default_scan_dirs()) or "none on this machine"
+                why = f"no GGUF models in the usual places ({where})"
+            hint = "type the folders that hold your .gguf files, one per line, then Scan"
+            msg = error_html(LocalspecError(why, hint=hint), title="Nothing found")
             return msg, gr.update(choices=[], value=None), gr.update(choices=[], value=None), ""
         msg = ok_html(f"found {len(choices)} model(s)")
-        return msg, gr.update(choices=choices, value=choices[0][1]), gr.update(), ""
+        _, drafts, table = self.on_target(choices[0][1])  # filled here: an unchanged target fires no change
+        return msg, gr.update(choices=choices, value=choices[0][1]), drafts, table
 
     def on_target(self, target: str | None):
+        """The drafts that fit ``target`` and the candidates table; the message box is left as it is
+        unless something is wrong (a scan's "found N" stays)."""
         if not target:
-            return "", gr.update(), ""
+            return gr.update(), gr.update(), ""
         try:
             info = self.view.models.get(target) or pairs.inspect_model(target)
             choices, md = pairs.draft_options(info, self.view)
         except Exception as exc:
             return friendly(exc), gr.update(choices=[], value=None), ""
-        return "", gr.update(choices=choices, value=choices[0][1]), md
+        return gr.update(), gr.update(choices=choices, value=choices[0][1]), md
 
     # -- running -------------------------------------------------------------------------------
 

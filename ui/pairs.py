@@ -92,7 +92,14 @@ class ScanView:
     models: dict[str, Any]
 
     def target_choices(self) -> list[tuple[str, str]]:
-        return [(model_label(m), p) for p, m in self.models.items() if getattr(m, "usable", True)]
+        """The usable models, largest first: the one a new user means as the target (a draft is smaller)."""
+
+        def size(m: Any) -> int:
+            return int(getattr(m, "n_params", None) or getattr(m, "size_bytes", 0) or 0)
+
+        usable = [(p, m) for p, m in self.models.items() if getattr(m, "usable", True)]
+        usable.sort(key=lambda pm: -size(pm[1]))
+        return [(model_label(m), p) for p, m in usable]
 
 
 def model_path(m: Any) -> str:
@@ -106,10 +113,14 @@ def model_label(m: Any) -> str:
     return f"{name} ({', '.join(bits)})" if bits else str(name)
 
 
+def scan_folders(folders: str) -> list[str]:
+    """The folders typed in the box (one per line or separated by ``;``); empty: the scanner's defaults."""
+    return [f.strip() for f in folders.replace(";", "\n").splitlines() if f.strip()] if folders else []
+
+
 def scan_models(folders: str) -> ScanView:
-    """Run the scanner on the given folders (one per line or separated by ``;``/``:``), or its defaults."""
-    paths = [f.strip() for f in folders.replace(";", "\n").splitlines() if f.strip()] if folders else []
-    found = scan.scan(paths or None)
+    """Run the scanner on the given folders (:func:`scan_folders`), or its defaults."""
+    found = scan.scan(scan_folders(folders) or None)
     return ScanView({model_path(m): m for m in found})
 
 
