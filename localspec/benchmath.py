@@ -87,6 +87,12 @@ def fit_acceptance(mean_accepted: float, k: float) -> float:
     return (lo + hi) / 2
 
 
+#: The steepest verify-cost slope a machine can have: V(b) = 1 + s (b - 1) <= b one-token passes, with
+#: 20% for timing noise (``report.NOISE_MARGIN``). A fit above it (282 seen beside a busy process) gives
+#: no ceiling and a warning.
+MAX_PHYSICAL_SLOPE = 1.2
+
+
 def verify_slope(points: Iterable[tuple[float, float, float]]) -> float:
     """Least-squares slope s of V(b) = 1 + s (b - 1) through (batch size b, V(b), weight) points."""
     num = den = 0.0
@@ -230,9 +236,10 @@ def add_ceilings(cells: list[CellResult], slope: float | None = None) -> float:
         slope = verify_slope((c.batch, c.v_at_batch, c.generated_tokens) for c in spec)
     for c in spec:
         a, k = c.a, float(c.n_max or round(c.draft_length) or 1)
-        if math.isnan(slope) or slope <= 0 or not c.drafting_rounds:
-            # no verify-cost fit (or a non-physical one from a handful of drafting rounds: wider passes
-            # never cost less), or nothing was drafted: no ceiling to speak of
+        if math.isnan(slope) or not 0 < slope <= MAX_PHYSICAL_SLOPE or not c.drafting_rounds:
+            # no verify-cost fit, or a non-physical one (wider passes never cost less, and a b-token pass
+            # never more than b one-token passes: past that the timings were taken on a busy machine), or
+            # nothing was drafted: no ceiling to speak of
             continue
         c.v_k1 = 1.0 + slope * k
         c.expected_tokens = expected_tokens_per_round(a, k)

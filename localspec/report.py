@@ -9,6 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from localspec.benchmath import MAX_PHYSICAL_SLOPE
 from localspec.units import format_bytes
 from localspec.workloads import WORKLOAD_TITLES
 
@@ -239,6 +240,9 @@ def noise_lines(report: dict[str, Any]) -> list[str]:
             odd.append(f"{r['workload']} / {r['config']} {speedup:.2f}x is {efficiency:.0%} of its ceiling")
         elif not r.get("acceptance_rate") and abs(speedup - 1) > NOISE_MARGIN:
             odd.append(f"{r['workload']} / {r['config']} {speedup:.2f}x with no draft accepted")
+    slope = report.get("verify_slope")
+    if isinstance(slope, (int, float)) and slope > MAX_PHYSICAL_SLOPE:
+        odd.append(f"each extra token of a verify pass fitted at {slope:.3g} one-token passes (1 at most)")
     if not odd:
         return []
     return [

@@ -542,6 +542,39 @@ def test_figures_no_drafter_can_produce_are_flagged_as_noise():
     assert "code / ngram k=4 5.26x with no draft accepted" in line
     assert "chat" not in line and "--repeats 3" in line
     assert report.noise_lines({"cells": rows[2:]}) == []
+    (line,) = report.noise_lines({"cells": rows[2:], "verify_slope": 282.7})
+    assert "each extra token of a verify pass fitted at 283 one-token passes" in line
+
+
+def test_a_non_physical_verify_fit_gives_no_ceiling():
+    """Beside a busy process the fit gave V(b) = 1 + 282 (b - 1): ceilings of 0.00x, efficiencies of
+    222094%, shown as results. A slope past one pass per token gives none."""
+    from localspec.benchmath import CellResult, add_ceilings
+
+    def cell(strategy, batch, v):
+        return CellResult(
+            **dict.fromkeys(["p_min", "identical_output"]),
+            **dict.fromkeys(["prompts", "drafting_rounds", "generated_tokens"], 10),
+            **dict.fromkeys(["baseline_tps", "speculative_tps", "draft_share", "verify_share"], 1.0),
+            **dict.fromkeys(["other_share", "prompt_seconds_baseline", "prompt_seconds_speculative"], 1.0),
+            **dict.fromkeys(["mean_accepted_length", "tokens_per_round", "draft_length"], 3.0),
+            workload="code",
+            config=strategy,
+            strategy=strategy,
+            n_max=4,
+            speedup=1.3,
+            speedup_per_prompt=[1.3],
+            acceptance_rate=0.8,
+            a=0.8,
+            c=0.5,
+            batch=batch,
+            v_at_batch=v,
+        )
+
+    busy = [cell("model", 5.0, 1130.0)]
+    assert add_ceilings(busy) > 200 and busy[0].ceiling is None and busy[0].efficiency is None
+    calm = [cell("model", 5.0, 2.6)]
+    assert add_ceilings(calm) == pytest.approx(0.4) and calm[0].ceiling and calm[0].efficiency
 
 
 # ---------------------------------------------------------------------------------------------- the peer

@@ -7,6 +7,7 @@ The tab only maps the page's choices onto those calls and counts progress lines 
 
 from __future__ import annotations
 
+import html
 import tempfile
 import threading
 from pathlib import Path
@@ -93,6 +94,8 @@ def run_bench(
     files = report.write_all(result, out)
     table = files["markdown"].read_text(encoding="utf-8")
     msg = ok_html(f"benchmark done: {done[0]} runs; files in {out}")
+    for line in report.noise_lines(result):  # above the table, not only in its summary
+        msg += f'<div class="ls-caution" id="ls-bench-caution">{html.escape(line)}</div>'
     return msg, table, str(files["png"]), str(files["json"])
 
 
