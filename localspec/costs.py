@@ -25,7 +25,9 @@ A curve is kept for good, so one taken while something else used the CPU would m
 b = 16). Another process can only slow a pass down, so each width's cost is near its fastest timing (the
 second-fastest, see :func:`typical`), and the sweeps go on (up to :data:`MAX_SWEEPS`) until the two fastest
 timings of a one-token pass, and of nearly every width, agree within :data:`AGREEMENT`. A curve that never
-settles is kept, marked unsteady, and said so.
+settles is kept, marked unsteady, and said so; the next processes measure it again, up to
+:data:`UNSTEADY_TRIES` measurements in all, and ``auto`` says with its decision that the costs it
+decided by were measured on a busy machine.
 
 The draft model's token cost ``c`` (``auto`` routes by ``c / T``) is held to the same rule. It used to be
 timed once the sweeps were over, in 6-12 back-to-back passes, and nothing checked it: one busy spell then
@@ -71,6 +73,9 @@ MIN_SWEEPS, MAX_SWEEPS = 3, 6
 AGREEMENT = 0.05
 #: A curve is steady when width 1 and all but this fraction of the widths agree (see :func:`unsteady_widths`).
 UNSTEADY_SHARE = 0.1
+#: Processes that measure again a kept curve that was unsteady, before it is kept for good (a machine that
+#: is always busy then stops paying a measurement per process).
+UNSTEADY_TRIES = 3
 #: Where each sweep times the draft model's token: before these shares of the widths (the middle one and the
 #: widest; never right before width 1, which every V(b) is divided by), one uncounted pass then a timed one
 #: at each, so that the timed pass runs with the draft model's own data warm, as in a run of drafts.
@@ -389,10 +394,10 @@ def machine_costs(
 ) -> MachineCosts:
     """The stored costs for this machine, models and settings, measuring (and storing) them the first time."""
     key = _key_of(target, draft, threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers)
-    if not remeasure:
-        found = read_costs(key)
-        if found is not None:
-            return found
+    found = None if remeasure else read_costs(key)
+    tries = int(found.details.get("tries", 1)) if found is not None else 0
+    if found is not None and (found.steady or tries >= UNSTEADY_TRIES):
+        return found
     if notify is not None:
         notify(
             f"measuring this machine's decoding costs once ({len(WIDTHS)} pass widths, {MIN_SWEEPS} times "
@@ -401,6 +406,7 @@ def machine_costs(
     costs = measure(target, draft)
     costs.key = key
     costs.details |= {
+        "tries": tries + 1,
         "target": target.path.name,
         "draft": draft.path.name if draft else None,
         "threads": threads,
@@ -411,8 +417,12 @@ def machine_costs(
         notify(
             f"the machine was busy while measuring (the timings of {costs.unsteady_timings} still differed "
             f"by more than {AGREEMENT:.0%} after {costs.details['sweeps']} sweeps), so drafts may be sized "
-            f"for the wrong costs{routed}: when it is idle, `localspec cache clear --costs` has them "
-            "measured again"
+            f"for the wrong costs{routed}: "
+            + (
+                "the next process measures them again"
+                if tries + 1 < UNSTEADY_TRIES
+                else "when it is idle, `localspec cache clear --costs` has them measured again"
+            )
         )
     try:
         write_costs(costs)

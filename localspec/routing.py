@@ -65,6 +65,8 @@ def route(
     a = PRIOR_ACCEPTANCE if model_acceptance is None else model_acceptance
     speed, k = model_speed(costs, a, n_max)
     where = f"a draft token costs {costs.draft_ratio:.2f} of a target token here"
+    if not costs.steady:  # measured while something else used the CPU: said with the decision
+        where += " (measured on a busy machine; `localspec cache clear --costs` measures again)"
     measured = "prior" if model_acceptance is None else "measured"
     if speed >= MIN_GAIN:
         why = f"{where}; at {measured} acceptance {a:.2f} drafting {k} tokens should give {speed:.2f}x"
