@@ -872,7 +872,7 @@ def load(
         note = note or f"draft {draft_path.name}"
     elif preset is not None:
         draft_path = preset_draft
-    elif (strategy or settings.strategy) in MODEL_STRATEGIES:
+    elif (strategy or settings.strategy) in (*MODEL_STRATEGIES, "auto"):  # auto may choose the model
         draft_path, note = _auto_draft(target_path)
         if draft_path is None and strategy is None:
             settings = settings.with_overrides(strategy="none")

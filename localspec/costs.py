@@ -377,9 +377,15 @@ def stored_costs(
     target: Model, draft: Model | None, *, threads: int, gpu_layers: int = 0, draft_gpu_layers: int = 0
 ) -> MachineCosts | None:
     """What :func:`machine_costs` would read without measuring; None when it would have to measure."""
-    return read_costs(
+    found = read_costs(
         _key_of(target, draft, threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers)
     )
+    return found if found is not None and _settled(found) else None
+
+
+def _settled(found: MachineCosts) -> bool:
+    """A kept curve is used as it is: steady, or measured :data:`UNSTEADY_TRIES` times already."""
+    return found.steady or int(found.details.get("tries", 1)) >= UNSTEADY_TRIES
 
 
 def machine_costs(
@@ -395,9 +401,9 @@ def machine_costs(
     """The stored costs for this machine, models and settings, measuring (and storing) them the first time."""
     key = _key_of(target, draft, threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers)
     found = None if remeasure else read_costs(key)
-    tries = int(found.details.get("tries", 1)) if found is not None else 0
-    if found is not None and (found.steady or tries >= UNSTEADY_TRIES):
+    if found is not None and _settled(found):
         return found
+    tries = int(found.details.get("tries", 1)) if found is not None else 0
     if notify is not None:
         notify(
             f"measuring this machine's decoding costs once ({len(WIDTHS)} pass widths, {MIN_SWEEPS} times "

@@ -31,6 +31,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from localspec import constants
 from localspec.errors import (
     ContextOverflowError,
     GGUFError,
@@ -124,7 +125,7 @@ class Model:
                     n_threads_batch=n_threads,
                     n_gpu_layers=n_gpu_layers,
                     logits_all=False,
-                    verbose=False,
+                    verbose=constants.verbose(),  # LOCALSPEC_VERBOSE: its load log, on stderr
                 )
         except (ValueError, RuntimeError, OSError) as exc:
             # llama.cpp's own reason (an architecture this build does not know, a tensor out of bounds)
@@ -382,7 +383,7 @@ def _interrupt_after() -> Iterator[list[int]]:
 def _quiet_stderr() -> Iterator[Said]:
     """llama.cpp prints its load log to fd 2 from C; hide it unless LOCALSPEC_VERBOSE is set (then what
     it says goes to the terminal, and the yielded :class:`Said` stays empty)."""
-    if os.environ.get("LOCALSPEC_VERBOSE"):
+    if constants.verbose():
         yield Said()
         return
     with llama_said() as said:

@@ -189,8 +189,13 @@ class GenerationStats:
             parts.append(self.route.split(":")[0])  # "auto -> suffix"; the reason is in as_dict()
         if self.strategy != "none":
             parts.append(f"strategy {self.strategy}")
-            parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted})")
-            parts.append(f"mean accepted length {self.mean_accepted_length:.2f}")
+            if self.drafted:
+                parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted})")
+            else:  # "0% (0/0)" read as every proposal refused
+                parts.append("nothing drafted")
+            # what drafting bought: 1.00 is the target alone's (mean accepted length counts rounds
+            # that drafted nothing too, and read as a contradiction next to a high acceptance)
+            parts.append(f"{self.tokens_per_round:.2f} tokens per target pass")
             if self.drafted_by_source and set(self.drafted_by_source) != {"model"}:
                 by = ", ".join(
                     f"{src} {self.accepted_by_source.get(src, 0)}/{n}"

@@ -4,6 +4,9 @@ traceback; the flags say what they do (GPU layers left to the library, --baselin
 from __future__ import annotations
 
 import errno
+import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -197,6 +200,7 @@ def test_the_one_time_cost_measurement_is_announced_once(monkeypatch, tmp_path):
     """The suffix cache sizes drafts from this machine's measured verify curve: the first run measures it
     (a pause of seconds, more on a big model) and says so; the next run reads it from the cache, silently."""
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("localspec.costs.UNSTEADY_TRIES", 1)  # kept even if this machine is busy now
     args = ("run", "-n", "4", "--threads", "2", "--n-ctx", "256", "--strategy", "suffix", "--no-store", "x=1")
     first, second = invoke(*args), invoke(*args)
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
@@ -354,3 +358,16 @@ def test_a_request_past_the_context_is_refused_in_the_command_lines_own_option_n
     res = invoke("run", "-n", "4000", "--n-ctx", "100000", "def f():")  # lowered to the trained 2048
     assert res.exit_code == 1 and "(--n-ctx 100000 lowered to the model's trained context)" in res.output
     assert "trained on 2048 tokens" in res.output and "larger --n-ctx" not in res.output
+
+
+def test_localspec_verbose_lets_llama_cpps_load_log_through():
+    """The README's LOCALSPEC_VERBOSE showed nothing: the model was loaded with verbose=False."""
+    env = {**os.environ, "LOCALSPEC_VERBOSE": "1"}
+    res = subprocess.run(
+        [sys.executable, "-m", "localspec", "run", "-n", "2", "x"], capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 0 and "llama_model_loader" in res.stderr, res.stderr[-500:]
+    quiet = subprocess.run(
+        [sys.executable, "-m", "localspec", "run", "-n", "2", "x"], capture_output=True, text=True
+    )
+    assert quiet.returncode == 0 and "llama_model_loader" not in quiet.stderr

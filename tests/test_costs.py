@@ -207,6 +207,7 @@ def test_an_unsteady_measurement_is_said_with_the_next_step(tmp_path, monkeypatc
     assert "busy" in said[1] and "the next process measures them again" in said[1]
     assert costs.details["target"] == "target.gguf" and costs.details["threads"] == 2
     assert costsmod.read_costs("k-busy") is not None  # kept for this process and as a fallback
+    assert costsmod.stored_costs(target, None, threads=2) is None  # type: ignore[arg-type]  # (pending)
     # the next processes measure it again, up to UNSTEADY_TRIES in all; then it is kept for good
     for tries in range(2, costsmod.UNSTEADY_TRIES + 1):
         said.clear()
@@ -216,6 +217,7 @@ def test_an_unsteady_measurement_is_said_with_the_next_step(tmp_path, monkeypatc
     said.clear()
     kept = costsmod.machine_costs(target, None, threads=2, notify=said.append)  # type: ignore[arg-type]
     assert said == [] and kept.details["tries"] == costsmod.UNSTEADY_TRIES
+    assert costsmod.stored_costs(target, None, threads=2) is not None  # type: ignore[arg-type]
 
 
 def test_auto_says_when_it_decided_by_costs_measured_on_a_busy_machine():

@@ -601,3 +601,15 @@ def test_the_one_line_api_loads_again_when_its_pipeline_was_closed():
 def test_an_empty_model_or_preset_name_is_refused_not_read_as_the_current_folder(name):
     with pytest.raises(SettingsError, match=f"{name} is an empty string"):
         localspec.load(**{name: ""})
+
+
+def test_auto_pairs_a_draft_like_the_model_strategies_do(tmp_path):
+    """`--strategy auto` with a target alone never loaded a draft, so 'the draft model where it pays'
+    could not happen. A target with a fitting draft next to it:"""
+    import shutil
+
+    target = shutil.copy(constants.EMBEDDED_TARGET, tmp_path / "t.gguf")
+    shutil.copy(constants.EMBEDDED_DRAFT, tmp_path / "d.gguf")
+    with localspec.load(target=target, strategy="auto", n_threads=1, suffix_store=False) as pipe:
+        assert pipe.info.draft_path == tmp_path / "d.gguf", pipe.info.note
+        assert "automatic pairing picked d.gguf" in pipe.info.note
