@@ -772,10 +772,10 @@ def _auto_draft(target: Path) -> tuple[Path | None, str]:
     except (LocalspecError, OSError) as exc:
         return None, f"automatic pairing failed ({exc}); running the target alone"
     if not ranked:
+        folders = [str(d) for d in constants.default_scan_dirs()] + [f"{target.parent} (the target's)"]
         return None, (
-            "no compatible draft found by `localspec scan` (searched "
-            + (", ".join(str(d) for d in constants.default_scan_dirs()) or "no model folders")
-            + f", and {target.parent}); running the target alone: try draft='ngram'"
+            f"no compatible draft found in {', '.join(folders)}; running the target alone: "
+            "n-gram lookup needs no draft model (--draft ngram, or draft='ngram' in Python)"
         )
     best = ranked[0]
     return Path(best.model.path), f"automatic pairing picked {Path(best.model.path).name}: {best.why}"

@@ -371,3 +371,14 @@ def test_localspec_verbose_lets_llama_cpps_load_log_through():
         [sys.executable, "-m", "localspec", "run", "-n", "2", "x"], capture_output=True, text=True
     )
     assert quiet.returncode == 0 and "llama_model_loader" not in quiet.stderr
+
+
+def test_an_empty_stdin_prompt_is_a_usage_error():
+    res = invoke("run", "-n", "4", input="")
+    assert res.exit_code == 2 and "the prompt from stdin is empty" in res.output
+
+
+def test_the_default_context_lowered_is_not_called_an_option_the_user_gave():
+    res = invoke("run", "-n", "2", "-t", str(localspec.constants.EMBEDDED_TARGET), "--draft", "none", "x")
+    assert res.exit_code == 0 and "the default context 4096 lowered to 2048" in res.output, res.output
+    assert "--n-ctx 4096" not in res.output

@@ -85,7 +85,10 @@ class _FriendlyGroup(click.Group):
             click.echo(f"Error: {exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
+            from localspec.cli.options import WARNING_LINES  # (the module is loaded by now)
+
+            # after text streamed to the terminal without a newline, on a line of its own
+            click.echo(("\n" if WARNING_LINES.mid_line else "") + "Interrupted.", err=True)
             sys.exit(130)
         except BrokenPipeError:
             # The reader went away (`localspec scan | head`): nothing left to tell it. Point stdout at

@@ -101,12 +101,14 @@ def run(
     grammar = _grammar(json_schema, grammar_file)  # checked before a model loads
     pipe = load_pipeline(**model)
     if pipe.n_ctx_asked:  # past it the model writes garbage; said before the text, not only on overflow
-        click.echo(
-            f"localspec: --n-ctx {pipe.n_ctx_asked} lowered to {pipe.n_ctx}, the model's trained context",
-            err=True,
-        )
+        asked = f"the default context {pipe.n_ctx_asked}"
+        if model.get("n_ctx"):
+            asked = f"--n-ctx {pipe.n_ctx_asked}"
+        click.echo(f"localspec: {asked} lowered to {pipe.n_ctx}, the model's trained context", err=True)
     if prompt is None:
         prompt = sys.stdin.read()
+        if not prompt:  # an empty file piped in: generating from nothing would puzzle more than help
+            raise click.UsageError("the prompt from stdin is empty (was the file piped in empty?)")
     kw = dict(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -177,7 +179,11 @@ def run(
                     if json_schema
                     else "before the grammar ended it, so it may be unfinished"
                 )
-                click.echo(f"note: stopped at --max-tokens {max_tokens} {said}: raise -n", err=True)
+                click.echo(
+                    f"note: stopped at --max-tokens {max_tokens} {said}: raise -n (a small model may never "
+                    "finish it: the embedded toy pair can write spaces for ever)",
+                    err=True,
+                )
             if stats.speedup is not None and stats.speedup < 1.0 and stats.strategy != "none":
                 tries = [] if model["adaptive"] else ["--adaptive (drafts only when it pays)"]
                 tries += ["--draft ngram"] if stats.strategy != "ngram" else ["--draft none"]
