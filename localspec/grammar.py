@@ -110,7 +110,7 @@ class Grammar:
         """JSON matching ``schema`` (a JSON schema as a dict), converted by llama-cpp-python."""
         if not isinstance(schema, Mapping):
             raise GrammarError(
-                f"the JSON schema must be an object, got {type(schema).__name__}",
+                f"the JSON schema must be an object ({{...}}), got {_json_kind(schema)}",
                 param=what,
                 hint='e.g. {"type": "object", "properties": {"name": {"type": "string"}}}',
             )
@@ -154,6 +154,21 @@ _BOUND_PAIRS = (
     ("minItems", "maxItems"),
     ("minProperties", "maxProperties"),
 )
+
+
+def _json_kind(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words (not Python's "NoneType")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return type(value).__name__
 
 
 def _is_number(v: Any) -> TypeGuard[float]:

@@ -48,8 +48,8 @@ def size_warning(target_bytes: int | None, draft_bytes: int | None, *, order: st
     if not target_bytes or not draft_bytes or draft_bytes < target_bytes:
         return None
     sizes = f"the draft ({format_bytes(draft_bytes)}) is"
-    if draft_bytes == target_bytes:
-        return f"{sizes} as large as the target: a draft only pays when it is much smaller"
+    if draft_bytes <= target_bytes * 1.05:  # (equal as printed: "1.8 MB is larger than 1.8 MB" read oddly)
+        return f"{sizes} about as large as the target: a draft only pays when it is much smaller"
     return (
         f"{sizes} larger than the target ({format_bytes(target_bytes)}): the arguments may be swapped "
         f"({order})"

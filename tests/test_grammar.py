@@ -509,3 +509,11 @@ def test_interleaved_streams_with_their_own_grammars_each_give_what_they_give_al
                 else:
                     got[i] += r.text
     assert got == alone
+
+
+@pytest.mark.parametrize(
+    ("schema", "kind"), [(None, "null"), ("x", "a string"), (3, "a number"), ([1], "an array")]
+)
+def test_a_schema_that_is_not_an_object_is_named_in_jsons_words(schema, kind):
+    with pytest.raises(GrammarError, match=rf"must be an object .*got {kind}\n"):
+        Grammar.json_schema(schema)

@@ -18,7 +18,8 @@ from localspec.units import format_bytes
 MB = 1e6  # decimal, as localspec.units.format_bytes writes sizes: the data-value and the text agree
 
 CSS = """
-.ls-out { white-space: pre-wrap; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
+.ls-out { white-space: pre-wrap; overflow-wrap: anywhere;
+  font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
   font-size: 0.92rem; line-height: 1.55; padding: 10px 12px; border: 1px solid var(--border-color-primary);
   border-radius: 8px; min-height: 9rem; max-height: 28rem; overflow-y: auto;
   background: var(--background-fill-primary); }
