@@ -327,6 +327,10 @@ class _FakePipe:
         finally:
             self.cleaned += 1
 
+    def chat_stream(self, messages, **opts):
+        self.messages = messages
+        return self.stream("", **opts)
+
     def close(self) -> None:
         pass
 
@@ -775,6 +779,30 @@ def test_max_tokens_past_what_this_prompt_leaves_is_lowered_for_this_run(app):
     assert app.fake.opts["max_tokens"] == 503 and "value" not in got[c["max_tokens"]]  # the page keeps 510
     got = _run_updates(app, _values(app, max_tokens=100, prompt="def f():"))
     assert app.fake.opts["max_tokens"] == 100 and c["settings_note"] not in got
+
+
+def test_a_chat_message_answered_leaves_the_box_empty_for_the_next_one(app):
+    c = app.c
+    final = list(
+        app.on_run(_values(app, mode="Chat", prompt="hi"), _session("A"), progress=lambda *a, **k: None)
+    )
+    last = final[-1]
+    assert last[c["prompt"]] == "" and [m["role"] for m in last[c["chat"]]] == ["user", "assistant"]
+    assert app.fake.messages == [{"role": "user", "content": "hi"}]
+    plain = list(app.on_run(_values(app, prompt="hi"), _session("A"), progress=lambda *a, **k: None))
+    assert c["prompt"] not in plain[-1]  # a plain prompt stays, to be run again or edited
+
+
+def test_a_context_loaded_other_than_asked_is_said(app):
+    """A preset's Context 4096 loaded as its trained 2048, and 16 as 256, without a word."""
+    c = app.c
+    got = _run_updates(app, _values(app, n_ctx=300, max_tokens=16, prompt="a"))  # the fake loads 512
+    assert "Context 300 loaded as 512 tokens (llama.cpp's steps of 256)" in _note(got[c["settings_note"]])
+    app.fake.n_ctx = 256
+    got = _run_updates(app, _values(app, n_ctx=1000, max_tokens=16, prompt="a"))
+    assert "Context 1000 loaded as 256 tokens (the model's trained context)" in _note(got[c["settings_note"]])
+    got = _run_updates(app, _values(app, max_tokens=16, prompt="a"))  # none asked: nothing to say
+    assert c["settings_note"] not in got
 
 
 def test_a_pair_at_its_trained_context_says_no_larger_context_helps(app):

@@ -285,21 +285,26 @@ class App:
         run only, with a note: the page's top is for the shortest prompt, so it can be more."""
         c = self.c
         assert self.loaded_room is not None  # set by _pipe
-        room = self.loaded_room[1]
+        spec, room = self.loaded_room
         update: dict[Any, Any] = {c["max_tokens"]: gr.update(maximum=room.max_tokens)}
+        notes = []
+        if spec.n_ctx and spec.n_ctx != room.n_ctx:  # the Context asked for is not the one loaded
+            why = "the model's trained context" if room.n_ctx < spec.n_ctx else "llama.cpp's steps of 256"
+            notes.append(f"Context {spec.n_ctx} loaded as {room.n_ctx} tokens ({why}).")
         asked = opts["max_tokens"]
         if asked > room.max_tokens:
             opts["max_tokens"] = room.max_tokens
             update[c["max_tokens"]] = gr.update(maximum=room.max_tokens, value=room.max_tokens)
-            update[c["settings_note"]] = note_update(lowered_note(asked, room.max_tokens, room))
+            notes.append(lowered_note(asked, room.max_tokens, room))
         left = room.n_ctx - prompt_tokens if prompt_tokens is not None else 0
         if 0 < left < opts["max_tokens"]:  # (none left at all: the engine's refusal says what to do)
-            note = (
+            notes.append(
                 f"Max tokens {opts['max_tokens']} lowered to {left} for this run: the prompt takes "
                 f"{prompt_tokens} of the context's {room.n_ctx} tokens ({room.more()})."
             )
             opts["max_tokens"] = left
-            update[c["settings_note"]] = note_update(note)
+        if notes:
+            update[c["settings_note"]] = note_update(" ".join(notes))
         return update
 
     @staticmethod
@@ -460,6 +465,7 @@ class App:
                     )
                 if is_chat:
                     reply = "".join(t for t, _ in pieces)
+                    update[c["prompt"]] = ""  # sent: the box is for the next message, as in a chat app
                     update[chat] = history + [
                         {"role": "user", "content": prompt},
                         {"role": "assistant", "content": reply},
@@ -669,6 +675,7 @@ class App:
 
             inputs = {v for k, v in c.items() if k not in ("output", "result", "error", "settings_note")}
             outputs = [c["output"], c["result"], c["error"], c["chat"], c["max_tokens"], c["settings_note"]]
+            outputs.append(c["prompt"])  # cleared once a chat message was answered
             busy = [c["output"], c["result"], c["error"]]  # the spinner: not on the slider nor the note
             # Every handler taking the sliders checks each value itself (bounded_int, bounded_float: the
             # setting and its range named), so Gradio's own check, which refuses a value out of a slider's
