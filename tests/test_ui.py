@@ -781,6 +781,13 @@ def test_max_tokens_past_what_this_prompt_leaves_is_lowered_for_this_run(app):
     assert app.fake.opts["max_tokens"] == 100 and c["settings_note"] not in got
 
 
+def test_a_failed_run_clears_the_last_runs_numbers(app):
+    from localspec.ui.render import empty_panel_html
+
+    updates = list(app.on_run(_values(app, format="JSON schema", schema="{"), _session("A"), progress=print))
+    assert updates[-1][app.c["result"]] == empty_panel_html()
+
+
 def test_a_chat_message_answered_leaves_the_box_empty_for_the_next_one(app):
     c = app.c
     final = list(

@@ -478,7 +478,8 @@ class App:
         except Exception as exc:
             if isinstance(exc, LocalspecError):
                 gr.Warning(html.escape(exc.message))  # Gradio renders a toast's text as HTML
-            yield {err: friendly(exc), out: tokens_html(pieces, prefix=prefix, status="failed")}
+            failed = {err: friendly(exc), out: tokens_html(pieces, prefix=prefix, status="failed")}
+            yield failed | {panel: empty_panel_html()}  # the last run's numbers are not this one's
 
     def on_compare(
         self,
@@ -522,7 +523,7 @@ class App:
         except Exception as exc:
             if isinstance(exc, LocalspecError):
                 gr.Warning(html.escape(exc.message))  # Gradio renders a toast's text as HTML
-            return {**fit, c["error"]: friendly(exc)}
+            return {**fit, c["error"]: friendly(exc), c["result"]: empty_panel_html()}
 
     def on_request(self, request: gr.Request) -> None:
         """A run, compare or bench was clicked: counted for Stop before it leaves the queue."""
