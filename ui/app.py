@@ -421,10 +421,7 @@ class App:
                     "the prompt is empty", hint="type something to continue in the prompt box"
                 )
             opts = self.gen_opts(v)  # every value checked before anything is loaded
-            status = "loading the pair..."
-            if self.holder.busy_with:  # it holds the engine until it ends (or its own page's Stop)
-                status = f"waiting for {self.holder.busy_with} running on this server to end..."
-            yield {err: "", out: tokens_html([], prefix=prefix, status=status)}
+            yield {err: "", out: tokens_html([], prefix=prefix, status="loading the pair...")}
             pipe = self._pipe(v, progress)
             messages = history + [{"role": "user", "content": prompt}] if is_chat else None
             yield self.fit_max_tokens(opts, self.prompt_tokens(pipe, prompt, messages))
@@ -499,7 +496,7 @@ class App:
             pipe = self._pipe(v, progress)
             fit = self.fit_max_tokens(opts, self.prompt_tokens(pipe, prompt, None))
             progress(None, desc="target alone, then with the draft")
-            with self.holder.busy("a comparison"):
+            with self.holder.busy():
                 cmp = pipe.compare(prompt, **opts)
             spec = cmp.speculative.stats
             panel = result_panel_html(

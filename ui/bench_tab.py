@@ -76,7 +76,7 @@ def run_bench(
         {"preset": spec.preset} if spec.preset else {"target": spec.target, "draft": spec.draft}
     )
     progress(0.0, desc="loading the pair")
-    with app.holder.busy("a benchmark"), app.holder.stoppable(session) as stop_pressed:
+    with app.holder.busy(), app.holder.stoppable(session) as stop_pressed:
         stop = stop_pressed
         app.holder.close()  # the bench loads its own pipeline: one pair in memory at a time
         result = bench.benchmark(

@@ -67,8 +67,6 @@ class PipelineHolder:
     _requested: dict[str, int] = field(default_factory=dict)
     _started: dict[str, int] = field(default_factory=dict)
     _cancelled: dict[str, int] = field(default_factory=dict)
-    #: what holds the pipeline for a blocking call right now ("" when nothing does): said to a run waiting
-    busy_with: str = ""
 
     def get(self, spec: PairSpec, progress: Callable[[str, int, int], None] | None = None) -> Any:
         """The pipeline for ``spec``: reused if loaded, else the old one is closed and a new one loaded."""
@@ -93,15 +91,10 @@ class PipelineHolder:
                     self.pipe, self.spec = None, None
 
     @contextmanager
-    def busy(self, what: str = "") -> Iterator[None]:
-        """Hold the pipeline for one blocking call (compare, bench) so nothing else switches it meanwhile;
-        ``what`` names it for :attr:`busy_with` while it runs."""
+    def busy(self) -> Iterator[None]:
+        """Hold the pipeline for one blocking call (compare, bench) so nothing else switches it meanwhile."""
         with self._lock:
-            self.busy_with = what
-            try:
-                yield
-            finally:
-                self.busy_with = ""
+            yield
 
     # -- Stop: a running stream or bench, or a request still waiting in the queue --------------------
 
