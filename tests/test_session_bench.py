@@ -79,30 +79,26 @@ def _row(config, strategy, ups, speeds, acceptance=0.5, peer=False):
 def test_session_figures_a_run_cannot_vouch_for_are_flagged():
     """From runs beside a busy process: the target alone moving 11-15 tok/s between repeats, a setting
     whose repeats gave 1.2x and 2.4x, an n-gram row at 1.9x that accepted nothing."""
-    busy = {
-        "workload": "agent",
-        "repeats": 3,
-        "rows": [
-            _row("none", "none", [1.0, 1.0, 1.0], [11.0, 15.0, 14.0]),
-            _row("suffix k=32", "suffix", [1.2, 2.4, 1.5], [16.0, 30.0, 21.0]),
-            _row("ngram k=4", "ngram", [1.9, 1.9, 1.95], [25.0, 27.0, 26.0], acceptance=0.0),
-            _row("ngram-mod", "ngram-mod", [1.0, 1.01, 1.02], [15.0, 15.0, 15.0], acceptance=None, peer=True),
-        ],
-    }
+
+    def agent(*rows):
+        return {"workload": "agent", "repeats": 3, "rows": list(rows)}
+
+    busy = agent(
+        _row("none", "none", [1.0, 1.0, 1.0], [11.0, 15.0, 14.0]),
+        _row("suffix k=32", "suffix", [1.2, 2.4, 1.5], [16.0, 30.0, 21.0]),
+        _row("ngram k=4", "ngram", [1.9, 1.9, 1.95], [25.0, 27.0, 26.0], acceptance=0.0),
+        _row("ngram-mod", "ngram-mod", [1.0, 1.01, 1.02], [15.0, 15.0, 15.0], acceptance=None, peer=True),
+    )
     (line,) = noise_lines([busy])
     assert "agent / none ran 11.0-15.0 tok/s across repeats" in line
     assert "agent / suffix k=32 1.20-2.40x across repeats" in line
     assert "agent / ngram k=4 1.90x with no draft accepted" in line
     assert "ngram-mod" not in line and line.startswith("warning: ")
-    calm = {
-        "workload": "agent",
-        "repeats": 3,
-        "rows": [
-            _row("none", "none", [1.0, 1.0, 1.0], [14.0, 15.0, 14.5]),
-            _row("suffix k=32", "suffix", [1.6, 1.7, 1.65], [23.0, 25.0, 24.0]),
-            _row("ngram k=4", "ngram", [1.0, 1.02, 0.99], [14.0, 15.0, 14.5], acceptance=0.0),
-        ],
-    }
+    calm = agent(
+        _row("none", "none", [1.0, 1.0, 1.0], [14.0, 15.0, 14.5]),
+        _row("suffix k=32", "suffix", [1.6, 1.7, 1.65], [23.0, 25.0, 24.0]),
+        _row("ngram k=4", "ngram", [1.0, 1.02, 0.99], [14.0, 15.0, 14.5], acceptance=0.0),
+    )
     assert noise_lines([calm]) == []
     (note,) = noise_lines([{**calm, "repeats": 1}])
     assert note.startswith("note: one repeat") and "--repeats 3" in note
