@@ -130,11 +130,9 @@ class Grammar:
         except RecursionError:
             raise GrammarError("the JSON schema nests too deeply to convert", param=what) from None
         except Exception as exc:  # the converter raises what it happens to (KeyError, AssertionError...)
+            why, hint = _converter_problem(exc)
             raise GrammarError(
-                f"this JSON schema cannot be turned into a grammar ({type(exc).__name__}: {exc})",
-                param=what,
-                hint="remote $ref and some keywords are not supported; "
-                "see llama.cpp's grammars/README.md for what is",
+                f"this JSON schema cannot be turned into a grammar: {why}", param=what, hint=hint
             ) from None
         swap = {_LOOSE_CHAR: _JSON_CHAR, _TIGHT_SPACE: _JSON_SPACE}
         lines = [swap.get(line, line) for line in gbnf.splitlines()]
@@ -154,6 +152,31 @@ _BOUND_PAIRS = (
     ("minItems", "maxItems"),
     ("minProperties", "maxProperties"),
 )
+
+
+_REF_ERROR = re.compile(r"Error resolving ref stdin(#\S*?):")
+_UNRECOGNIZED = "Unrecognized schema: "
+
+
+def _converter_problem(exc: Exception) -> tuple[str, str]:
+    """What llama-cpp-python's converter's exception means, in the schema's words, and the next step
+    (its own text, an ``AssertionError`` naming "stdin", is no help to the one who wrote the schema)."""
+    text = str(exc)
+    if m := _REF_ERROR.search(text):
+        return (
+            f"its $ref {m.group(1)!r} points at nothing in the schema",
+            "define it under $defs, or write it inline",
+        )
+    if text.startswith(_UNRECOGNIZED):
+        part = text[len(_UNRECOGNIZED) :]
+        return (
+            f"this part is nothing a grammar can hold: {part[:200]}",
+            "drop it (keywords such as not have no grammar), or write out the values it allows",
+        )
+    return (
+        f"{type(exc).__name__}: {text[:300]}",
+        "remote $ref and some keywords are not supported; see llama.cpp's grammars/README.md for what is",
+    )
 
 
 def _json_kind(value: Any) -> str:
