@@ -12,6 +12,7 @@ import json
 import math
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -569,9 +570,13 @@ def test_preset_facts_use_the_one_byte_formatter_and_the_hubs_cache_check(monkey
     html = pairs.preset_info_html(p.name)
     assert format_bytes(p.ram_bytes) in html and "yes, ready" in html
     label = dict((v, k) for k, v in pairs.preset_choices([p]))[p.name]
-    assert f"RAM {format_bytes(p.ram_bytes)}" in label
+    assert label == f"{p.name} · no download · {format_bytes(p.ram_bytes)} RAM"  # short: not under the arrow
+    hubbed = replace(p, download_bytes=1_500_000_000)
     monkeypatch.setattr(hub, "is_cached", lambda preset: False)
     assert "not yet: press Download" in pairs.preset_info_html(p.name)
+    assert "· 1.5 GB to download ·" in pairs.preset_choices([hubbed])[0][0]
+    monkeypatch.setattr(hub, "is_cached", lambda preset: True)
+    assert "· cached ·" in pairs.preset_choices([hubbed])[0][0]
 
 
 @pytest.mark.browser

@@ -34,12 +34,15 @@ def list_presets() -> list[Any]:
 
 
 def preset_choices(found: list[Any]) -> list[tuple[str, str]]:
-    """Dropdown (label, value) pairs: name, download size, RAM need, cached or not."""
+    """Dropdown (label, value) pairs: name, what it takes to get (nothing, cached, or the download's size)
+    and the RAM it needs; short, so that the label does not run under the dropdown's arrow."""
     out = []
     for p in found:
-        size = "no download" if not p.download_bytes else f"{format_bytes(p.download_bytes)} download"
-        cached = "cached" if preset_cached(p) else "not cached"
-        out.append((f"{p.name}  ({size}, RAM {format_bytes(p.ram_bytes)}, {cached})", p.name))
+        if not p.download_bytes:
+            fetch = "no download"
+        else:
+            fetch = "cached" if preset_cached(p) else f"{format_bytes(p.download_bytes)} to download"
+        out.append((f"{p.name} · {fetch} · {format_bytes(p.ram_bytes)} RAM", p.name))
     return out
 
 
