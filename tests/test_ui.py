@@ -367,6 +367,7 @@ def _values(app, **changes) -> dict:
         "target": None,
         "draft": None,
         "n_ctx": 0,
+        "threads": 0,
         "ngl_t": 0,
         "ngl_d": 0,
         "mode": "Prompt",
@@ -802,6 +803,18 @@ def test_a_chat_message_answered_leaves_the_box_empty_for_the_next_one(app):
     assert app.fake.messages == [{"role": "user", "content": "hi"}]
     plain = list(app.on_run(_values(app, prompt="hi"), _session("A"), progress=lambda *a, **k: None))
     assert c["prompt"] not in plain[-1]  # a plain prompt stays, to be run again or edited
+
+
+def test_the_threads_in_load_options_reach_the_loader_bounded(app):
+    """Threads were set once, by `localspec ui --threads`; Load options now has them per pair."""
+    from localspec.settings import max_threads
+
+    _run_updates(app, _values(app, threads=1, max_tokens=4, prompt="a"))
+    assert app.loads[-1]["n_threads"] == 1
+    _run_updates(app, _values(app, threads=0, max_tokens=4, prompt="a"))  # 0: the page's default
+    assert "n_threads" not in app.loads[-1]
+    _, err = _last_output(app, _values(app, threads=max_threads() + 1), "A")
+    assert f"CPU threads: {max_threads() + 1} is out of range" in err and len(app.loads) == 2
 
 
 def test_a_context_loaded_other_than_asked_is_said(app):

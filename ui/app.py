@@ -25,7 +25,7 @@ from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
 from localspec.gguf_meta import read_metadata
 from localspec.grammar import Grammar
 from localspec.report import NOISE_MARGIN
-from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, STRATEGIES
+from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, STRATEGIES, max_threads
 from localspec.tool_calls import chat_messages
 
 from . import pairs
@@ -74,7 +74,7 @@ INTRO = (
 )
 REFRESH_SECONDS = 0.08  # how often the streaming output is pushed to the page
 #: The controls that decide which pair is loaded (what :meth:`App.spec` reads).
-PAIR_KEYS = ("source", "preset", "target", "draft", "n_ctx", "ngl_t", "ngl_d")
+PAIR_KEYS = ("source", "preset", "target", "draft", "n_ctx", "threads", "ngl_t", "ngl_d")
 #: The sliders with a fixed range: (label, bounds, check), as the handlers check them.
 FIXED_SLIDERS: dict[str, tuple[str, tuple[Any, Any], Callable[..., Any]]] = {
     "temperature": ("Temperature", TEMPERATURE_RANGE, bounded_float),
@@ -174,6 +174,7 @@ class App:
             ngl_t = check_slider("ngl_t", v[c["ngl_t"]] or 0)
             ngl_d = check_slider("ngl_d", v[c["ngl_d"]] or 0)
         n_ctx_value = v[c["n_ctx"]] or 0
+        threads = bounded_int(v[c["threads"]] or 0, (0, max_threads()), "CPU threads") or self.n_threads
         if v[c["source"]] == "Preset":
             name = v[c["preset"]] or constants.EMBEDDED_PRESET
             return PairSpec(
@@ -181,7 +182,7 @@ class App:
                 n_ctx=check_n_ctx(n_ctx_value),
                 n_gpu_layers=ngl_t,
                 draft_n_gpu_layers=ngl_d,
-                n_threads=self.n_threads,
+                n_threads=threads,
             )
         target = (v[c["target"]] or "").strip()
         if not target:
@@ -199,7 +200,7 @@ class App:
             n_ctx=n_ctx,
             n_gpu_layers=ngl_t,
             draft_n_gpu_layers=ngl_d,
-            n_threads=self.n_threads,
+            n_threads=threads,
         )
 
     def gen_opts(self, v: dict[str, Any]) -> dict[str, Any]:
@@ -596,6 +597,14 @@ class App:
                                 precision=0,
                                 elem_id="ls-n-ctx",
                             )
+                            default_threads = self.n_threads or constants.default_threads()
+                            c["threads"] = gr.Number(
+                                0,
+                                label=f"CPU threads (1-{max_threads()}; 0 = {default_threads}: "
+                                + ("what --threads says)" if self.n_threads else "the physical cores)"),
+                                precision=0,
+                                elem_id="ls-threads",
+                            )
                             c["ngl_t"] = gr.Slider(
                                 *GPU_LAYERS_RANGE, 0, step=1, label="Target n_gpu_layers", visible=self.gpu
                             )
@@ -693,7 +702,7 @@ class App:
             }
             for key in ("source", "preset", "target", "draft", "ngl_t", "ngl_d"):
                 c[key].change(self.on_pair_choice, pair_inputs, [mt, c["settings_note"]], **quick)
-            for event in (c["n_ctx"].blur, c["n_ctx"].submit):
+            for event in (c["n_ctx"].blur, c["n_ctx"].submit, c["threads"].blur, c["threads"].submit):
                 event(self.on_pair_choice, pair_inputs, [mt, c["settings_note"]], **quick)
             demo.load(self.on_pair_choice, pair_inputs, [mt, c["settings_note"]], **quick)
             mt.release(self.on_max_tokens_typed, pair_inputs, [mt, c["settings_note"]], **quick)
