@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -57,27 +56,25 @@ def run_bench(
     workloads = load_workloads(names, None, limit)
     total = expected_runs(workloads, len(strategies) if strategies else 2, repeats)  # default: model, ngram
     done = [0]
-    stop = threading.Event()  # set by this session's Stop while the benchmark runs
-
-    def tick(message: str) -> None:
-        if stop.is_set():
-            raise BenchStopped(
-                f"the benchmark was stopped after {done[0]} of {total} runs; nothing was written",
-                hint="press Run bench again for a whole report (fewer prompts or tokens make it shorter)",
-            )
-        if ":" in message and " tok/s" in message:  # one counted run finished
-            done[0] += 1
-        try:
-            progress((min(done[0], total), total), desc=message[:80], unit="runs")
-        except Exception:  # progress display is best effort
-            pass
-
     kwargs: dict[str, Any] = (
         {"preset": spec.preset} if spec.preset else {"target": spec.target, "draft": spec.draft}
     )
     progress(0.0, desc="loading the pair")
-    with app.holder.busy(), app.holder.stoppable(session) as stop_pressed:
-        stop = stop_pressed
+    with app.holder.busy(), app.holder.stoppable(session) as stop:  # stop: this session's Stop
+
+        def tick(message: str) -> None:
+            if stop.is_set():
+                raise BenchStopped(
+                    f"the benchmark was stopped after {done[0]} of {total} runs; nothing was written",
+                    hint="press Run bench again for a whole report (fewer prompts or tokens make it shorter)",
+                )
+            if ":" in message and " tok/s" in message:  # one counted run finished
+                done[0] += 1
+            try:
+                progress((min(done[0], total), total), desc=message[:80], unit="runs")
+            except Exception:  # progress display is best effort
+                pass
+
         app.holder.close()  # the bench loads its own pipeline: one pair in memory at a time
         result = bench.benchmark(
             **kwargs,
