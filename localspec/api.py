@@ -45,7 +45,7 @@ from localspec.settings import (
 )
 from localspec.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.store import SuffixStore, store_path
-from localspec.suffix import Cell, SuffixDrafter, SuffixIndex
+from localspec.suffix import TOKEN_WEIGHT, Cell, SuffixDrafter, SuffixIndex, TokenCell
 from localspec.tool_calls import ChatResponse, ToolUse, chat_messages, tool_use
 from localspec.units import format_bytes
 
@@ -344,15 +344,28 @@ class Pipeline:
             with self._engine.lock:  # measuring uses the target's cache
                 costs = self.machine_costs()
             # the calibration the last process saved with the store: drafting starts where it left off
-            carried = self._store.calibration if self._store is not None else []
-            self._suffix = SuffixDrafter(index, verify_cost=costs.V, store=self._store, calibration=carried)
+            store = self._store
+            self._suffix = SuffixDrafter(
+                index,
+                verify_cost=costs.V,
+                store=store,
+                calibration=store.calibration if store is not None else (),
+                tokens=store.tokens if store is not None else (),
+            )
         return self._suffix
 
-    def reset_suffix(self, state: dict | None = None, calibration: Iterable[Cell] = ()) -> None:
+    def reset_suffix(
+        self,
+        state: dict | None = None,
+        calibration: Iterable[Cell] = (),
+        tokens: Iterable[TokenCell] = (),
+        token_weight: float = TOKEN_WEIGHT,
+    ) -> None:
         """Start the suffix cache over: empty, or from an index :meth:`SuffixIndex.state` snapshot (the
-        corpus is kept), with the drafter's calibration learnt afresh or starting from ``calibration``
-        (what a store keeps: :meth:`SuffixDrafter.carried_calibration`). For benchmarks; the store on disk
-        is not touched unless the next request saves."""
+        corpus is kept), with the drafter's calibration and token table learnt afresh or starting from
+        ``calibration`` and ``tokens`` (what a store keeps: :meth:`SuffixDrafter.carried_calibration`,
+        :meth:`SuffixDrafter.carried_tokens`); ``token_weight`` is the drafter's (0: no token table).
+        For benchmarks; the store on disk is not touched unless the next request saves."""
         drafter = self.suffix_drafter()
         corpus = drafter.index.corpus
         index = (
@@ -362,7 +375,12 @@ class Pipeline:
         )
         index.corpus = corpus
         self._suffix = SuffixDrafter(
-            index, verify_cost=drafter.verify_cost, store=drafter.store, calibration=calibration
+            index,
+            verify_cost=drafter.verify_cost,
+            store=drafter.store,
+            calibration=calibration,
+            tokens=tokens,
+            token_weight=token_weight,
         )
 
     def set_corpus(self, folder: str | os.PathLike) -> None:

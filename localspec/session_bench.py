@@ -34,24 +34,28 @@ from typing import Any
 from localspec.report import NOISE_MARGIN
 from localspec.sessions import SessionWorkload, corpus_files, load_session_workload, run_session
 from localspec.settings import DraftSettings
-from localspec.suffix import Cell
+from localspec.suffix import TOKEN_WEIGHT, Cell, TokenCell
 
 BASELINE = DraftSettings(strategy="none")
 
 
 @dataclass(frozen=True)
 class SessionConfig:
-    """A drafting setting plus whether the suffix cache starts warm, and whether a warm start keeps the
-    calibration the store kept (``calibration=False``: learnt afresh, as before stores kept it)."""
+    """A drafting setting plus whether the suffix cache starts warm, whether a warm start keeps the
+    calibration and token table the store kept (``calibration=False``: learnt afresh, as before stores
+    kept them), and the suffix drafter's token weight (0: no token table, as before it had one)."""
 
     settings: DraftSettings
     warm: bool = False
     calibration: bool = True
+    token_weight: float = TOKEN_WEIGHT
 
     @property
     def label(self) -> str:
         if self.settings.uses_suffix:
             start = "cold" if not self.warm else "warm" if self.calibration else "warm, calibration afresh"
+            if self.token_weight != TOKEN_WEIGHT:
+                start += f", token weight {self.token_weight:g}"
             return f"{self.settings.label} ({start})"
         return self.settings.label
 
@@ -180,15 +184,17 @@ def _run_peer_once(
 
 @dataclass(frozen=True)
 class WarmStore:
-    """What a store holds after the warm-up sessions: the index and the drafter's carried calibration."""
+    """What a store holds after the warm-up sessions: the index and the drafter's carried calibration and
+    token table."""
 
     index: dict
     calibration: list[Cell]
+    tokens: list[TokenCell]
 
 
 def warm_snapshot(pipe: Any, workload: SessionWorkload, max_tokens: int) -> tuple[WarmStore, float]:
     """Run the warm-up sessions once with the suffix cache; return what a store would then hold (the
-    index, and the calibration it keeps for the next process) and the seconds it took."""
+    index, and the calibration and token table it keeps for the next process) and the seconds it took."""
     pipe.reset_suffix()
     t = time.perf_counter()
     for session in workload.warm:
@@ -199,7 +205,8 @@ def warm_snapshot(pipe: Any, workload: SessionWorkload, max_tokens: int) -> tupl
             clock=time.perf_counter,
         )
     drafter = pipe.suffix_drafter()
-    return WarmStore(drafter.index.state(), drafter.carried_calibration()), time.perf_counter() - t
+    warm = WarmStore(drafter.index.state(), drafter.carried_calibration(), drafter.carried_tokens())
+    return warm, time.perf_counter() - t
 
 
 def bench_workload(
@@ -238,10 +245,17 @@ def bench_workload(
                 assert peer is not None
                 run = _run_peer_once(pipe, workload, config, peer, cap)
             else:
+                weight = config.token_weight
                 if config.warm and warm is not None:
-                    pipe.reset_suffix(warm.index, warm.calibration if config.calibration else ())
+                    kept = config.calibration
+                    pipe.reset_suffix(
+                        warm.index,
+                        warm.calibration if kept else (),
+                        warm.tokens if kept and weight > 0 else (),
+                        token_weight=weight,
+                    )
                 else:
-                    pipe.reset_suffix()
+                    pipe.reset_suffix(token_weight=weight)
                 run = _run_once(pipe, workload, config, cap)
             runs[config.label].append(run)
             log(

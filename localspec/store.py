@@ -49,11 +49,13 @@ saves go on unlocked. ``localspec cache clear`` deletes each store's files under
 in flight finishes first and its files go too (it used to be able to land right after the delete).
 
 The calibration (``<fingerprint>-<namespace>.lscal``, JSON) keeps what the drafter learnt about how far
-copies of a request's own prompt run (:meth:`localspec.suffix.SuffixDrafter.carried_calibration`), so that
-a new process (every ``localspec run`` is one) drafts where the last one would have, instead of learning
-again while long copies go by undrafted. It is rewritten whole after every request (a few kilobytes, 0.5
-ms), the same crash-safe way; anything wrong with it (damaged, hostile, another vocabulary) is reported in
-one line and drafting learns afresh.
+copies of a request's own prompt run (:meth:`localspec.suffix.SuffixDrafter.carried_calibration`) and how
+often each token it proposed from such copies held (its token table, ``carried_tokens``: an optional
+``tokens`` field, which older versions ignore), so that a new process (every
+``localspec run`` is one) drafts where the last one would have, instead of learning again while long
+copies go by undrafted. It is rewritten whole after every request (a few kilobytes and 0.5 ms for a few
+hundred tokens; at most 4,096 tokens, about 150 KB), the same crash-safe way; anything wrong
+with it (damaged, hostile, another vocabulary) is reported in one line and drafting learns afresh.
 
 A snapshot that is truncated, corrupted, of another version (version 1 had no journal; it is ignored
 and replaced), of another vocabulary or namespace, or whose arrays are out of bounds is reported in one
@@ -107,7 +109,7 @@ import numpy as np
 
 from localspec import constants
 from localspec.errors import CacheError
-from localspec.suffix import Cell, SuffixIndex, cells_from
+from localspec.suffix import Cell, SuffixIndex, TokenCell, cells_from, token_cells_from
 
 try:
     import fcntl
@@ -126,7 +128,8 @@ JOURNAL_SUFFIX = ".lsjournal"
 CALIBRATION_FORMAT = "localspec suffix calibration"
 CALIBRATION_VERSION = 1
 CALIBRATION_SUFFIX = ".lscal"
-#: A calibration file is a few kilobytes (at most a few hundred cells); a larger one is not read.
+#: A calibration file is a few kilobytes (at most a few hundred cells) plus the token table (about 150 KB at
+#: its largest, CARRIED_TOKENS tokens; 460 KB if every source's were written); a larger one is not read.
 MAX_CALIBRATION_BYTES = 1 << 20
 #: A save writes a new snapshot instead of appending once the journal would hold more than this share of
 #: the snapshot's history tokens (or :data:`JOURNAL_MIN_TOKENS`, whichever is more).
@@ -290,6 +293,8 @@ class SuffixStore:
         #: the drafter's calibration as the last process saved it (:meth:`load` reads it), for
         #: :class:`localspec.suffix.SuffixDrafter`'s ``calibration``
         self.calibration: list[Cell] = []
+        #: the drafter's token table as the last process saved it, for its ``tokens``
+        self.tokens: list[TokenCell] = []
         self.corpus_root = ""
         self._synced: _Synced | None = None
         self._lock_stuck = False  # the last save found the lock held past LOCK_WAIT_SECONDS
@@ -301,7 +306,7 @@ class SuffixStore:
         self.problem = None
         self.unusable = None
         self._synced = None
-        self.calibration = self._load_calibration()
+        self.calibration, self.tokens = self._load_calibration()
         fresh = SuffixIndex(max_history_tokens=self.max_tokens, n_vocab=self.n_vocab)
         try:
             data, st = _read(self.path)
@@ -383,15 +388,16 @@ class SuffixStore:
         synced.journal_end = end
         synced.journal_tokens = sum(r.size for r in records)
 
-    def _load_calibration(self) -> list[Cell]:
-        """The saved calibration, or none when the file is missing or unusable (a warning says why)."""
+    def _load_calibration(self) -> tuple[list[Cell], list[TokenCell]]:
+        """The saved calibration and token table, or none when the file is missing or unusable (a warning
+        says why; a file without a token table, as older versions wrote it, has an empty one)."""
         try:
             fd = os.open(self.calibration_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
-            return []
+            return [], []
         except OSError as exc:
             self._warn_calibration(f"cannot read it ({exc.strerror or exc})")
-            return []
+            return [], []
         with os.fdopen(fd, "rb") as fh:
             data = fh.read(MAX_CALIBRATION_BYTES + 1)
         try:
@@ -406,16 +412,18 @@ class SuffixStore:
             if doc.get("version") != CALIBRATION_VERSION:
                 raise _Bad(f"it has format version {doc.get('version')!r}, this localspec reads 1")
             _check_owner(doc, self.fingerprint, self.namespace)
-            rows = doc.get("cells")
+            rows, token_rows = doc.get("cells"), doc.get("tokens", [])
             if not isinstance(rows, list):
                 raise _Bad("it has no list of cells")
+            if not isinstance(token_rows, list):
+                raise _Bad("its token table is not a list")
             try:
-                return cells_from(rows)
+                return cells_from(rows), token_cells_from(token_rows, self.n_vocab)
             except ValueError as exc:
                 raise _Bad(str(exc)) from exc
         except _Bad as exc:
             self._warn_calibration(str(exc))
-            return []
+            return [], []
 
     def _warn_calibration(self, why: str) -> None:
         self.problem = (
@@ -440,14 +448,20 @@ class SuffixStore:
         log.warning(self.problem)
 
     # Saving ----------------------------------------------------------------------------------------
-    def save(self, index: SuffixIndex, calibration: Sequence[Cell] | None = None) -> bool:
+    def save(
+        self,
+        index: SuffixIndex,
+        calibration: Sequence[Cell] | None = None,
+        tokens: Sequence[TokenCell] = (),
+    ) -> bool:
         """Write ``index`` crash-safely: append the requests finished since the last load or save of it
         to the journal, or write a new snapshot (see the module docstring), after taking in what another
         process saved meanwhile (``index`` then holds it too; a cleared cache is forgotten, and nothing
-        is written); then ``calibration``, when given, replaces the calibration file (a whole small
-        file, written the same crash-safe way). On a failure (disk full, permissions, the lock held by
-        another process for over :data:`LOCK_WAIT_SECONDS`) returns False and sets :attr:`problem`;
-        generation goes on without persistence (the requests not saved go with the next save).
+        is written); then ``calibration``, when given, replaces the calibration file with it and
+        the token table ``tokens`` (a whole small file, written the same crash-safe way). On a
+        failure (disk full, permissions, the lock held by another process for over
+        :data:`LOCK_WAIT_SECONDS`) returns False and sets :attr:`problem`; generation goes on without
+        persistence (the requests not saved go with the next save).
 
         Taking in, appending or writing a snapshot happen under an advisory lock (:meth:`_locked`), so
         two processes saving at once do it one after the other: without it both could pass
@@ -474,6 +488,10 @@ class SuffixStore:
                     "fingerprint": self.fingerprint,
                     "namespace": self.namespace,
                     "cells": [list(cell) for cell in calibration],
+                    "tokens": [
+                        [source, token, round(reached, 4), round(min(accepted, reached), 4)]
+                        for source, token, reached, accepted in tokens
+                    ],
                 }
                 self._replace(self.calibration_path, [json.dumps(doc, separators=(",", ":")).encode()])
         except OSError as exc:
@@ -570,7 +588,7 @@ class SuffixStore:
             return True  # the files are as this store left them (or there are still none)
         if now is None:  # there was a snapshot, and it is gone
             index.forget()
-            self.corpus_root, self.calibration = "", []
+            self.corpus_root, self.calibration, self.tokens = "", [], []
             self._synced = _nothing_on_disk(index)
             log.info("suffix cache %s was cleared; this process forgot what it held too", self.path)
             return False

@@ -870,10 +870,15 @@ def _unanimous(c: int) -> list[float]:
 
 # The drafter ---------------------------------------------------------------------------------------
 class Saver(Protocol):
-    """Something that persists the index (and the drafter's calibration) after a request
+    """Something that persists the index (and the drafter's calibration and token table) after a request
     (:class:`localspec.store.SuffixStore`)."""
 
-    def save(self, index: SuffixIndex, calibration: Sequence[Cell] | None = None) -> bool: ...
+    def save(
+        self,
+        index: SuffixIndex,
+        calibration: Sequence[Cell] | None = None,
+        tokens: Sequence[TokenCell] = (),
+    ) -> bool: ...
 
 
 #: Match lengths that start a new band of :func:`kind_of` (2-3, 4-7, 8-11, 12-15, 16-31, 32-63 and 64 or
@@ -917,8 +922,45 @@ CARRIED_TRIALS = 64
 #: 13-20% acceptance in its later requests, so :meth:`SuffixDrafter.begin` starts every request from this
 #: carry. Side by side in one process (``scripts/ab_request_start.py``, native / AVX2): repository 0.95 ->
 #: 1.02x / 0.98 -> 0.99x, for the conversation 1.33 -> 1.29x / 1.16 -> 1.14x and the edit session -0.6%.
+#: The drafter's token table (see :data:`TOKEN_WEIGHT`) is carried for these sources alone, too.
 CARRIED_SOURCES = ("prompt",)
 _CELL_SOURCES = tuple(s for s in SOURCES if s != "model")  # what the suffix index proposes from
+
+#: Pseudo-trials at its source's rate before a token's own acceptance counts (see :class:`SuffixDrafter`,
+#: *token hazard*). Replayed on the recorded sessions of this project's EPYC VM (AVX2 build, steep curve)
+#: with the table the warm-up requests left: 1, 4 and 16 gave the edit session 1.50 / 1.49 / 1.51x (1.39x
+#: without), the agent loop 1.18 / 1.19 / 1.18x (1.13x), the conversation 1.15 / 1.19 / 1.18x (1.18x),
+#: the repository 1.06 / 1.05 / 1.04x (0.99x); 4 is the one that loses nowhere.
+TOKEN_WEIGHT = 4.0
+#: A request starts from the token table the last one left, for :data:`CARRIED_SOURCES` only (the other
+#: sources' tables are learnt afresh in every request, as their calibration is: carrying the history's
+#: table too made the conversation sessions 4-11% slower in every repeat of a real run, docs/bench.md),
+#: the counts scaled down together to at most this many trials in all (their rates kept), and only the
+#: :data:`CARRIED_TOKENS` most-reached tokens: the table forgets old work gradually, and a server and a new
+#: process per request start alike.
+TOKEN_TRIALS = 1 << 14
+CARRIED_TOKENS = 4096
+#: One token's evidence as a store keeps it: source, token id, trials that reached it, of them accepted.
+TokenCell = tuple[str, int, float, float]
+
+
+def token_cells_from(rows: Iterable[Any], n_vocab: int | None = None) -> list[TokenCell]:
+    """Checked token cells (from a store file); raises ValueError naming the first bad one."""
+    out: list[TokenCell] = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)) or len(row) != 4:
+            raise ValueError(f"token cell {i} is not a list of 4 fields")
+        source, token, reached, accepted = row
+        if (
+            source not in _CELL_SOURCES
+            or type(token) is not int
+            or not 0 <= token < (n_vocab if n_vocab else 1 << 31)
+            or not all(type(x) in (int, float) and math.isfinite(x) for x in (reached, accepted))
+            or not 0 <= accepted <= reached <= TOKEN_TRIALS
+        ):
+            raise ValueError(f"token cell {i} is out of range: {row!r}")
+        out.append((str(source), token, float(reached), float(accepted)))
+    return out
 
 
 def cells_from(rows: Iterable[Any]) -> list[Cell]:
@@ -1003,6 +1045,17 @@ class SuffixDrafter:
     with what the target emits until one differs or the proposal ends (:data:`WATCHES_PER_KIND` at once).
     Replayed on the recorded edit session (``scripts/replay_sessions.py``) rounds accepted 2.6 tokens
     instead of 1.6 (at 86% acceptance instead of 93%); measured, the session ran 1.29x instead of 1.25x.
+
+    Token hazard: the same watches also count, per source and token id, how often a proposed token was
+    reached and how often it was accepted. Some tokens are where copies break (a line the model rewrites
+    starts with the same few tokens; a number, a name the answer changes), others never are. A token's
+    calibrated acceptance is scaled by ``(accepted_t + w r) / ((reached_t + w) r)``, where r is the
+    source's rate over all its tokens and w = :data:`TOKEN_WEIGHT` pseudo-trials at it: 1 for a token
+    seen no more or less often rejected than the rest. The prompt's table is kept from request to request
+    (and in the store), forgetting slowly (:data:`TOKEN_TRIALS`); the history's and corpus' are learnt
+    afresh in every request (see :data:`CARRIED_SOURCES`). Measured side by side with the drafter without
+    it (docs/bench.md, EPYC VM, AVX2 build, warm store, 3 interleaved repeats): edit session 1.43x against
+    1.37x, conversation 1.12x against 1.06x, repository 1.08x against 1.02x, agent loop 1.21x both.
     """
 
     name = "suffix"
@@ -1018,8 +1071,16 @@ class SuffixDrafter:
         margin: float = DRAFT_MARGIN,
         prior_trust: float = PRIOR_TRUST,
         calibration: Iterable[Cell] = (),
+        tokens: Iterable[TokenCell] = (),
+        token_weight: float = TOKEN_WEIGHT,
     ) -> None:
         self.index = index if index is not None else SuffixIndex()
+        self.token_weight = token_weight
+        #: per source, per token id: [trials that reached that token in a watched proposal, of them
+        #: accepted], and per source the sums (its rate); starts from ``tokens`` (see :data:`TOKEN_TRIALS`)
+        self.tokens: dict[str, dict[int, list[float]]] = {}
+        self.token_totals: dict[str, list[float]] = {}
+        self._set_tokens(tokens)
         self.margin = margin
         self.prior_trust = prior_trust
         self.verify_cost = verify_cost
@@ -1038,6 +1099,7 @@ class SuffixDrafter:
         :data:`CARRIED_SOURCES`)."""
         self._watches = []
         self.calibration = _cells_of(self.carried_calibration())
+        self._set_tokens(self.carried_tokens())
         self.index.begin(context)
 
     def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
@@ -1084,9 +1146,10 @@ class SuffixDrafter:
         self.index.add_request(context)
         if self.store is not None:
             forgotten = self.index.forgotten
-            self.store.save(self.index, self.carried_calibration())
+            self.store.save(self.index, self.carried_calibration(), self.carried_tokens())
             if self.index.forgotten != forgotten:  # the cache was cleared: its calibration is gone too
                 self.calibration = {}
+                self._set_tokens(())
 
     def carried_calibration(self) -> list[Cell]:
         """The calibration for the next process: the cells of :data:`CARRIED_SOURCES`, each scaled down to at
@@ -1100,6 +1163,36 @@ class SuffixDrafter:
             share = min(max(accepted / reached, 0.0), 1.0)  # (rounding never pushes a cell out of range)
             out.append((source, band, unanimous, occurrences, bucket, kept, kept * share))
         return out
+
+    def carried_tokens(self) -> list[TokenCell]:
+        """The token table for the next request or process: per source of :data:`CARRIED_SOURCES`, the
+        :data:`CARRIED_TOKENS` tokens reached most often, all of that source's counts scaled by one factor
+        so that they sum to at most :data:`TOKEN_TRIALS` trials (what :class:`localspec.store.SuffixStore`
+        saves after a request)."""
+        out: list[TokenCell] = []
+        for source, table in self.tokens.items():
+            reached_all = self.token_totals[source][0]
+            if reached_all <= 0 or source not in CARRIED_SOURCES:
+                continue
+            scale = min(1.0, TOKEN_TRIALS / reached_all)
+            rows: Iterable[tuple[int, list[float]]] = table.items()
+            if len(table) > CARRIED_TOKENS:
+                rows = sorted(rows, key=lambda kv: -kv[1][0])[:CARRIED_TOKENS]
+            for token, (reached, accepted) in rows:
+                kept = min(reached * scale, float(TOKEN_TRIALS))
+                share = min(max(accepted / reached, 0.0), 1.0) if reached > 0 else 0.0
+                out.append((source, token, kept, kept * share))
+        return out
+
+    def _set_tokens(self, cells: Iterable[TokenCell]) -> None:
+        tables: dict[str, dict[int, list[float]]] = {}
+        totals: dict[str, list[float]] = {}
+        for source, token, reached, accepted in cells:
+            tables.setdefault(source, {})[token] = [reached, accepted]
+            total = totals.setdefault(source, [0.0, 0.0])
+            total[0] += reached
+            total[1] += accepted
+        self.tokens, self.token_totals = tables, totals
 
     def overlap(self, context: list[int]) -> float:
         """Fraction of the prompt's recent 4-grams already seen in history, store or corpus (for routing)."""
@@ -1118,6 +1211,13 @@ class SuffixDrafter:
             costs.extend(self.verify_cost(b) for b in range(len(costs) + 1, len(confidence) + 3))
         chain = (*lineage_of(kind), kind)
         conf: list[float] = []
+        # the token hazard: x scaled by (accepted_t + w r) / ((reached_t + w) r), r the source's rate
+        table = self.tokens.get(prop.source) if self.token_weight > 0 else None
+        if table:
+            w = self.token_weight
+            reached_all, accepted_all = self.token_totals[prop.source]
+            rate = (accepted_all + 1.0) / (reached_all + 2.0)
+            wr, tokens = w * rate, prop.tokens
         best_k, best = 0, 1.0 / costs[0]
         expected, run = 1.0, 1.0
         n, i = len(confidence), 0
@@ -1128,6 +1228,11 @@ class SuffixDrafter:
             for c in confidence[lo:hi]:
                 i += 1  # the draft length if it ends here
                 x = a + b * c
+                if table:
+                    cell = table.get(tokens[i - 1])
+                    if cell is not None:
+                        x *= (cell[1] + wr) / ((cell[0] + w) * rate)
+                        x = x if x < 1.0 else 1.0
                 conf.append(x)
                 run *= x if 0.0 <= x <= 1.0 else min(max(float(x), 0.0), 1.0)
                 expected += run
@@ -1137,13 +1242,23 @@ class SuffixDrafter:
         return conf, best_k, best
 
     # Calibration -----------------------------------------------------------------------------------
-    def calibrated(self, kind: Kind, position: int, c: float) -> float:
+    def calibrated(self, kind: Kind, position: int, c: float, token: int | None = None) -> float:
         """The acceptance of a proposal's token at ``position`` given the ones before it were accepted: its
         smoothed frequency ``c`` (discounted by :attr:`prior_trust`) pulled towards what was measured for
         each kind of its :func:`lineage_of` in turn (coarsest first), then towards what was measured for
-        its kind, at that position bucket."""
+        its kind, at that position bucket; then, when ``token`` is given, scaled by that token's hazard
+        (see the class docstring), at most 1."""
         a, b = self._pull((*lineage_of(kind), kind), _POSITION[min(position, MAX_DRAFT)])
-        return a + b * c
+        x = a + b * c
+        table = self.tokens.get(kind[0]) if self.token_weight > 0 else None
+        cell = table.get(token) if table and token is not None else None
+        if cell is not None:
+            w = self.token_weight
+            reached_all, accepted_all = self.token_totals[kind[0]]
+            rate = (accepted_all + 1.0) / (reached_all + 2.0)
+            x *= (cell[1] + w * rate) / ((cell[0] + w) * rate)
+            x = x if x < 1.0 else 1.0
+        return x
 
     def _pull(self, chain: Sequence[Kind], bucket: int) -> tuple[float, float]:
         """(a, b) such that a token of smoothed frequency c is calibrated to ``a + b * c`` at this position
@@ -1199,6 +1314,22 @@ class SuffixDrafter:
                     cell[0] += j - i
                     cell[1] += hits
                 i = j
+            if self.token_weight > 0:
+                source = w.kind[0]
+                table = self.tokens.get(source)
+                if table is None:
+                    table = self.tokens[source] = {}
+                    self.token_totals[source] = [0.0, 0.0]
+                total = self.token_totals[source]
+                total[0] += reached_to - start
+                total[1] += stop - start
+                for p in range(start, reached_to):
+                    cell = table.get(tokens[p])
+                    if cell is None:
+                        cell = table[tokens[p]] = [0.0, 0.0]
+                    cell[0] += 1
+                    if p < stop:
+                        cell[1] += 1
             w.done = stop
             if stop == end and stop < len(tokens):
                 keep.append(w)

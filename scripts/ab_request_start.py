@@ -91,7 +91,7 @@ def main() -> int:
                         pipe.reset_suffix()
                         run = _run_once(pipe, wl, SessionConfig(BASELINE), wl.max_tokens)
                     else:
-                        pipe.reset_suffix(warm[label].index, warm[label].calibration)
+                        pipe.reset_suffix(warm[label].index, warm[label].calibration, warm[label].tokens)
                         run = _run_once(pipe, wl, suffix, wl.max_tokens)
                     runs[label].append(run)
                     src = {

@@ -1,8 +1,8 @@
 """Run the multi-request workloads (localspec/data/sessions) on a pair and print markdown tables + JSON.
 
 Usage: python scripts/bench_sessions.py -t TARGET.gguf [-d DRAFT.gguf] [--workload NAME ...] [--repeats N]
-           [--ngram 4,8,16,32] [--suffix cold,warm,auto] [--threads 2] [--warm-afresh] [--peer]
-           [--peer-modes none,ngram-mod,...] [--out F.json]
+           [--ngram 4,8,16,32] [--suffix cold,warm,auto] [--threads 2] [--warm-afresh] [--no-token-table]
+           [--peer] [--peer-modes none,ngram-mod,...] [--out F.json]
 The same as `localspec bench --sessions [--peer]`, with the n-gram lengths, llama.cpp's modes and the output
 file as options. ``--peer`` runs llama.cpp's own modes (localspec.peer.SESSION_MODES) in the same repeats.
 """
@@ -40,6 +40,11 @@ def main() -> int:
         action="store_true",
         help="also the suffix cache warm with its calibration learnt afresh (the store's index only)",
     )
+    ap.add_argument(
+        "--no-token-table",
+        action="store_true",
+        help="also the suffix cache warm without its token table (token weight 0), for a side-by-side check",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--peer", action="store_true", help="also run llama.cpp's modes (llama-server)")
@@ -63,6 +68,8 @@ def main() -> int:
     if a.warm_afresh:
         afresh = SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True, calibration=False)
         configs.append(afresh)
+    if a.no_token_table:
+        configs.append(SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True, token_weight=0.0))
     if a.model and a.draft:
         configs.append(SessionConfig(DraftSettings(strategy="model", n_max=4)))
     t0 = time.time()

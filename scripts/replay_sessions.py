@@ -33,7 +33,7 @@ from localspec.replay import (
     replay_request,
 )
 from localspec.sessions import SESSION_WORKLOADS, load_session_workload, run_session
-from localspec.suffix import DRAFT_MARGIN, PRIOR_TRUST, SuffixDrafter, SuffixIndex
+from localspec.suffix import DRAFT_MARGIN, PRIOR_TRUST, TOKEN_WEIGHT, SuffixDrafter, SuffixIndex
 
 
 def record(a: argparse.Namespace) -> int:
@@ -249,15 +249,25 @@ def warm_drafter(
     n_max: int,
     margin: float = DRAFT_MARGIN,
     prior_trust: float = PRIOR_TRUST,
+    token_weight: float = TOKEN_WEIGHT,
+    carry_tokens: bool = True,
 ) -> SuffixDrafter:
     """A drafter starting where the session bench's *warm* setting starts: the warm-up requests played
-    through one drafter, then a new one over that index with the calibration a store keeps; ``margin``
-    and ``prior_trust`` are :class:`SuffixDrafter`'s, for both."""
-    before = SuffixDrafter(_index(corpus, []), verify_cost=V, margin=margin, prior_trust=prior_trust)
+    through one drafter, then a new one over that index with the calibration and token table a store
+    keeps (``carry_tokens=False``: the token table learnt afresh); ``margin``, ``prior_trust`` and
+    ``token_weight`` are :class:`SuffixDrafter`'s, for both."""
+    before = SuffixDrafter(
+        _index(corpus, []), verify_cost=V, margin=margin, prior_trust=prior_trust, token_weight=token_weight
+    )
     replay(before, warm, n_max=n_max, verify_cost=V)
-    calibration = before.carried_calibration()
     return SuffixDrafter(
-        before.index, verify_cost=V, margin=margin, prior_trust=prior_trust, calibration=calibration
+        before.index,
+        verify_cost=V,
+        margin=margin,
+        prior_trust=prior_trust,
+        token_weight=token_weight,
+        calibration=before.carried_calibration(),
+        tokens=before.carried_tokens() if carry_tokens else (),
     )
 
 
@@ -271,16 +281,23 @@ def per_request(
 ) -> Replayed:
     """The warm-up requests, then ``requests``, each through a new drafter over one growing index, as a new
     process per request (the command line) runs them (``scripts/bench_per_request.py`` measures the same);
-    with ``carry`` each starts from the calibration the previous one saved
-    (:meth:`SuffixDrafter.carried_calibration`), else it learns afresh. Only ``requests`` are counted."""
+    with ``carry`` each starts from the calibration and token table the previous one saved
+    (:meth:`SuffixDrafter.carried_calibration`, :meth:`~SuffixDrafter.carried_tokens`), else it learns
+    afresh. Only ``requests`` are counted."""
     index = _index(corpus, [])
     calibration: list = []
+    tokens: list = []
     out = Replayed()
     for reqs, into in ((warm, Replayed()), (requests, out)):
         for req in reqs:
-            drafter = SuffixDrafter(index, verify_cost=V, calibration=calibration if carry else ())
+            drafter = SuffixDrafter(
+                index,
+                verify_cost=V,
+                calibration=calibration if carry else (),
+                tokens=tokens if carry else (),
+            )
             replay_request(drafter, req, n_max=n_max, verify_cost=V, into=into)
-            calibration = drafter.carried_calibration()
+            calibration, tokens = drafter.carried_calibration(), drafter.carried_tokens()
     return out
 
 
@@ -319,6 +336,13 @@ def replay_cmd(a: argparse.Namespace) -> int:
             for trust in a.trust or (PRIOR_TRUST,):
                 drafter = warm_drafter(wl["corpus"], warm, V, a.n_max, margin=margin, prior_trust=trust)
                 label = f"suffix k={a.n_max} (warm), margin {margin}, prior trust {trust}"
+                print(_row(label, replay(drafter, flat, n_max=a.n_max, verify_cost=V), T))
+        for weight in a.token_weight or ():
+            for carry in (False, True):
+                drafter = warm_drafter(
+                    wl["corpus"], warm, V, a.n_max, token_weight=weight, carry_tokens=carry
+                )
+                label = f"suffix k={a.n_max} (warm), token weight {weight}{'' if carry else ', table afresh'}"
                 print(_row(label, replay(drafter, flat, n_max=a.n_max, verify_cost=V), T))
         oracle = OracleLength(_index(wl["corpus"], warm), flat, V)
         print(
@@ -401,6 +425,12 @@ def main() -> int:
         type=float,
         action="append",
         help=f"with --margin: each of these prior trusts (default {PRIOR_TRUST}; repeatable)",
+    )
+    rep.add_argument(
+        "--token-weight",
+        type=float,
+        action="append",
+        help=f"also: the warm suffix cache with this token weight (default {TOKEN_WEIGHT}; 0: none)",
     )
     rep.add_argument("--costs", help="a stored cost measurement (JSON) to use instead of the recording's")
     a = ap.parse_args()

@@ -110,12 +110,15 @@ def test_a_warm_start_is_what_a_store_holds_after_the_warm_up_sessions(pipe, wor
     assert seconds > 0 and warm.index["history_tokens"].size > 0
     assert warm.calibration == drafter.carried_calibration()  # the prompt cells, scaled as a store keeps them
     assert warm.calibration and {cell[0] for cell in warm.calibration} == {"prompt"}
-    pipe.reset_suffix(warm.index, warm.calibration)
+    assert warm.tokens and warm.tokens == drafter.carried_tokens()  # and what it learnt of each token
+    pipe.reset_suffix(warm.index, warm.calibration, warm.tokens)
     fresh = pipe.suffix_drafter()
     assert fresh is not drafter and fresh.index.history_tokens == drafter.index.history_tokens
     assert fresh.carried_calibration() == warm.calibration
+    assert sorted(fresh.carried_tokens()) == sorted(warm.tokens)
     pipe.reset_suffix()
     assert pipe.suffix_drafter().calibration == {} and pipe.suffix_drafter().index.history_tokens == 0
+    assert pipe.suffix_drafter().tokens == {}
 
 
 def test_llama_cpp_session_modes_are_sized_for_a_cpu(tmp_path):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from localspec import store as storemod
+from localspec import suffix
 from localspec.errors import CacheError
 from localspec.store import SuffixStore, list_stores, namespace_for_key, store_path
 from localspec.suffix import CARRIED_TRIALS, SuffixDrafter, SuffixIndex, cells_from
@@ -973,11 +974,58 @@ def test_calibration_round_trip_and_a_new_drafter_starts_from_it(tmp_path):
     assert other.calibration == [] and other.problem is None
 
 
+TOKENS = [("prompt", 17, 30.0, 27.0), ("history", 999, 4.5, 0.0)]
+
+
+def test_token_table_round_trip_and_files_without_one(tmp_path):
+    """The drafter's token table is saved with the calibration; a file from before it existed (no
+    ``tokens`` field) loads with an empty table and its cells intact."""
+    s = SuffixStore(tmp_path, FP, n_vocab=1000)
+    assert s.save(_index(), CELLS, TOKENS)
+    again = SuffixStore(tmp_path, FP, n_vocab=1000)
+    again.load()
+    assert again.problem is None and sorted(again.tokens) == sorted(TOKENS)
+    drafter = SuffixDrafter(SuffixIndex(), calibration=again.calibration, tokens=again.tokens)
+    assert drafter.tokens["prompt"][17] == [30.0, 27.0] and drafter.token_totals["history"] == [4.5, 0.0]
+    assert drafter.carried_tokens() == [TOKENS[0]]  # the prompt's table carries on, see CARRIED_SOURCES
+    doc = json.loads(s.calibration_path.read_bytes())
+    del doc["tokens"]
+    s.calibration_path.write_text(json.dumps(doc))
+    old = SuffixStore(tmp_path, FP, n_vocab=1000)
+    old.load()
+    assert old.problem is None and old.tokens == [] and sorted(old.calibration) == sorted(CELLS)
+    # what a drafter saves after a request, a load accepts
+    drafter = SuffixDrafter(old.load(), store=old, tokens=TOKENS)
+    drafter.begin([1, 2, 3])
+    drafter.finish([1, 2, 3, 4])
+    third = SuffixStore(tmp_path, FP, n_vocab=1000)
+    third.load()
+    assert third.problem is None and third.tokens == [TOKENS[0]]
+
+
+def test_the_largest_token_table_a_drafter_carries_fits_a_calibration_file(tmp_path):
+    n_vocab = 151_936
+    big = [
+        (source, n_vocab - 1 - t, suffix.TOKEN_TRIALS / 3 - t * 1e-4, suffix.TOKEN_TRIALS / 3 - t * 2e-4)
+        for source in ("prompt", "history", "corpus")
+        for t in range(suffix.CARRIED_TOKENS)
+    ]
+    drafter = SuffixDrafter(SuffixIndex(), tokens=big)
+    carried = drafter.carried_tokens()
+    assert len(carried) == suffix.CARRIED_TOKENS  # the prompt's table alone carries on
+    s = SuffixStore(tmp_path, FP, n_vocab=n_vocab)
+    assert s.save(_index(), CELLS, big)  # even every source's (as a file may hold) fits
+    assert s.calibration_path.stat().st_size < storemod.MAX_CALIBRATION_BYTES
+    again = SuffixStore(tmp_path, FP, n_vocab=n_vocab)
+    again.load()
+    assert again.problem is None and len(again.tokens) == len(big)
+
+
 def test_a_running_drafter_forgets_its_calibration_when_the_cache_is_cleared(tmp_path):
     """``localspec cache clear`` deletes the calibration file too; a server running beside it used to write
     the calibration it held back at its next request."""
     s = SuffixStore(tmp_path, FP, n_vocab=1000)
-    drafter = SuffixDrafter(s.load(), store=s, calibration=CELLS)
+    drafter = SuffixDrafter(s.load(), store=s, calibration=CELLS, tokens=TOKENS)
     drafter.begin([1, 2, 3])
     drafter.finish([1, 2, 3, 4])
     kept = SuffixStore(tmp_path, FP)
@@ -987,10 +1035,11 @@ def test_a_running_drafter_forgets_its_calibration_when_the_cache_is_cleared(tmp
     drafter.begin([5, 6])
     drafter.finish([5, 6, 7])
     assert drafter.calibration == {} and drafter.index.forgotten == 1 and _files(tmp_path) == []
+    assert drafter.tokens == {} and drafter.carried_tokens() == []
     drafter.begin([8, 9])
     drafter.finish([8, 9, 9])
     again = SuffixStore(tmp_path, FP)
-    assert _held(again.load()) == [[8, 9, 9]] and again.calibration == []
+    assert _held(again.load()) == [[8, 9, 9]] and again.calibration == [] and again.tokens == []
 
 
 def test_carried_calibration_is_the_prompts_scaled_down_to_a_few_trials_keeping_acceptance():
@@ -1044,6 +1093,23 @@ def _calibration_file(**changes) -> bytes:
             ["history", 4, True, 0],
             "history",
         )
+    ]
+    + [_calibration_file(tokens={})]
+    + [
+        _calibration_file(tokens=[row])
+        for row in (
+            ["prompt", 17, 3, 4],  # more accepted than reached
+            ["prompt", 17, 1e9, 1],  # more trials than a saved table holds
+            ["prompt", 17, -1, 0],
+            ["prompt", 17, "NaN", 0],
+            ["prompt", 1000, 3, 1],  # not a token of this vocabulary
+            ["prompt", -1, 3, 1],
+            ["prompt", 1.5, 3, 1],
+            ["prompt", True, 3, 1],
+            ["model", 17, 3, 1],
+            ["prompt", 17, 3],
+            17,
+        )
     ],
 )
 def test_damaged_or_hostile_calibration_is_reported_and_drafting_learns_afresh(tmp_path, content, caplog):
@@ -1052,7 +1118,8 @@ def test_damaged_or_hostile_calibration_is_reported_and_drafting_learns_afresh(t
     s.calibration_path.write_bytes(content)
     again = SuffixStore(tmp_path, FP, n_vocab=1000)
     index = again.load()
-    assert again.calibration == [] and index.history_requests == 20  # the requests still load
+    assert again.calibration == [] and again.tokens == []
+    assert index.history_requests == 20  # the requests still load
     assert again.problem and "calibration" in again.problem and "\n" not in again.problem
     assert "learns afresh" in caplog.text
 

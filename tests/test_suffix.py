@@ -418,20 +418,34 @@ def test_drafter_calibration_and_length_equal_the_public_functions():
     """The drafter's one-loop calibration and best length give bit for bit what :meth:`calibrated` and
     :func:`best_length` give, and a new cost curve assigned to ``verify_cost`` is read afresh."""
     rng = np.random.default_rng(3)
-    d = SuffixDrafter()
-    kinds = [("prompt", 4, True, 0), ("history", 2, False, 1), ("history", 4, True, 2)]
-    for kind in kinds:
-        for b in range(7):
-            reached = int(rng.integers(0, 50))
-            d.calibration[(kind, b)] = [reached, int(rng.integers(0, reached + 1))]
-    for curve in (linear_verify_cost, lambda b: 1.0 + 0.05 * (b - 1) ** 1.5, lambda b: float(b)):
-        d.verify_cost = curve
-        for _ in range(200):
-            conf = rng.uniform(0, 1, int(rng.integers(0, 40))).tolist()
-            kind = kinds[int(rng.integers(0, 3))]
-            prop = suffix.Proposal(kind[0], 4, [1] * len(conf), conf)
-            want = [d.calibrated(kind, i, c) for i, c in enumerate(conf)]
-            assert d._calibrated_best(prop, kind) == (want, *suffix.best_length(want, curve))
+    tokens = []
+    for source in ("prompt", "history"):
+        for token in range(0, 20, 2):  # odd tokens have no cell: their factor is 1
+            reached = float(rng.integers(1, 60))
+            tokens.append((source, token, reached, float(rng.integers(0, reached + 1))))
+    for d in (SuffixDrafter(), SuffixDrafter(tokens=tokens), SuffixDrafter(tokens=tokens, token_weight=0)):
+        kinds = [("prompt", 4, True, 0), ("history", 2, False, 1), ("history", 4, True, 2)]
+        for kind in kinds:
+            for b in range(7):
+                reached = int(rng.integers(0, 50))
+                d.calibration[(kind, b)] = [reached, int(rng.integers(0, reached + 1))]
+        for curve in (linear_verify_cost, lambda b: 1.0 + 0.05 * (b - 1) ** 1.5, lambda b: float(b)):
+            d.verify_cost = curve
+            for _ in range(200):
+                conf = rng.uniform(0, 1, int(rng.integers(0, 40))).tolist()
+                kind = kinds[int(rng.integers(0, 3))]
+                toks = rng.integers(0, 20, len(conf)).tolist()
+                prop = suffix.Proposal(kind[0], 4, toks, conf)
+                want = [d.calibrated(kind, i, c, t) for i, (c, t) in enumerate(zip(conf, toks, strict=True))]
+                assert d._calibrated_best(prop, kind) == (want, *suffix.best_length(want, curve))
+    # the token factor is applied where a table is on: tokens rejected more often than their source
+    # are trusted less, and never above 1
+    d = SuffixDrafter(tokens=[("prompt", 7, 30.0, 3.0), ("prompt", 8, 30.0, 30.0)])
+    kind = ("prompt", 4, True, 0)
+    plain = d.calibrated(kind, 0, 0.9)
+    assert d.calibrated(kind, 0, 0.9, 7) < 0.5 * plain < plain == d.calibrated(kind, 0, 0.9, 9)
+    assert plain < d.calibrated(kind, 0, 0.9, 8) <= 1.0
+    assert SuffixDrafter(tokens=d.carried_tokens(), token_weight=0).calibrated(kind, 0, 0.9, 7) == plain
 
 
 def test_kind_of_a_proposal():
@@ -609,6 +623,82 @@ def test_copies_that_run_long_are_drafted_long():
     # what it learnt: a proposal after a long match runs on; the first tokens after a change are unproven
     long_match = [v for (kind, pos), v in d.calibration.items() if kind[1] == 4 and pos >= 3]
     assert sum(a for _, a in long_match) / sum(t for t, _ in long_match) > 0.95
+
+
+def _drafted_and_accepted(
+    d: SuffixDrafter, target: list[int], start: int, n: int = 32
+) -> list[tuple[int, int]]:
+    """Like :func:`_run_rounds`, returning (drafted, accepted) per round."""
+    out = []
+    rng = np.random.default_rng(0)
+    ctx = target[:start]
+    while len(ctx) < len(target):
+        got = d.draft(ctx, n, GREEDY, rng).tokens
+        done, m = len(ctx), 0
+        while m < len(got) and done + m < len(target) and got[m] == target[done + m]:
+            m += 1
+        out.append((len(got), m))
+        ctx = target[: done + m + 1]
+    return out
+
+
+def test_a_token_where_copies_break_is_learnt_and_no_longer_drafted_through():
+    """A target that copies an earlier text but rewrites every occurrence of one token (77): the drafter
+    learns from its watches that 77 is where this copy breaks (its source's other tokens hold), and stops
+    its drafts before it instead of paying wide passes for the tokens behind it. Without the token table
+    (``token_weight=0``) the break falls at a different position each time and is never learnt."""
+    history = [77 if i % 25 == 24 else 1000 + i for i in range(800)]
+    target = [5000 + i if t == 77 else t for i, t in enumerate(history)]
+    wasted = {}
+    for weight in (0.0, suffix.TOKEN_WEIGHT):
+        d = SuffixDrafter(verify_cost=lambda b: 1.0 + 0.25 * (b - 1), token_weight=weight)
+        d.finish(history)
+        d.begin(target[:20])
+        rounds = _drafted_and_accepted(d, target, 21)
+        late = rounds[len(rounds) // 2 :]
+        wasted[weight] = sum(k - m for k, m in late) / max(1, sum(m for _, m in late))
+        if weight:
+            reached, accepted = d.tokens["history"][77]
+            assert reached >= 10 and accepted == 0
+            others = [c for t, c in d.tokens["history"].items() if t != 77]
+            assert sum(c[1] for c in others) / sum(c[0] for c in others) > 0.95
+        else:
+            assert d.tokens == {}
+    assert wasted[suffix.TOKEN_WEIGHT] < 0.5 * wasted[0.0], wasted
+
+
+def test_the_token_table_is_kept_from_request_to_request_forgetting_slowly(monkeypatch):
+    """A request starts from :meth:`carried_tokens` of the last one, as a new process starts from what the
+    store saved: the prompt's table scaled down to at most TOKEN_TRIALS trials in all (its rates kept) and
+    to its CARRIED_TOKENS most-reached tokens; the history's and corpus' tables are learnt afresh."""
+    monkeypatch.setattr(suffix, "TOKEN_TRIALS", 100)
+    monkeypatch.setattr(suffix, "CARRIED_TOKENS", 3)
+    cells = [("prompt", t, float(10 * t), float(5 * t)) for t in range(1, 6)]  # 150 trials, 5 tokens
+    cells += [("corpus", 9, 8.0, 2.0), ("history", 9, 8.0, 8.0)]
+    d = SuffixDrafter(SuffixIndex(), tokens=cells)
+    assert d.token_totals == {"prompt": [150.0, 75.0], "corpus": [8.0, 2.0], "history": [8.0, 8.0]}
+    carried = {(s, t): (r, a) for s, t, r, a in d.carried_tokens()}
+    scale = 100 / 150
+    assert carried == {
+        ("prompt", t): (pytest.approx(10 * t * scale), pytest.approx(5 * t * scale)) for t in (3, 4, 5)
+    }
+    assert suffix.token_cells_from(list(map(list, d.carried_tokens())), n_vocab=10)  # it loads what it saves
+    d.begin([1, 2, 3])  # a new request starts from the carry: the same as a new process would
+    assert sorted(d.tokens["prompt"]) == [3, 4, 5] and d.token_totals["prompt"][0] == pytest.approx(80.0)
+    assert set(d.tokens) == {"prompt"}  # how closely this request follows history or corpus: learnt afresh
+    # and what a request learns stays for the next one (begin() does not start the table afresh)
+    d.tokens["prompt"][3][0] += 1
+    d.begin([4, 5])
+    assert 3 in d.tokens["prompt"]
+
+
+@pytest.mark.parametrize(
+    "row",
+    [["prompt", 5, 2.0, 3.0], ["prompt", 10, 1, 0], ["x", 5, 1, 0], ["prompt", 5, float("inf"), 0], "prompt"],
+)
+def test_token_cells_out_of_range_are_refused(row):
+    with pytest.raises(ValueError, match="token cell 0"):
+        suffix.token_cells_from([row], n_vocab=10)
 
 
 def test_a_flat_verify_curve_drafts_at_once_despite_the_discounted_prior():
