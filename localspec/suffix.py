@@ -1211,13 +1211,10 @@ class SuffixDrafter:
             costs.extend(self.verify_cost(b) for b in range(len(costs) + 1, len(confidence) + 3))
         chain = (*lineage_of(kind), kind)
         conf: list[float] = []
-        # the token hazard: x scaled by (accepted_t + w r) / ((reached_t + w) r), r the source's rate
-        table = self.tokens.get(prop.source) if self.token_weight > 0 else None
-        if table:
-            w = self.token_weight
-            reached_all, accepted_all = self.token_totals[prop.source]
-            rate = (accepted_all + 1.0) / (reached_all + 2.0)
-            wr, tokens = w * rate, prop.tokens
+        hazard = self._hazard(prop.source)
+        if hazard:
+            table, w, wr, rate = hazard
+            tokens = prop.tokens
         best_k, best = 0, 1.0 / costs[0]
         expected, run = 1.0, 1.0
         n, i = len(confidence), 0
@@ -1228,7 +1225,7 @@ class SuffixDrafter:
             for c in confidence[lo:hi]:
                 i += 1  # the draft length if it ends here
                 x = a + b * c
-                if table:
+                if hazard:
                     cell = table.get(tokens[i - 1])
                     if cell is not None:
                         x *= (cell[1] + wr) / ((cell[0] + w) * rate)
@@ -1250,15 +1247,25 @@ class SuffixDrafter:
         (see the class docstring), at most 1."""
         a, b = self._pull((*lineage_of(kind), kind), _POSITION[min(position, MAX_DRAFT)])
         x = a + b * c
-        table = self.tokens.get(kind[0]) if self.token_weight > 0 else None
-        cell = table.get(token) if table and token is not None else None
-        if cell is not None:
-            w = self.token_weight
-            reached_all, accepted_all = self.token_totals[kind[0]]
-            rate = (accepted_all + 1.0) / (reached_all + 2.0)
-            x *= (cell[1] + w * rate) / ((cell[0] + w) * rate)
-            x = x if x < 1.0 else 1.0
+        hazard = self._hazard(kind[0])
+        if hazard and token is not None:
+            table, w, wr, rate = hazard
+            cell = table.get(token)
+            if cell is not None:
+                x *= (cell[1] + wr) / ((cell[0] + w) * rate)
+                x = x if x < 1.0 else 1.0
         return x
+
+    def _hazard(self, source: str) -> tuple[dict[int, list[float]], float, float, float] | None:
+        """What a token of ``source`` is scaled by (see the class docstring): its table, w, w r and r, where
+        a token's factor is ``(accepted_t + w r) / ((reached_t + w) r)``; None without a table."""
+        table = self.tokens.get(source) if self.token_weight > 0 else None
+        if not table:
+            return None
+        w = self.token_weight
+        reached_all, accepted_all = self.token_totals[source]
+        rate = (accepted_all + 1.0) / (reached_all + 2.0)
+        return table, w, w * rate, rate
 
     def _pull(self, chain: Sequence[Kind], bucket: int) -> tuple[float, float]:
         """(a, b) such that a token of smoothed frequency c is calibrated to ``a + b * c`` at this position
