@@ -76,16 +76,25 @@ def test_scan_table_is_readable(folder):
 )
 def test_pair_two_json(target, draft, verdict):
     res = run("pair", str(vocab_path(target)), str(vocab_path(draft)), "--json")
-    assert res.exit_code == 0  # whatever the verdict
+    assert res.exit_code == (3 if verdict == "incompatible" else 0)  # a script can tell them apart
     out = json.loads(res.output)
     assert out["verdict"] == verdict and isinstance(out["reasons"], list) and out["reasons"]
     assert out["target_usable"] is False and out["draft_usable"] is False  # vocab-only files
     assert out["target"]["usable"] is False and "vocab-only" in out["target"]["unusable_reason"]
+    assert out["warnings"] == []  # a vocab-only file's size says nothing about its model's
+
+
+def test_pair_says_nothing_about_the_sizes_of_vocab_only_files():
+    """gpt-2's vocab file is larger than refact's whatever the models: no "arguments swapped?" line."""
+    small, big = sorted((vocab_path("gpt-2"), vocab_path("refact")), key=lambda p: p.stat().st_size)
+    assert small.stat().st_size < big.stat().st_size
+    res = run("pair", str(small), str(big))
+    assert "Verdict:" in res.output and "warning" not in res.output
 
 
 def test_pair_text_explains(tmp_path):
     res = run("pair", str(vocab_path("gpt-2")), str(vocab_path("refact")))
-    assert res.exit_code == 0
+    assert res.exit_code == 3
     assert "Verdict: incompatible" in res.output and "token 19 differs" in res.output
 
 
@@ -103,6 +112,14 @@ def test_pair_ranking(tmp_path):
     assert [Path(x["path"]).name for x in out["rejected"]] == ["ggml-vocab-gpt-2.gguf"]
     text = run("pair", str(d / "big.gguf"), "--search", str(d)).output
     assert "Drafts that fit, best first:" in text and "small.gguf" in text
+
+    (d / "small.gguf").unlink()  # nothing left that fits: the ranking as before, and exit status 3
+    args = ["pair", str(d / "big.gguf"), "--search", str(d), "--search", str(vocab_path("gpt-2"))]
+    res = run(*args)
+    assert res.exit_code == 3 and "No draft found that fits this target" in res.output, res.output
+    res = run(*args, "--json")
+    assert res.exit_code == 3 and json.loads(res.output)["drafts"] == []
+    assert [Path(x["path"]).name for x in json.loads(res.output)["rejected"]] == ["ggml-vocab-gpt-2.gguf"]
 
 
 def test_scan_shows_the_shipped_pairs_file_names_whole(tmp_path):

@@ -13,7 +13,10 @@ What a user sees when something goes wrong, decided here once for every command:
   keeps the first readable and ``localspec --traceback ...`` keeps the second reportable;
 - any other exception (``TypeError``, ``KeyError``, ...) is a bug in localspec: its traceback is printed as
   Python prints it, never hidden;
-- Ctrl-C: "Interrupted.", exit status 130; a closed pipe (``localspec scan | head``): quiet, status 141.
+- Ctrl-C: "Interrupted.", exit status 130; a closed pipe (``localspec scan | head``): quiet, status 141;
+- a check that ran and found no fit (``localspec pair``: an incompatible verdict, or no draft that fits
+  the target): the verdict and its reasons as usual, exit status 3 (:data:`NO_FIT_EXIT`), so that a
+  script can tell "does not fit" from "could not check" (1) and "fits" (0).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from typing import NoReturn
 import click
 
 from localspec.errors import LocalspecError
+
+#: The exit status of a check that ran and found no fit (see above).
+NO_FIT_EXIT = 3
 
 
 def _where(exc: BaseException) -> str:

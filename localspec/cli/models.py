@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import click
 
 from localspec import scan as scanmod
+from localspec.cli import NO_FIT_EXIT
 from localspec.errors import GGUFError
 from localspec.pairing import file_size_warning
 from localspec.scan import ModelInfo, RankedDraft, _params
@@ -161,9 +163,16 @@ def pair(target: str, draft: str | None, as_json: bool, search: tuple[str, ...])
     if t.error:
         raise _unreadable(t, "target")
     if draft is not None:
-        _pair_two(t, scanmod.inspect(draft), as_json)
+        if not _pair_two(t, scanmod.inspect(draft), as_json):
+            sys.exit(NO_FIT_EXIT)
         return
     ranked = scanmod.find_drafts(target, list(search) or None)
+    _print_ranking(t, ranked, as_json)
+    if not any(r.fits for r in ranked):
+        sys.exit(NO_FIT_EXIT)
+
+
+def _print_ranking(t: ModelInfo, ranked: list[RankedDraft], as_json: bool) -> None:
     if as_json:
         _json(
             {
@@ -218,11 +227,17 @@ def _unreadable(m: ModelInfo, role: str) -> GGUFError:
     return GGUFError(m.path, f"cannot read the {role}: {reason}")
 
 
-def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> None:
+def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> bool:
+    """Print the verdict for ``t`` with ``d``; True when their vocabularies fit (any verdict but
+    ``incompatible``)."""
     if d.error:
         raise _unreadable(d, "draft")
     verdict = scanmod.verdict_for(t, d).as_dict()
-    warning = file_size_warning(t.path, d.path, order="TARGET first, then DRAFT")
+    fits = verdict["verdict"] != "incompatible"
+    # file sizes say something only about models that run (a vocab-only file is a few MB whatever the model)
+    warning = (
+        file_size_warning(t.path, d.path, order="TARGET first, then DRAFT") if t.usable and d.usable else None
+    )
     if as_json:
         out = {
             **verdict,
@@ -233,7 +248,7 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> None:
             "draft_usable": d.usable,
         }
         _json(out)
-        return
+        return fits
     _print_target(t)
     _echo(f"Draft:  {d.path}")
     _echo(
@@ -249,6 +264,7 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> None:
         _echo(f"  ({verdict['n_masked']:,} draft ids will be masked)")
     if warning:
         _echo(f"warning: {warning}")
+    return fits
 
 
 COMMANDS = [scan, pair]
