@@ -453,6 +453,27 @@ def test_the_bench_stops_between_runs_on_its_own_pages_stop(app, monkeypatch):
     assert table == "" and png is None and data is None
 
 
+def test_a_closed_page_stops_its_run_and_drops_everything_it_has_queued(app):
+    """A Stop cancels queued runs only when nothing runs (its page can press Stop again); a page that is
+    closed or reloaded cannot, so all of its session ends: the run, and every queued one."""
+    app.on_request(_session("A"))  # the run below
+    app.on_request(_session("A"))  # two more clicks, waiting in the queue behind it
+    app.on_request(_session("A"))
+    app.on_request(_session("B"))  # another page's click: left alone
+    app.fake.during = lambda: app.on_unload(_session("A"))  # the page reloads mid-run
+    out, err = _last_output(app, _values(app), "A")
+    assert err == "" and out.count('class="ls-t"') == 4 and "stopped" in out
+    app.fake.during = None
+    for _ in range(2):
+        out, _ = _last_output(app, _values(app), "A")
+        assert "stopped before it started" in out and "t0 " not in out
+    out, _ = _last_output(app, _values(app), "B")
+    assert out.count('class="ls-t"') == 10
+    app.on_request(_session("A"))  # a click after that (the same session hash again): runs
+    out, _ = _last_output(app, _values(app), "A")
+    assert out.count('class="ls-t"') == 10
+
+
 @pytest.mark.parametrize(
     ("field", "value", "says"),
     [
@@ -663,6 +684,36 @@ def test_browser_the_bench_tabs_stop_ends_a_long_bench(ui):
     assert "nothing was written" in said and "Traceback" not in said
     page.screenshot(path=str(ARTIFACTS / "ui-bench-stopped.png"), full_page=True)
     page.click("button[role=tab]:has-text('Generate')")
+
+
+@pytest.mark.browser
+def test_browser_a_reloaded_page_stops_its_bench(ui):
+    """A bench of hundreds of runs went on after its page was reloaded: the new page had no Stop for it,
+    and its own Run waited in the queue behind it for minutes."""
+    page, home = ui
+    log = home / "server.log"
+    stopped = "the benchmark was stopped after"
+    seen_before = log.read_text(errors="replace").count(stopped)
+    page.click("button[role=tab]:has-text('Bench')")
+    page.wait_for_selector("#ls-bench-run", timeout=30_000)
+    for name in ("chat", "translate"):  # hundreds of runs on the embedded pair
+        page.click(f"#ls-bench-workloads label:has-text('{name}')")
+    page.click("#ls-bench-run")
+    page.wait_for_function("() => document.body.innerText.includes('runs')", timeout=60_000)
+    page.reload()
+    page.wait_for_selector("#ls-run", timeout=30_000)
+    deadline = time.monotonic() + 90
+    while log.read_text(errors="replace").count(stopped) == seen_before:  # the server's own line
+        assert time.monotonic() < deadline, "the bench went on after its page was reloaded"
+        time.sleep(0.5)
+    shown = page.inner_html("#ls-output")
+    _run(page, "def fibonacci(n):")  # the engine is free again: this page's run goes through
+    page.wait_for_function(
+        "(s) => { const o = document.querySelector('#ls-output');"
+        " return o.innerHTML !== s && o.querySelector('.ls-t') && !o.innerText.includes('loading'); }",
+        arg=shown,
+        timeout=120_000,
+    )
 
 
 @pytest.mark.browser

@@ -532,6 +532,12 @@ class App:
         still waiting in the queue."""
         self.holder.request_stop(session_key(request))
 
+    def on_unload(self, request: gr.Request) -> None:
+        """The page was closed or reloaded: what its session runs is stopped as its Stop would (a bench
+        after the run in progress), and its runs still waiting in the queue are dropped. The page that
+        loads next is a new session, with no Stop button for them: they only kept the engine busy."""
+        self.holder.end_session(session_key(request))
+
     # -- layout --------------------------------------------------------------------------------
 
     def build(self) -> gr.Blocks:
@@ -765,6 +771,7 @@ class App:
             clear_btn.click(
                 lambda: ([], tokens_html([]), ""), None, [c["chat"], c["output"], c["error"]], queue=False
             )
+            demo.unload(self.on_unload)
         demo.queue(default_concurrency_limit=1)
         return demo
 

@@ -25,6 +25,7 @@ from .common import (
     BENCH_REPEATS_RANGE,
     bounded_int,
     friendly,
+    log,
     session_key,
 )
 from .render import ok_html
@@ -137,6 +138,8 @@ def build_bench_tab(app: Any) -> tuple[Any, Any, Any, list[Any]]:
                 raise BenchStopped("stopped before it started", hint="press Run bench to start it")
             return run_bench(app, v, progress, session)
         except BenchStopped as exc:  # asked for: said plainly, not as a failure
+            # also in the terminal running `localspec ui`: a closed or reloaded page never shows it
+            log.warning("%s", exc.message)
             return ok_html(f"{exc.message} ({exc.hint})"), "", None, None
         except Exception as exc:  # every failure becomes a message in the page
             return friendly(exc), "", None, None

@@ -4,7 +4,8 @@ Switching to another pair closes the old pipeline first (frees both models); a S
 request makes the running stream *of the session that asked* end at the next token, or its benchmark
 after the run in progress (each browser session has its own stop flag: one visitor's Stop never ends
 another's run), and cancels that session's runs still waiting in the queue; the stream is always
-closed (``generator.close()``) so the engine rewinds its caches.
+closed (``generator.close()``) so the engine rewinds its caches. A page that is closed or reloaded
+ends its session the same way (:meth:`PipelineHolder.end_session`).
 """
 
 from __future__ import annotations
@@ -119,6 +120,17 @@ class PipelineHolder:
         with self._stops_lock:
             event = self._stops.get(session)
             if event is None and self._requested.get(session, 0) > self._started.get(session, 0):
+                self._cancelled[session] = self._requested[session]
+        if event is not None:
+            event.set()
+
+    def end_session(self, session: str = "") -> None:
+        """``session``'s page is gone (closed or reloaded): what it runs stops as on its Stop, and every
+        run it still has waiting in the queue is cancelled (a Stop cancels them only when nothing runs;
+        here no page is left to press Stop again)."""
+        with self._stops_lock:
+            event = self._stops.get(session)
+            if self._requested.get(session, 0) > self._started.get(session, 0):
                 self._cancelled[session] = self._requested[session]
         if event is not None:
             event.set()
