@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from _lossless import assert_lossless, traced
 
 import localspec
 from localspec.costs import MachineCosts, linear_costs
@@ -44,9 +45,12 @@ def test_suffix_strategies_are_declared_once():
 def test_the_second_request_drafts_from_the_first_and_stays_lossless(home):
     with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix") as pipe:
         assert pipe.settings.n_max == LOOKUP_N_MAX  # the cache sizes its own drafts
-        first = _argmax_law(pipe, CODE, max_tokens=48)
-        second = _argmax_law(pipe, CODE, max_tokens=48)
-    assert second.tokens == first.tokens
+        first, first_trace = traced(pipe, CODE, max_tokens=48)
+        second, second_trace = traced(pipe, CODE, max_tokens=48)
+    # the same text, but for a near-tie that another batching of the same tokens flips (seen with the
+    # tiny pair on an AVX-512 build: the second request verifies in wider passes than the first)
+    assert_lossless(first, first_trace, second, second_trace)
+    assert_lossless(second, second_trace, first, first_trace)
     by_source = second.stats.accepted_by_source
     assert by_source.get("history", 0) >= 20, second.stats.as_dict()
     assert {s for s in second.sources if s} <= {"prompt", "history"}
