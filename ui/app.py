@@ -536,7 +536,7 @@ class App:
         """The page was closed or reloaded: what its session runs is stopped as its Stop would (a bench
         after the run in progress), and its runs still waiting in the queue are dropped. The page that
         loads next is a new session, with no Stop button for them: they only kept the engine busy."""
-        self.holder.end_session(session_key(request))
+        self.holder.request_stop(session_key(request), page_gone=True)
 
     # -- layout --------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ request makes the running stream *of the session that asked* end at the next tok
 after the run in progress (each browser session has its own stop flag: one visitor's Stop never ends
 another's run), and cancels that session's runs still waiting in the queue; the stream is always
 closed (``generator.close()``) so the engine rewinds its caches. A page that is closed or reloaded
-ends its session the same way (:meth:`PipelineHolder.end_session`).
+ends its session the same way, its queued runs included (``request_stop(page_gone=True)``).
 """
 
 from __future__ import annotations
@@ -114,23 +114,14 @@ class PipelineHolder:
             started = self._started[session] = self._started.get(session, 0) + 1
             return started > self._cancelled.get(session, 0)
 
-    def request_stop(self, session: str = "") -> None:
+    def request_stop(self, session: str = "", *, page_gone: bool = False) -> None:
         """Stop what ``session`` (a browser session) runs, if anything; nobody else's. With nothing
-        running, the runs it has waiting in the queue are cancelled instead."""
+        running, the runs it has waiting in the queue are cancelled instead. ``page_gone`` (its page was
+        closed or reloaded, so no Stop can follow): those queued runs are cancelled in any case."""
         with self._stops_lock:
             event = self._stops.get(session)
-            if event is None and self._requested.get(session, 0) > self._started.get(session, 0):
-                self._cancelled[session] = self._requested[session]
-        if event is not None:
-            event.set()
-
-    def end_session(self, session: str = "") -> None:
-        """``session``'s page is gone (closed or reloaded): what it runs stops as on its Stop, and every
-        run it still has waiting in the queue is cancelled (a Stop cancels them only when nothing runs;
-        here no page is left to press Stop again)."""
-        with self._stops_lock:
-            event = self._stops.get(session)
-            if self._requested.get(session, 0) > self._started.get(session, 0):
+            waiting = self._requested.get(session, 0) > self._started.get(session, 0)
+            if waiting and (event is None or page_gone):
                 self._cancelled[session] = self._requested[session]
         if event is not None:
             event.set()
