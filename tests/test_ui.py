@@ -706,14 +706,12 @@ def test_browser_a_reloaded_page_stops_its_bench(ui):
     while log.read_text(errors="replace").count(stopped) == seen_before:  # the server's own line
         assert time.monotonic() < deadline, "the bench went on after its page was reloaded"
         time.sleep(0.5)
-    shown = page.inner_html("#ls-output")
-    _run(page, "def fibonacci(n):")  # the engine is free again: this page's run goes through
-    page.wait_for_function(
-        "(s) => { const o = document.querySelector('#ls-output');"
-        " return o.innerHTML !== s && o.querySelector('.ls-t') && !o.innerText.includes('loading'); }",
-        arg=shown,
-        timeout=120_000,
+    before = page.inner_html("#ls-result-box")
+    _run(page, "def fibonacci(n):")  # the engine is free again: this page's run goes through to its end
+    page.wait_for_function(  # (its stats reach the panel: nothing left running for the next test)
+        "(b) => document.querySelector('#ls-result-box').innerHTML !== b", arg=before, timeout=120_000
     )
+    assert "[stopped]" not in _settled_text(page, "#ls-output")
 
 
 @pytest.mark.browser
