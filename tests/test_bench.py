@@ -1012,8 +1012,11 @@ def test_an_interrupted_peer_build_takes_its_compilers_with_it(tmp_path, sig):
 
     pidfile = tmp_path / "grandchild.pid"
     build = ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"]
+    # Python's own Ctrl-C handler, as a terminal's Python has it: a test run started in the background of a
+    # non-interactive shell (`pytest &`) inherits SIGINT ignored, and the child would never see the signal
     script = (
-        f"import sys\nfrom localspec import peer\npeer._call_as_group({build!r}, cwd=None, stdout=None)\n"
+        "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        f"from localspec import peer\npeer._call_as_group({build!r}, cwd=None, stdout=None)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30

@@ -179,9 +179,15 @@ def test_ctrl_c_while_llama_cpp_loads_is_raised_once_the_load_returns(monkeypatc
         return real(**kw)
 
     monkeypatch.setattr(llama_cpp, "Llama", loading)
-    with pytest.raises(KeyboardInterrupt):
-        Model(constants.EMBEDDED_DRAFT, n_ctx=64, n_threads=1)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own Ctrl-C handler, as a terminal's Python has it (a test run in the background of a
+    # non-interactive shell, `pytest &`, inherits SIGINT ignored, and then no Ctrl-C comes at all)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            Model(constants.EMBEDDED_DRAFT, n_ctx=64, n_threads=1)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_model_llama_cpp_refuses_gets_llama_cpps_reason(tmp_path):
