@@ -9,6 +9,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from localspec import _moved
+
+_moved.install()  # old flat-layout import paths (localspec.engine, ...) keep working for a release
+
 __all__ = [
     "generate",
     "load",
@@ -29,19 +33,19 @@ __all__ = [
 def __getattr__(name: str):
     # Lazy: `import localspec` stays cheap (no llama.cpp load) for the CLI's scan/pair commands.
     if name in ("generate", "load", "Pipeline", "GenerationResult", "ChatResponse", "PairInfo"):
-        from localspec import api
+        from localspec.pipeline import api
 
         return getattr(api, name)
     if name == "TokenResponse":
-        from localspec.engine import TokenResponse
+        from localspec.decoding.engine import TokenResponse
 
         return TokenResponse
     if name in ("GenerationStats", "MemoryReport", "Comparison"):
-        from localspec import stats
+        from localspec.decoding import stats
 
         return getattr(stats, name)
     if name == "Grammar":
-        from localspec.grammar import Grammar
+        from localspec.constrain.grammar import Grammar
 
         return Grammar
     if name == "DraftSettings":

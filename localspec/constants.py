@@ -17,7 +17,7 @@ Variable                    Effect (accessor)
 ``LOCALSPEC_API_KEY``       ``serve``'s API key, as ``--api-key`` (read by click: ``cli/serve.py``)
 ``LOCALSPEC_UI_AUTH``       ``ui``'s ``user:password`` login, as ``--auth`` (read by click: ``cli/ui.py``)
 ``LOCALSPEC_TRUST_AMX``     any non-empty value: load models without first checking that the llama.cpp
-                            build's AMX kernels survive here (:func:`trust_amx`, :mod:`localspec.llama_build`)
+                            build's AMX kernels survive here (:func:`trust_amx`, :mod:`localspec.llama.build`)
 ``LLAMA_CPP_LIB_PATH``      read by llama-cpp-python: load another llama.cpp build; part of the key of a
                             kept AMX verdict (:func:`llama_cpp_lib_path`)
 ``XDG_CACHE_HOME``          base of the default cache folders (localspec's and Hugging Face's)
@@ -35,7 +35,7 @@ Variable                    Effect (accessor)
 ==========================  ==========================================================================
 
 Not read by localspec but by the libraries it drives: ``HF_HUB_DISABLE_XET`` is forced on for
-localspec's downloads (see :mod:`localspec.hub`); ``HF_HUB_*`` timeouts and proxies (``HTTPS_PROXY``)
+localspec's downloads (see :mod:`localspec.hub.download`); ``HF_HUB_*`` timeouts and proxies (``HTTPS_PROXY``)
 act through huggingface_hub as documented there.
 """
 

@@ -134,7 +134,7 @@ class SettingsError(LocalspecError, ValueError):
 class PresetError(LocalspecError, ValueError):
     """A preset name that does not exist or a preset file that does not validate.
 
-    ``path`` is the file (or folder) it was found in, when :func:`localspec.presets.load_presets`
+    ``path`` is the file (or folder) it was found in, when :func:`localspec.hub.presets.load_presets`
     reports one, and ``preset`` the name of the one preset that was left out for it (None when the
     whole file was).
     """

@@ -17,7 +17,7 @@ from localspec.errors import SettingsError
 #: every other one drafts. ``ngram`` looks up the current prompt and output only; ``suffix`` also
 #: remembers earlier requests (and a persisted store and an indexed corpus) and sizes each draft from its
 #: confidence and this machine's verify cost; ``auto`` picks per request between ``suffix`` and
-#: ``model+suffix`` from the measured costs (see :mod:`localspec.routing`).
+#: ``model+suffix`` from the measured costs (see :mod:`localspec.decoding.routing`).
 STRATEGIES: tuple[str, ...] = ("auto", "model", "ngram", "suffix", "model+ngram", "model+suffix", "none")
 #: The strategies that draft (everything but the target alone).
 SPECULATIVE_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s != "none")
@@ -55,7 +55,8 @@ class DraftSettings:
     """One drafting setting: which drafter, how long its drafts may be, when it stops, adaptive or not.
 
     ``n_max`` is the longest draft per round; the runtime also caps it at the longest draft llama.cpp can
-    verify in one pass (see :attr:`localspec.runtime.Model.max_draft`). ``n_min`` drafts at least that many
+    verify in one pass (see :attr:`localspec.llama.runtime.Model.max_draft`). ``n_min`` drafts at least that
+    many
     tokens before ``p_min`` (the draft model's top probability cut-off) may stop it. ``adaptive`` picks
     each round's length (zero included) from measured acceptance and costs.
     """

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 import localspec
-from localspec import suffix as sx
-from localspec.session_bench import BASELINE, SessionConfig, _run_once, warm_snapshot
-from localspec.sessions import SESSION_WORKLOADS, load_session_workload
+from localspec.bench.session_run import BASELINE, SessionConfig, _run_once, warm_snapshot
+from localspec.bench.sessions import SESSION_WORKLOADS, load_session_workload
 from localspec.settings import DraftSettings
+from localspec.suffix import drafter as sx
 
 _CARRY = sx.SuffixDrafter.begin
 

@@ -150,7 +150,7 @@ def main() -> None:
     import openai
 
     import localspec
-    from localspec.server import ServeOptions, start_background
+    from localspec.serve.app import ServeOptions, start_background
 
     with tempfile.TemporaryDirectory() as home:
         import os

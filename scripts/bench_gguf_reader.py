@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from localspec.gguf_meta import read_metadata  # noqa: E402
+from localspec.gguf.meta import read_metadata  # noqa: E402
 
 
 def median_ms(fn, runs: int) -> float:

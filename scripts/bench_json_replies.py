@@ -126,7 +126,7 @@ def main() -> None:
     import os
 
     import localspec
-    from localspec import grammar
+    from localspec.constrain import grammar
 
     counter = [0]
     full_mask = grammar.Constraint.masked

@@ -25,7 +25,7 @@ from typing import Any
 
 import localspec
 from localspec import constants
-from localspec.sessions import SESSION_WORKLOADS, SessionWorkload, load_session_workload, run_session
+from localspec.bench.sessions import SESSION_WORKLOADS, SessionWorkload, load_session_workload, run_session
 
 SETTINGS = ("none", "suffix, calibration kept", "suffix, learnt afresh")
 

@@ -13,7 +13,8 @@ latency grows with the number of clients.
 ``--setting "LABEL=ARGS"`` (repeatable) adds more ``localspec serve`` settings, e.g. ``"suffix=--strategy
 suffix"``. ``--llama-server "N:MODE,..."`` also starts llama.cpp's own ``llama-server`` (the peer build of
 ``localspec bench --peer``, same target, draft, threads) with ``--parallel N`` slots and speculative MODE
-(``none``, ``draft-simple``, ``ngram-simple``, ``ngram-mod``, ...; sized as in ``localspec.peer``), each slot
+(``none``, ``draft-simple``, ``ngram-simple``, ``ngram-mod``, ...; sized as in ``localspec.bench.peer``),
+each slot
 with the same context as ``localspec serve``. ``--base-url URL`` drives an endpoint that is already running
 instead, under the label ``--label``. ``--png`` draws throughput and p50 latency against clients.
 
@@ -42,8 +43,8 @@ from typing import Any
 import httpx
 import openai
 
-from localspec import peer
-from localspec.workloads import Prompt, select_workloads
+from localspec.bench import peer
+from localspec.bench.workloads import Prompt, select_workloads
 
 
 @dataclass
@@ -197,7 +198,8 @@ class LocalServer:
 
 
 class LlamaServer:
-    """llama.cpp's ``llama-server``: ``--parallel`` slots, one speculative mode as in ``localspec.peer``."""
+    """llama.cpp's ``llama-server``: ``--parallel`` slots, one speculative mode as in
+    ``localspec.bench.peer``."""
 
     def __init__(self, target: Path, draft: Path | None, slots: int, mode: str, threads: int, n_ctx: int):
         args = peer.session_mode_args(mode, target=target, draft=draft, threads=threads, n_ctx=n_ctx * slots)

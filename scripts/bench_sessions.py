@@ -4,7 +4,8 @@ Usage: python scripts/bench_sessions.py -t TARGET.gguf [-d DRAFT.gguf] [--worklo
            [--ngram 4,8,16,32] [--suffix cold,warm,auto] [--threads 2] [--warm-afresh] [--no-token-table]
            [--peer] [--peer-modes none,ngram-mod,...] [--out F.json]
 The same as `localspec bench --sessions [--peer]`, with the n-gram lengths, llama.cpp's modes and the output
-file as options. ``--peer`` runs llama.cpp's own modes (localspec.peer.SESSION_MODES) in the same repeats.
+file as options. ``--peer`` runs llama.cpp's own modes (localspec.bench.peer.SESSION_MODES) in the same
+repeats.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import time
 from pathlib import Path
 
 import localspec
-from localspec.peer import SESSION_MODES
-from localspec.session_bench import PeerSetup, SessionConfig, markdown, run_bench
-from localspec.sessions import SESSION_WORKLOADS
+from localspec.bench.peer import SESSION_MODES
+from localspec.bench.session_run import PeerSetup, SessionConfig, markdown, run_bench
+from localspec.bench.sessions import SESSION_WORKLOADS
 from localspec.settings import DraftSettings
 
 
@@ -79,7 +80,7 @@ def main() -> int:
     setup = None
     builds: dict[str, object] = {}
     if a.peer:
-        from localspec import peer
+        from localspec.bench import peer
 
         builds = {
             "localspec": peer.installed_system_info(),

@@ -28,15 +28,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from localspec import constants  # noqa: E402
-from localspec.sampling import SamplingParams  # noqa: E402
-from localspec.store import SuffixStore, read_corpus  # noqa: E402
-from localspec.suffix import SuffixDrafter, SuffixIndex  # noqa: E402
+from localspec.llama.sampling import SamplingParams  # noqa: E402
+from localspec.suffix.drafter import SuffixDrafter, SuffixIndex  # noqa: E402
+from localspec.suffix.store import SuffixStore, read_corpus  # noqa: E402
 
 
 def _source_tokens() -> np.ndarray:
     import llama_cpp
 
-    from localspec.runtime import _quiet_stderr
+    from localspec.llama.runtime import _quiet_stderr
 
     with _quiet_stderr():
         llm = llama_cpp.Llama(model_path=str(constants.EMBEDDED_TARGET), vocab_only=True, verbose=False)

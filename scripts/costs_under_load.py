@@ -3,11 +3,14 @@
 Usage:
   python scripts/costs_under_load.py -t TARGET.gguf [--threads 2] [--out costs-load.json]
 
-Times every width of :data:`localspec.costs.WIDTHS` in :data:`localspec.costs.MAX_SWEEPS` interleaved sweeps,
+Times every width of :data:`localspec.decoding.costs.WIDTHS` in :data:`localspec.decoding.costs.MAX_SWEEPS`
+interleaved sweeps,
 three times: on a quiet machine, while another process spins on one core 1.5 s out of every 3, and quiet
 again. From the same timings it derives the curve two ways: the median of the first 3 sweeps (how localspec
-measured before 2026-12-01) and what :func:`localspec.costs.measure` does now (the second-fastest timing,
-with sweeps until :func:`localspec.costs.is_steady`), and prints how far each lands from its own quiet curve.
+measured before 2026-12-01) and what :func:`localspec.decoding.costs.measure` does now (the second-fastest
+timing,
+with sweeps until :func:`localspec.decoding.costs.is_steady`), and prints how far each lands from its own
+quiet curve.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import subprocess
 import sys
 
 import localspec
-from localspec import costs as C
+from localspec.decoding import costs as C
 
 _SPIN = "import time\nwhile True:\n t = time.time()\n while time.time() - t < 1.5: pass\n time.sleep(1.5)\n"
 

@@ -9,7 +9,7 @@ Usage:
 target alone, greedy, and keeps each request's prompt tokens and reply tokens, the corpus tokens, this
 machine's V(b) and its seconds per target token. ``replay`` plays fixed-length prompt lookup and the
 suffix cache (cold, warm) over the measured requests and prints what their rounds would cost
-(:mod:`localspec.replay`): a design tool, in seconds; published figures come from ``bench_sessions.py``.
+(:mod:`localspec.bench.replay`): a design tool, in seconds; published figures come from ``bench_sessions.py``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from localspec.costs import MachineCosts
-from localspec.drafters import Draft, NgramDrafter
-from localspec.replay import (
+from localspec.bench.replay import (
     Recorded,
     Replayed,
     any_copy_ceiling,
@@ -32,8 +30,10 @@ from localspec.replay import (
     replay,
     replay_request,
 )
-from localspec.sessions import SESSION_WORKLOADS, load_session_workload, run_session
-from localspec.suffix import DRAFT_MARGIN, PRIOR_TRUST, TOKEN_WEIGHT, SuffixDrafter, SuffixIndex
+from localspec.bench.sessions import SESSION_WORKLOADS, load_session_workload, run_session
+from localspec.decoding.costs import MachineCosts
+from localspec.decoding.drafters import Draft, NgramDrafter
+from localspec.suffix.drafter import DRAFT_MARGIN, PRIOR_TRUST, TOKEN_WEIGHT, SuffixDrafter, SuffixIndex
 
 
 def record(a: argparse.Namespace) -> int:
@@ -76,8 +76,8 @@ def record(a: argparse.Namespace) -> int:
                 print(f"{name} {part} {session.id}: {sum(len(r['output']) for r in rows)} tokens", flush=True)
         out["workloads"][name] = {**parts, "corpus": corpus}
     if a.single or a.only_single:
-        from localspec.bench import render
-        from localspec.workloads import select_workloads
+        from localspec.bench.single import render
+        from localspec.bench.workloads import select_workloads
 
         out["single"] = {}
         for w in select_workloads(limit=a.limit):

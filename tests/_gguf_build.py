@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from localspec.gguf_meta import read_metadata
+from localspec.gguf.meta import read_metadata
 
 VOCAB_DIR = Path(__file__).parent / "data" / "vocab"
 

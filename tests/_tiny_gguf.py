@@ -7,7 +7,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from localspec.gguf_meta import read_metadata
+from localspec.gguf.meta import read_metadata
 
 
 def write_tiny_llama(

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from localspec.adaptive import PROBE_MAX, AdaptiveLength
+from localspec.decoding.adaptive import PROBE_MAX, AdaptiveLength
 
 
 class SimulatedPair:

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from localspec import bench, benchmath, report, tune, workloads
+from localspec.bench import arithmetic as benchmath
+from localspec.bench import report, tune, workloads
+from localspec.bench import single as bench
+from localspec.bench.workloads import Prompt, Workload
 from localspec.errors import BenchError
 from localspec.settings import BASELINE, MAX_TUNE_SWEEP, SPECULATIVE_STRATEGIES, DraftSettings, max_threads
-from localspec.workloads import Prompt, Workload
 
 # ---------------------------------------------------------------------------------------------- prompt files
 
@@ -376,7 +378,7 @@ def test_tune_benchmark_checks_the_sweep_before_the_pair_loads(monkeypatch):
 
 def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_CONFIG", str(tmp_path / "cfg"))
-    from localspec.presets import get_preset
+    from localspec.hub.presets import get_preset
 
     t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
     rep = {
@@ -549,7 +551,7 @@ def test_figures_no_drafter_can_produce_are_flagged_as_noise():
 def test_a_non_physical_verify_fit_gives_no_ceiling():
     """Beside a busy process the fit gave V(b) = 1 + 282 (b - 1): ceilings of 0.00x, efficiencies of
     222094%, shown as results. A slope past one pass per token gives none."""
-    from localspec.benchmath import CellResult, add_ceilings
+    from localspec.bench.arithmetic import CellResult, add_ceilings
 
     def cell(strategy, batch, v):
         return CellResult(
@@ -581,7 +583,7 @@ def test_a_non_physical_verify_fit_gives_no_ceiling():
 
 
 def test_peer_server_flags_match_our_settings(tmp_path):
-    from localspec import peer
+    from localspec.bench import peer
 
     t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
     args = peer.server_args(DraftSettings("model", 5, p_min=0.6), target=t, draft=d, threads=2, n_ctx=2048)
@@ -600,7 +602,7 @@ def test_peer_server_flags_match_our_settings(tmp_path):
 
 def test_peer_is_built_with_the_cpu_features_of_the_installed_wheel(monkeypatch):
     """A native peer next to an AVX2 wheel compares builds (1.066x measured here), not engines."""
-    from localspec import peer
+    from localspec.bench import peer
 
     avx2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 |"
     flags = peer.cpu_flags(avx2)
@@ -764,7 +766,7 @@ def test_bench_help_shows_the_ranges():
 def no_model_loads(monkeypatch):
     """Every way `bench` reaches a model raises, so a refusal that came late shows as exit 1, not 2."""
     import localspec
-    from localspec import api
+    from localspec.pipeline import api
 
     def no_load(*a, **k):
         raise AssertionError("a model was loaded for an invalid option")
@@ -898,7 +900,7 @@ def test_session_bench_caps_requests_only_when_asked_and_prints_json(monkeypatch
     from click.testing import CliRunner
 
     import localspec
-    from localspec import session_bench
+    from localspec.bench import session_run as session_bench
     from localspec.cli import main
 
     seen: list[dict] = []
@@ -969,7 +971,7 @@ def test_bench_help_shows_the_sweep_forms_and_bounds():
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("CI") == "true", reason="the llama.cpp peer never runs in CI")
 def test_peer_on_embedded_pair(tmp_path):
-    from localspec import peer
+    from localspec.bench import peer
 
     if peer.server_binary() is None:
         pytest.skip("no llama-server: set LOCALSPEC_PEER_DIR to where `localspec bench --peer` built it")
@@ -982,7 +984,7 @@ def test_peer_on_embedded_pair(tmp_path):
 def test_a_build_without_this_cpus_features_is_named_after_a_speed_report(monkeypatch, tmp_path):
     """A prebuilt or AVX2-only llama-cpp-python on an AVX-512 CPU makes wide verify passes ~1.5x dearer
     (measured here): the bench names the features the build leaves out, never AMX (it dies on some VMs)."""
-    from localspec import peer
+    from localspec.bench import peer
 
     avx2_build = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | OPENMP = 1 |"
     cpu = "processor : 0\nflags\t\t: fpu sse3 avx avx2 fma f16c bmi2 avx512f avx512_vnni amx_tile amx_int8\n"
@@ -1038,7 +1040,7 @@ def test_an_interrupted_peer_build_takes_its_compilers_with_it(tmp_path, sig):
 
 def test_a_prompt_too_long_for_the_context_is_named_before_the_first_run(tmp_path):
     """Found mid-run, it ended minutes of benchmarking with the API's message and no prompt named."""
-    from localspec.bench import benchmark
+    from localspec.bench.single import benchmark
     from localspec.errors import BenchError
 
     prompts = tmp_path / "mine.txt"

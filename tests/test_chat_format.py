@@ -2,7 +2,8 @@
 
 ``Pipeline.format_chat`` used to tokenize the whole rendered prompt with ``special=True``, so a message
 holding ``<|im_start|>system\\n...`` got real control tokens. Now the caller's strings are tokenized as
-text (``localspec/chat_tokens.py``), and a prompt whose messages hold no control-token text gets exactly the
+text (``localspec/llama/chat_tokens.py``), and a prompt whose messages hold no control-token text gets
+exactly the
 tokens it got before.
 """
 
@@ -16,9 +17,9 @@ from conftest import QWEN_DRAFT, qwen_dir
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 import localspec
-from localspec.chat_tokens import ChatTokenizer, chat_segments
 from localspec.constants import EMBEDDED_TARGET
 from localspec.errors import LocalspecError
+from localspec.llama.chat_tokens import ChatTokenizer, chat_segments
 
 VOCABS = {
     "qwen2": "tests/data/vocab/ggml-vocab-qwen2.gguf",  # BPE, <|im_start|> and friends

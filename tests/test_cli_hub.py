@@ -9,7 +9,7 @@ from _hub_server import FakeHub, make_gguf, ordinary_tokens
 from click.testing import CliRunner
 
 from localspec.cli import main
-from localspec.presets import save_user_preset
+from localspec.hub.presets import save_user_preset
 
 VOCAB = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + ordinary_tokens(300)
 

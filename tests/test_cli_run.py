@@ -200,7 +200,7 @@ def test_the_one_time_cost_measurement_is_announced_once(monkeypatch, tmp_path):
     """The suffix cache sizes drafts from this machine's measured verify curve: the first run measures it
     (a pause of seconds, more on a big model) and says so; the next run reads it from the cache, silently."""
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr("localspec.costs.UNSTEADY_TRIES", 1)  # kept even if this machine is busy now
+    monkeypatch.setattr("localspec.decoding.costs.UNSTEADY_TRIES", 1)  # kept even if this machine is busy now
     args = ("run", "-n", "4", "--threads", "2", "--n-ctx", "256", "--strategy", "suffix", "--no-store", "x=1")
     first, second = invoke(*args), invoke(*args)
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
@@ -289,7 +289,9 @@ def test_library_warnings_are_lines_of_their_own_after_streamed_text(tmp_path, m
     seen = []
     monkeypatch.setattr("click.echo", lambda text, err=False: seen.append(text))
     WARNING_LINES.mid_line = True  # a terminal's stdout in the middle of a line
-    WARNING_LINES.emit(logging.LogRecord("localspec.store", logging.WARNING, "", 0, "it failed", (), None))
+    WARNING_LINES.emit(
+        logging.LogRecord("localspec.suffix.store", logging.WARNING, "", 0, "it failed", (), None)
+    )
     assert seen == ["\nlocalspec: it failed"] and not WARNING_LINES.mid_line
 
 

@@ -1,4 +1,5 @@
-"""localspec.costs: measuring the verify curve on a busy machine, and the kept curves on the command line.
+"""localspec.decoding.costs: measuring the verify curve on a busy machine, and the kept curves on the
+command line.
 
 The timings come from a fake clock that a fake model advances by what each pass "costs", so what a load
 does to a measurement is exact and nothing here depends on this machine's speed.
@@ -14,9 +15,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from localspec import costs as costsmod
 from localspec.cli import main
-from localspec.costs import MachineCosts, is_steady, measure, unsteady_widths, write_costs
+from localspec.decoding import costs as costsmod
+from localspec.decoding.costs import MachineCosts, is_steady, measure, unsteady_widths, write_costs
 
 
 class _Clock:
@@ -28,7 +29,8 @@ class _Clock:
 
 
 class _Model:
-    """What :func:`measure` uses of :class:`localspec.runtime.Model`; a pass of ``w`` tokens advances the
+    """What :func:`measure` uses of :class:`localspec.llama.runtime.Model`; a pass of ``w`` tokens advances
+    the
     clock by ``cost(w, i)``, ``i`` counting the timed passes after the warm-up one (0, 1, ...)."""
 
     n_ctx = 4096
@@ -221,7 +223,7 @@ def test_an_unsteady_measurement_is_said_with_the_next_step(tmp_path, monkeypatc
 
 
 def test_auto_says_when_it_decided_by_costs_measured_on_a_busy_machine():
-    from localspec.routing import route
+    from localspec.decoding.routing import route
 
     busy = _measure(lambda w, i: _curve(w), lambda w, i: DRAFT_MS)
     busy.details["steady"] = False
@@ -261,8 +263,8 @@ def test_cache_info_lists_the_kept_curves_and_clear_costs_has_them_measured_agai
 
 
 def test_clear_costs_leaves_the_suffix_store_and_clear_leaves_the_costs(tmp_path, monkeypatch):
-    from localspec.store import SuffixStore, list_stores
-    from localspec.suffix import SuffixIndex
+    from localspec.suffix.drafter import SuffixIndex
+    from localspec.suffix.store import SuffixStore, list_stores
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     store = SuffixStore(None, "f" * 64, n_vocab=1000)

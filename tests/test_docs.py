@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from localspec.cli import main
-from localspec.presets import list_presets
+from localspec.hub.presets import list_presets
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.drafters import NgramDrafter
-from localspec.sampling import SamplingParams
+from localspec.decoding.drafters import NgramDrafter
+from localspec.llama.sampling import SamplingParams
 
 GREEDY = SamplingParams()
 RNG = np.random.default_rng(0)
@@ -52,8 +52,8 @@ def test_drafters_import_without_llama_cpp():
 
     code = (
         "import sys; sys.modules['llama_cpp'] = None\n"
-        "from localspec.drafters import NgramDrafter, SOURCES\n"
-        "from localspec.sampling import SamplingParams\n"
+        "from localspec.decoding.drafters import NgramDrafter, SOURCES\n"
+        "from localspec.llama.sampling import SamplingParams\n"
         "import numpy as np\n"
         "d = NgramDrafter(); ctx = [1, 2, 3, 4, 5, 1, 2, 3]; d.begin(ctx[:-1])\n"
         "assert d.draft(ctx, 2, SamplingParams(), np.random.default_rng(0)).tokens == [4, 5]\n"

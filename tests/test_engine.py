@@ -11,7 +11,7 @@ from _lossless import assert_lossless, traced
 from _tiny_gguf import write_tiny_llama
 
 import localspec
-from localspec import constants, sampling
+from localspec import constants
 from localspec.errors import (
     ContextOverflowError,
     GGUFError,
@@ -20,6 +20,7 @@ from localspec.errors import (
     SettingsError,
     UnusableModelError,
 )
+from localspec.llama import sampling
 
 PROMPTS = [
     "def fib(n):",
@@ -165,7 +166,7 @@ def test_ctrl_c_while_llama_cpp_loads_is_raised_once_the_load_returns(monkeypatc
 
     import llama_cpp
 
-    from localspec.runtime import Model
+    from localspec.llama.runtime import Model
 
     real = llama_cpp.Llama
 
@@ -269,7 +270,7 @@ def test_sampling_test_detects_a_biased_sampler(embedded_pipe, monkeypatch):
     Shown with n-gram drafts (deterministic proposals), where accepting everything is far from the target's
     distribution; with the distilled model draft the same bug shifts the output only by the draft/target
     difference, which a sample this size may not reveal."""
-    monkeypatch.setattr("localspec.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
+    monkeypatch.setattr("localspec.decoding.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
     n = 1500
     prompt = "a = b\nc = d\na = b\nc ="
     base = _first_two(embedded_pipe, prompt, n, baseline=True)

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localspec.errors import GGUFError, PresetError
-from localspec.gguf_meta import GGUFMetadata, read_metadata_fileobj
-from localspec.presets import Preset, parse_preset, parse_text
+from localspec.gguf.meta import GGUFMetadata, read_metadata_fileobj
+from localspec.hub.presets import Preset, parse_preset, parse_text
 
 PER_INPUT_S = 2.0
 FUZZ = settings(

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localspec.errors import GGUFError
-from localspec.gguf_meta import SkippedArray, read_metadata, read_metadata_fileobj
+from localspec.gguf.meta import SkippedArray, read_metadata, read_metadata_fileobj
 
 
 def _rich_file(path: Path) -> Path:
@@ -328,7 +328,7 @@ def _raw_gguf(kv: list[tuple[str, int, bytes]], n_tensors: int = 0, tensor_bytes
 
 
 def test_many_arrays_each_under_the_cap_are_refused_in_total(tmp_path):
-    from localspec.gguf_meta import MAX_ARRAY, MAX_HEADER_ITEMS
+    from localspec.gguf.meta import MAX_ARRAY, MAX_HEADER_ITEMS
 
     per = 1 << 20  # each array is far below MAX_ARRAY; together they pass MAX_HEADER_ITEMS
     assert per < MAX_ARRAY and 5 * per > MAX_HEADER_ITEMS
@@ -355,7 +355,7 @@ def test_a_header_with_too_many_tensor_infos_is_refused_before_reading_them(tmp_
 
 
 def test_real_vocabularies_stay_well_under_the_totals():
-    from localspec.gguf_meta import MAX_HEADER_ITEMS
+    from localspec.gguf.meta import MAX_HEADER_ITEMS
 
     for name in ("qwen2", "llama-spm", "gpt-2"):
         meta = read_metadata(vocab_path(name))

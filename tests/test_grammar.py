@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from localspec import Grammar
+from localspec.constrain.grammar import Constraint, reply_grammar, response_format_grammar
+from localspec.constrain.number_ranges import Bound, integer_range, number_range
 from localspec.errors import GrammarError, SettingsError
-from localspec.grammar import Constraint, reply_grammar, response_format_grammar
-from localspec.number_ranges import Bound, integer_range, number_range
-from localspec.sampling import SamplingParams, distribution
+from localspec.llama.sampling import SamplingParams, distribution
 
 PERSON = {
     "type": "object",
@@ -396,7 +396,7 @@ def test_json_object_chat_and_streaming_agree(embedded_pipe):
 def test_sampling_under_a_grammar_keeps_the_target_s_distribution(
     embedded_pipe, strategy, exact_support, monkeypatch
 ):
-    monkeypatch.setattr("localspec.engine.EXACT_SUPPORT", exact_support)
+    monkeypatch.setattr("localspec.decoding.engine.EXACT_SUPPORT", exact_support)
     grammar = Grammar.gbnf(WORDS)
     prompt = '["cat", "dog"]\n' * 3
     kw = dict(max_tokens=4, temperature=0.5, grammar=grammar)
@@ -430,7 +430,7 @@ def _accepts(pipe, grammar: Grammar, text: str, *, trigger_id: int | None = None
 def test_the_call_grammar_takes_well_formed_calls_of_declared_functions_only(embedded_pipe):
     from test_tool_calls import CALL, CLOCK, WEATHER
 
-    from localspec.tool_calls import call_grammar, check_tools
+    from localspec.pipeline.tool_calls import call_grammar, check_tools
 
     tools = check_tools([WEATHER, CLOCK])
     many, one = call_grammar(tools), call_grammar(tools, parallel=False)
@@ -453,7 +453,7 @@ def test_the_call_grammar_takes_well_formed_calls_of_declared_functions_only(emb
 
 
 def test_each_function_keeps_its_own_definitions(embedded_pipe):
-    from localspec.tool_calls import call_grammar, check_tools
+    from localspec.pipeline.tool_calls import call_grammar, check_tools
 
     def tool(name, item):
         params = {"type": "object", "properties": {"x": {"$ref": "#/$defs/Item"}}, "required": ["x"]}

@@ -1,4 +1,4 @@
-"""localspec.hub against a local Hub stand-in: real huggingface_hub, real HTTP, temporary cache."""
+"""localspec.hub.download against a local Hub stand-in: real huggingface_hub, real HTTP, temporary cache."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from _hub_server import FakeHub, make_gguf, ordinary_tokens
 
-from localspec import constants, hub, hub_search
+from localspec import constants
 from localspec.errors import (
     DiskSpaceError,
     DownloadError,
@@ -16,7 +16,9 @@ from localspec.errors import (
     ModelNotFoundError,
     OfflineError,
 )
-from localspec.presets import HubRef, save_user_preset
+from localspec.hub import download as hub
+from localspec.hub import search as hub_search
+from localspec.hub.presets import HubRef, save_user_preset
 from localspec.units import format_bytes
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -288,7 +290,8 @@ def test_remote_fingerprint_reads_only_the_header(fake_hub, tmp_path):
     size = big.stat().st_size
     fake_hub.add_repo("org/big-GGUF", {"big-Q4_K_M.gguf": big})
 
-    from localspec import gguf_meta, vocab
+    from localspec.gguf import meta as gguf_meta
+    from localspec.gguf import vocab
 
     remote = hub_search.remote_fingerprint("org/big-GGUF", "big-Q4_K_M.gguf")
     local = vocab.fingerprint(gguf_meta.read_metadata(big, tensors=False))
@@ -520,7 +523,7 @@ def test_a_client_error_from_the_hub_is_not_worth_retrying_and_carries_no_mdn_li
     import httpx
     from huggingface_hub import errors as hf
 
-    from localspec.hub import translate_error
+    from localspec.hub.download import translate_error
 
     def answered(code: int) -> str:
         r = httpx.Response(code, request=httpx.Request("GET", "http://hub.example/api/models/a/b"))

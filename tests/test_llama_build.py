@@ -14,10 +14,11 @@ import pytest
 from _gguf_build import write_gguf
 from click.testing import CliRunner
 
-from localspec import constants, llama_build
+from localspec import constants
 from localspec.cli import main
 from localspec.errors import BuildError
-from localspec.runtime import Model
+from localspec.llama import build as llama_build
+from localspec.llama.runtime import Model
 
 AMX_BUILD = (
     "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX_VNNI = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "

@@ -14,13 +14,13 @@ import pytest
 
 import localspec
 from localspec import constants
-from localspec.drafters import Draft
-from localspec.engine import MAX_CONTROLLERS, Engine
+from localspec.decoding.drafters import Draft
+from localspec.decoding.engine import MAX_CONTROLLERS, Engine
+from localspec.decoding.stats import GenerationStats
 from localspec.errors import ContextOverflowError, SettingsError
-from localspec.runtime import Model, default_gpu_layers, placement
-from localspec.sampling import SamplingParams
+from localspec.llama.runtime import Model, default_gpu_layers, placement
+from localspec.llama.sampling import SamplingParams
 from localspec.settings import STRATEGIES, DraftSettings
-from localspec.stats import GenerationStats
 
 WORDS = (
     "the quick brown fox jumps over the lazy dog while seven wizards quietly pack boxes of liquor jugs "
@@ -390,7 +390,7 @@ def test_results_copy_pickle_and_print(embedded_pipe, capsys):
 def test_chat_with_tools_needs_a_template_that_calls_them(embedded_pipe):
     from test_tool_calls import WEATHER
 
-    from localspec.tool_calls import ToolCallError
+    from localspec.pipeline.tool_calls import ToolCallError
 
     ask = [{"role": "user", "content": "Weather in Paris?"}]
     with pytest.raises(ToolCallError, match="no tool-call format") as err:
@@ -412,7 +412,7 @@ def _assembled(responses) -> tuple[str, list[tuple[str, str]]]:
 def test_chat_stream_reads_calls_out_as_they_are_written(embedded_pipe, monkeypatch):
     from test_tool_calls import TOOL_TEMPLATE, WEATHER
 
-    from localspec.engine import TokenResponse
+    from localspec.decoding.engine import TokenResponse
 
     monkeypatch.setattr(type(embedded_pipe), "chat_template", property(lambda self: TOOL_TEMPLATE))
     pieces = ["Checking.", "\n", "<tool", "_call>\n", '{"name": "get_weather", ', '"arguments": {"city": ']
@@ -477,8 +477,8 @@ def test_the_pipeline_says_where_each_model_runs(embedded_pipe, monkeypatch):
     assert r.stats.placement == embedded_pipe.placement
     assert f"runs on target {expected}, draft {expected}" in r.stats.summary_line()
     seen = []
-    monkeypatch.setattr("localspec.api.supports_gpu_offload", lambda: True)
-    monkeypatch.setattr("localspec.api.Model", lambda path, **kw: seen.append(kw) or _raise())
+    monkeypatch.setattr("localspec.pipeline.api.supports_gpu_offload", lambda: True)
+    monkeypatch.setattr("localspec.pipeline.api.Model", lambda path, **kw: seen.append(kw) or _raise())
     with pytest.raises(_Stop):
         localspec.load(n_threads=2)
     with pytest.raises(_Stop):
@@ -584,7 +584,7 @@ def test_chat_checks_its_messages_as_the_server_does(embedded_pipe):
 
 
 def test_the_one_line_api_loads_again_when_its_pipeline_was_closed():
-    from localspec import api
+    from localspec.pipeline import api
 
     first = localspec.generate("def f():", max_tokens=4, n_ctx=512)
     (pipe,) = api._CACHE.values()

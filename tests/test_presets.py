@@ -9,7 +9,7 @@ import pytest
 
 from localspec import constants
 from localspec.errors import PresetError
-from localspec.presets import (
+from localspec.hub.presets import (
     check_revision,
     dump_toml,
     get_preset,

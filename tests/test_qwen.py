@@ -11,8 +11,8 @@ from _lossless import assert_lossless, traced
 from conftest import QWEN_DRAFT, QWEN_TARGET, qwen_dir
 
 import localspec
-from localspec import sampling
-from localspec.sampling import SamplingParams
+from localspec.llama import sampling
+from localspec.llama.sampling import SamplingParams
 
 pytestmark = [pytest.mark.qwen, pytest.mark.slow]
 

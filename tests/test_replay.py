@@ -1,13 +1,13 @@
-"""The offline replay of free drafters over recorded requests (localspec.replay)."""
+"""The offline replay of free drafters over recorded requests (localspec.bench.replay)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from localspec.drafters import Draft, NgramDrafter
-from localspec.replay import Recorded, any_copy_ceiling, matched, recorded, replay, replay_request
-from localspec.suffix import SuffixDrafter, SuffixIndex
+from localspec.bench.replay import Recorded, any_copy_ceiling, matched, recorded, replay, replay_request
+from localspec.decoding.drafters import Draft, NgramDrafter
+from localspec.suffix.drafter import SuffixDrafter, SuffixIndex
 
 
 class Fixed:

@@ -8,8 +8,8 @@ import shutil
 import pytest
 from _gguf_build import synthetic_tokens, tiny_model, vocab_path, write_gguf
 
-from localspec import scan as scanmod
-from localspec.scan import find_drafts, inspect, rank_drafts, scan
+from localspec.gguf import scan as scanmod
+from localspec.gguf.scan import find_drafts, inspect, rank_drafts, scan
 
 
 @pytest.fixture(autouse=True)
@@ -186,8 +186,8 @@ def fifo_blob(tmp_path):
 
 def test_a_fifo_named_like_a_blob_does_not_hang_anything(fifo_blob):
     from localspec.errors import GGUFError
-    from localspec.gguf_meta import is_gguf_file, read_metadata
-    from localspec.pairing import check_pair
+    from localspec.gguf.meta import is_gguf_file, read_metadata
+    from localspec.gguf.pairing import check_pair
 
     found = _no_hang(lambda: scan([fifo_blob.parent]))
     assert [os.path.basename(m.path) for m in found] == ["sha256-" + "1" * 64]

@@ -17,8 +17,8 @@ import pytest
 from test_tool_calls import TOOL_TEMPLATE, WEATHER, _assembled
 
 import localspec
-from localspec.exposure import ExposureError
-from localspec.server import ServeOptions, start_background
+from localspec.serve.app import ServeOptions, start_background
+from localspec.serve.exposure import ExposureError
 
 N_CTX = 1024
 PROMPTS = [
@@ -327,8 +327,8 @@ class ScriptedPipe:
         return self._pipe.format_chat(messages, **kw)
 
     def stream_tokens(self, tokens, **kw):
-        from localspec.engine import TokenResponse
-        from localspec.stats import GenerationStats
+        from localspec.decoding.engine import TokenResponse
+        from localspec.decoding.stats import GenerationStats
 
         self.prompts.append(list(tokens))
         self.kwargs.append(kw)
@@ -776,8 +776,8 @@ def test_a_non_loopback_bind_without_a_key_is_refused(pipe):
 def test_cli_refuses_an_exposed_bind_before_loading_and_reads_the_key_from_the_environment(monkeypatch):
     from click.testing import CliRunner
 
-    from localspec import server
     from localspec.cli import main
+    from localspec.serve import app as server
 
     r = CliRunner().invoke(main, ["serve", "--host", "0.0.0.0", "--port", "0"], env={"LOCALSPEC_API_KEY": ""})
     assert r.exit_code == 1
@@ -919,7 +919,7 @@ def test_an_error_while_cleaning_up_is_logged_and_the_server_goes_on(caplog):
     srv = start_background(LearningPipe(real, fail=True), ServeOptions(port=0))
     client = openai.OpenAI(base_url=srv.url, api_key="x", max_retries=0, timeout=30)
     try:
-        with caplog.at_level("ERROR", logger="localspec.server"):
+        with caplog.at_level("ERROR", logger="localspec.serve.app"):
             first = _complete(client, PROMPTS[0]).choices[0].text
             second = _complete(client, PROMPTS[1]).choices[0].text
         assert first and second

@@ -1,4 +1,4 @@
-"""The multi-request bench (localspec.session_bench) on the embedded pair, and llama.cpp's session modes.
+"""The multi-request bench (localspec.bench.session_run) on the embedded pair, and llama.cpp's session modes.
 
 The llama.cpp runs need ``llama-server`` from ``localspec bench --peer``: skipped where it is not built
 (always in CI); the flags and the reply parsing are checked everywhere.
@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 import localspec
-from localspec import peer
-from localspec.errors import BenchError
-from localspec.session_bench import (
+from localspec.bench import peer
+from localspec.bench.session_run import (
     PeerSetup,
     SessionConfig,
     bench_workload,
@@ -23,7 +22,8 @@ from localspec.session_bench import (
     noise_lines,
     warm_snapshot,
 )
-from localspec.sessions import load_session_workload
+from localspec.bench.sessions import load_session_workload
+from localspec.errors import BenchError
 from localspec.settings import DraftSettings
 
 WORKLOAD = {

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from localspec.errors import BenchError
-from localspec.sessions import (
+from localspec.bench.sessions import (
     SESSION_WORKLOADS,
     last_code_block,
     load_session_workload,
@@ -15,6 +14,7 @@ from localspec.sessions import (
     requests,
     run_session,
 )
+from localspec.errors import BenchError
 
 
 @pytest.mark.parametrize("name", SESSION_WORKLOADS)

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localspec import store as storemod
-from localspec import suffix
 from localspec.errors import CacheError
-from localspec.store import SuffixStore, list_stores, namespace_for_key, store_path
-from localspec.suffix import CARRIED_TRIALS, SuffixDrafter, SuffixIndex, cells_from
+from localspec.suffix import drafter as suffix
+from localspec.suffix import store as storemod
+from localspec.suffix.drafter import CARRIED_TRIALS, SuffixDrafter, SuffixIndex, cells_from
+from localspec.suffix.store import SuffixStore, list_stores, namespace_for_key, store_path
 
 FP = "0123456789abcdef" * 4
 OTHER = "fedcba9876543210" * 4
@@ -837,9 +837,9 @@ def test_version_1_store_is_ignored_with_a_clear_reason(tmp_path):
 _WRITER = textwrap.dedent(
     """
     import sys, numpy as np
-    from localspec import store
-    from localspec.store import SuffixStore
-    from localspec.suffix import CARRIED_TRIALS, SuffixDrafter, SuffixIndex, cells_from
+    from localspec.suffix import store
+    from localspec.suffix.store import SuffixStore
+    from localspec.suffix.drafter import CARRIED_TRIALS, SuffixDrafter, SuffixIndex, cells_from
     store.JOURNAL_MIN_TOKENS = 2000  # a new 15 MB snapshot every 20 saves, appends to the journal between
     s = SuffixStore(sys.argv[1], sys.argv[2])
     rng = np.random.default_rng(0)
@@ -1195,8 +1195,8 @@ def test_index_info_clear_commands(tmp_path):
     assert info.corpus_documents == 1 and info.corpus_tokens > 10 and info.corpus_root == str(src.resolve())
     # the indexed corpus drafts for the target's tokens
     from localspec import constants
-    from localspec.gguf_meta import read_metadata
-    from localspec.vocab import fingerprint
+    from localspec.gguf.meta import read_metadata
+    from localspec.gguf.vocab import fingerprint
 
     fp = fingerprint(read_metadata(constants.EMBEDDED_TARGET)).fingerprint
     assert info.fingerprint == fp

@@ -12,12 +12,12 @@ from _lossless import assert_lossless
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localspec import suffix
-from localspec.drafters import SOURCES
-from localspec.sampling import SamplingParams
+from localspec.decoding.drafters import SOURCES
+from localspec.decoding.stats import GenerationStats
+from localspec.llama.sampling import SamplingParams
 from localspec.settings import DraftSettings
-from localspec.stats import GenerationStats
-from localspec.suffix import (
+from localspec.suffix import drafter as suffix
+from localspec.suffix.drafter import (
     LEVELS,
     MAX_HITS,
     SuffixDrafter,
@@ -785,7 +785,7 @@ def test_sampling_distribution_matches_target_with_suffix_drafts(embedded_pipe, 
     spec = _first_two(embedded_pipe, tokens, n, d)
     assert len(set(base)) > 5, "the distribution is too peaked for the test to mean anything"
     assert chi2_pvalue(base, spec) > 1e-3
-    monkeypatch.setattr("localspec.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
+    monkeypatch.setattr("localspec.decoding.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
     biased = _first_two(embedded_pipe, tokens, n, d)
     assert chi2_pvalue(base, biased) < 1e-3
 

@@ -10,10 +10,10 @@ import pytest
 from _lossless import assert_lossless, traced
 
 import localspec
-from localspec.costs import MachineCosts, linear_costs
-from localspec.routing import route
+from localspec.decoding.costs import MachineCosts, linear_costs
+from localspec.decoding.routing import route
 from localspec.settings import LOOKUP_N_MAX, STRATEGIES
-from localspec.store import list_stores
+from localspec.suffix.store import list_stores
 
 CODE = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\ndef fact(n):"
 
@@ -165,7 +165,7 @@ def test_route_is_a_pure_decision():
 
 
 def test_verify_curve_interpolates_and_survives_a_bad_file(home):
-    from localspec.costs import read_costs, write_costs
+    from localspec.decoding.costs import read_costs, write_costs
 
     c = MachineCosts(0.1, {1: 1.0, 4: 2.5, 12: 5.0, 16: 5.0}, key="k1")
     assert c.V(1) == 1.0 and c.V(4) == 2.5 and c.V(8) == pytest.approx(3.75) and c.V(14) == 5.0
@@ -188,7 +188,7 @@ def test_verify_curve_interpolates_and_survives_a_bad_file(home):
 
 
 def test_costs_pending_says_when_the_next_generation_will_measure_first(home, monkeypatch):
-    monkeypatch.setattr("localspec.costs.UNSTEADY_TRIES", 1)  # kept even if this machine is busy now
+    monkeypatch.setattr("localspec.decoding.costs.UNSTEADY_TRIES", 1)  # kept even if this machine is busy now
     with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix", suffix_store=False) as pipe:
         assert not pipe.costs_pending("none") and not pipe.costs_pending("model")  # they never need them
         assert pipe.costs_pending() and pipe.costs_pending("auto")

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from localspec.errors import MessageError
-from localspec.tool_calls import (
+from localspec.pipeline.tool_calls import (
     HERMES,
     MAX_TOOLS,
     CallSplitter,

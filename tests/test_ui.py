@@ -553,7 +553,7 @@ def test_context_above_the_models_trained_length_is_refused(app):
 @pytest.mark.parametrize("strategy", ["ngram", "model+ngram", "none", "model"])
 def test_picking_a_preset_sets_its_strategy_too(app, tmp_path, monkeypatch, strategy):
     monkeypatch.setenv("LOCALSPEC_CONFIG", str(tmp_path))
-    from localspec import presets
+    from localspec.hub import presets
 
     presets.save_user_preset(
         {
@@ -570,7 +570,7 @@ def test_picking_a_preset_sets_its_strategy_too(app, tmp_path, monkeypatch, stra
 def test_the_preset_the_page_opens_with_sets_the_settings_too(app):
     """The embedded pair's preset says p_min 0.3; the page opened with the controls' 0.75 and ran that
     until another preset was picked (a UI walkthrough: 7/7 drafted where `localspec run` drafts 17)."""
-    from localspec import presets
+    from localspec.hub import presets
 
     app.build()
     d = presets.get_preset(constants.EMBEDDED_PRESET).draft
@@ -585,7 +585,8 @@ def test_the_preset_the_page_opens_with_sets_the_settings_too(app):
 def test_preset_facts_use_the_one_byte_formatter_and_the_hubs_cache_check(monkeypatch):
     from localspec.ui import pairs
 
-    from localspec import hub, presets
+    from localspec.hub import download as hub
+    from localspec.hub import presets
     from localspec.units import format_bytes
 
     p = presets.get_preset(constants.EMBEDDED_PRESET)

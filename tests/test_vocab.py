@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from _gguf_build import load_tokens, synthetic_tokens, vocab_path, write_gguf
 
-from localspec.gguf_meta import read_metadata
-from localspec.vocab import VocabInfo, compare, fingerprint, fingerprint_tokens, usability
+from localspec.gguf.meta import read_metadata
+from localspec.gguf.vocab import VocabInfo, compare, fingerprint, fingerprint_tokens, usability
 
 
 @cache
@@ -206,7 +206,7 @@ def test_usability(tmp_path):
     assert usability(_model(tmp_path, "q3", arch="qwen3"))[0]
 
 
-# The pair check (localspec.pairing) on top of the verdict ------------------------------------------------
+# The pair check (localspec.gguf.pairing) on top of the verdict
 
 
 def _runnable(path, tokens, n_embd=4):
@@ -217,7 +217,7 @@ def _runnable(path, tokens, n_embd=4):
 
 def test_an_incompatible_pair_is_refused_with_its_advice_said_once(tmp_path):
     from localspec.errors import IncompatiblePairError
-    from localspec.pairing import check_pair
+    from localspec.gguf.pairing import check_pair
 
     target = _runnable(tmp_path / "t.gguf", synthetic_tokens(200), n_embd=40)
     draft = _runnable(tmp_path / "d.gguf", synthetic_tokens(200, prefix="other"))
@@ -237,7 +237,7 @@ def test_an_incompatible_pair_is_refused_with_its_advice_said_once(tmp_path):
 
 
 def test_the_pair_check_warns_when_the_draft_is_not_smaller(tmp_path):
-    from localspec.pairing import check_pair, size_warning
+    from localspec.gguf.pairing import check_pair, size_warning
 
     toks = synthetic_tokens(200)
     big = _runnable(tmp_path / "big.gguf", toks, n_embd=40)

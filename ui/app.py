@@ -20,13 +20,14 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr
 
-from localspec import constants, presets
+from localspec import constants
+from localspec.bench.report import NOISE_MARGIN
+from localspec.constrain.grammar import Grammar
 from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
-from localspec.gguf_meta import read_metadata
-from localspec.grammar import Grammar
-from localspec.report import NOISE_MARGIN
+from localspec.gguf.meta import read_metadata
+from localspec.hub import presets
+from localspec.pipeline.tool_calls import chat_messages
 from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, STRATEGIES, max_threads
-from localspec.tool_calls import chat_messages
 
 from . import pairs
 from .bench_tab import build_bench_tab
@@ -816,7 +817,7 @@ def launch(
     n_threads: int | None = None,
 ) -> Any:
     """Serve the page; ``block=False`` returns at once (the server runs in a thread). Who may reach it is
-    decided before (``localspec.exposure``, in ``localspec ui``); ``auth`` is the login Gradio asks for,
+    decided before (``localspec.serve.exposure``, in ``localspec ui``); ``auth`` is the login Gradio asks for,
     ``open_browser`` opens the default browser on the page once it is up; ``n_threads``: what every pair
     loads with (None: the library's default)."""
     demo = build_app(n_threads=n_threads)

@@ -1,7 +1,8 @@
 """The Bench tab: run localspec's workload benchmark on the chosen pair, show its table and chart.
 
-The benchmark itself is ``localspec.bench.benchmark``; its report files come from ``localspec.report``, the
-workload names from ``localspec.workloads`` and the strategy names from ``localspec.settings``.
+The benchmark itself is ``localspec.bench.single.benchmark``; its report files come from
+``localspec.bench.report``, the
+workload names from ``localspec.bench.workloads`` and the strategy names from ``localspec.settings``.
 The tab only maps the page's choices onto those calls and counts progress lines for the bar.
 """
 
@@ -14,10 +15,11 @@ from typing import Any
 
 import gradio as gr
 
-from localspec import bench, report
+from localspec.bench import report
+from localspec.bench import single as bench
+from localspec.bench.workloads import WORKLOADS, load_workloads
 from localspec.errors import LocalspecError
 from localspec.settings import SPECULATIVE_STRATEGIES
-from localspec.workloads import WORKLOADS, load_workloads
 
 from .common import (
     BENCH_LIMIT_RANGE,

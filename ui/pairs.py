@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localspec import constants, hub, presets, scan
+from localspec import constants
 from localspec.errors import LocalspecError, UnusableModelError
+from localspec.gguf import scan
+from localspec.hub import download as hub
+from localspec.hub import presets
 from localspec.units import format_bytes
 
 from .render import error_html, esc, markdown_table

@@ -13,6 +13,8 @@ import click
 from click.core import ParameterSource
 
 from localspec import constants
+from localspec.bench.sessions import SESSION_WORKLOADS
+from localspec.bench.workloads import WORKLOADS
 from localspec.cli.options import (
     COUNT,
     MAX_TOKENS,
@@ -21,7 +23,6 @@ from localspec.cli.options import (
     shared_options,
 )
 from localspec.errors import LocalspecError
-from localspec.sessions import SESSION_WORKLOADS
 from localspec.settings import (
     MAX_TUNE_SWEEP,
     N_MAX_RANGE,
@@ -29,7 +30,6 @@ from localspec.settings import (
     REPEATS_RANGE,
     SPECULATIVE_STRATEGIES,
 )
-from localspec.workloads import WORKLOADS
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -45,7 +45,7 @@ def _usage_line(exc: LocalspecError, drop: str = "") -> str:
 class SweepList(click.ParamType):
     """A list of values the tuner sweeps, parsed and held to ``run``'s bounds while the options are read, so a
     bad one is a usage error (exit status 2) before anything loads. ``parse`` is the tuner's own parser
-    (:func:`localspec.tune.parse_int_range`, :func:`localspec.tune.parse_p_min_list`)."""
+    (:func:`localspec.bench.tune.parse_int_range`, :func:`localspec.bench.tune.parse_p_min_list`)."""
 
     def __init__(self, name: str, parse: Callable[[str], list[Any]]) -> None:
         self.name = name
@@ -60,13 +60,15 @@ class SweepList(click.ParamType):
 
 
 def _parse_lengths(text: str) -> list[int]:
-    from localspec.tune import parse_int_range  # imported when used: the tuner pulls in the bench family
+    from localspec.bench.tune import (
+        parse_int_range,  # imported when used: the tuner pulls in the bench family
+    )
 
     return parse_int_range(text)
 
 
 def _parse_p_min(text: str) -> list[float]:
-    from localspec.tune import parse_p_min_list
+    from localspec.bench.tune import parse_p_min_list
 
     return parse_p_min_list(text)
 
@@ -75,14 +77,14 @@ def _check_preset_name(ctx: click.Context, param: click.Parameter, value: str | 
     """--save-preset is written after the whole sweep: a name no preset may have is refused before it."""
     if value is None:
         return None
-    from localspec.presets import check_preset_name
+    from localspec.hub.presets import check_preset_name
 
     where = "--save-preset"
     try:  # the preset files' own rule for names
         check_preset_name(value, where)
     except LocalspecError as exc:
         raise click.BadParameter(_usage_line(exc, drop=f"{where}: "), ctx, param) from None
-    from localspec.presets import builtin_preset_names
+    from localspec.hub.presets import builtin_preset_names
 
     written = {value, *(f"{value}-{w}" for w in WORKLOADS)}  # what save_winners writes
     hidden = sorted(written & builtin_preset_names())
@@ -296,8 +298,8 @@ def bench(
     acceptance, tokens/s, speedup (median over prompts), the theoretical ceiling, efficiency and the
     draft's memory overhead. Writes bench.json, bench.md and bench.png into --out.
     """
-    from localspec import report as rep
-    from localspec.bench import benchmark
+    from localspec.bench import report as rep
+    from localspec.bench.single import benchmark
 
     if target and preset:
         raise click.UsageError("give either --target or --preset, not both")
@@ -316,7 +318,7 @@ def bench(
     elif tune:
         _refuse_unread(ctx, "tune")
     if tune:
-        from localspec.tune import check_sweep
+        from localspec.bench.tune import check_sweep
 
         try:  # every value is in bounds already; the grid as a whole may still be too large
             tune_n_max, tune_p_min = check_sweep(list(strategies) or None, tune_n_max, tune_p_min, adaptive)
@@ -362,7 +364,7 @@ def bench(
         progress=progress,
     )
     if tune:
-        from localspec.tune import tune_benchmark
+        from localspec.bench.tune import tune_benchmark
 
         result = tune_benchmark(
             **common,
@@ -373,7 +375,7 @@ def bench(
             adaptive=adaptive,
         )
         if save_preset:
-            from localspec.tune import save_winners
+            from localspec.bench.tune import save_winners
 
             # the embedded pair is saved by its preset (files named inside the package, not by path)
             base = preset or (constants.EMBEDDED_PRESET if target is None else None)
@@ -406,8 +408,8 @@ def _bench_sessions(
     names, target, draft, preset, threads, n_ctx, repeats, max_tokens, out_dir, quiet, peer, as_json
 ) -> None:
     import localspec
-    from localspec.peer import SESSION_MODES
-    from localspec.session_bench import PeerSetup, markdown, noise_lines, run_bench
+    from localspec.bench.peer import SESSION_MODES
+    from localspec.bench.session_run import PeerSetup, markdown, noise_lines, run_bench
 
     for n in names:
         if n not in SESSION_WORKLOADS:
@@ -425,7 +427,7 @@ def _bench_sessions(
     ) as pipe:
         setup = None
         if peer:
-            from localspec import peer as peer_mod
+            from localspec.bench import peer as peer_mod
 
             # the same kernels on both sides: a native peer next to an AVX2 wheel compares builds
             flags = peer_mod.cpu_flags(peer_mod.installed_system_info())
@@ -456,7 +458,7 @@ def _bench_sessions(
 
 def _say_build_note() -> None:
     """After a speed report: say so when llama.cpp was built without CPU features this machine has."""
-    from localspec.peer import build_note
+    from localspec.bench.peer import build_note
 
     note = build_note()
     if note:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import click
 
-from localspec import constants, llama_build
-from localspec import costs as costsmod
-from localspec import store as storemod
+from localspec import constants
+from localspec.decoding import costs as costsmod
 from localspec.errors import CacheError, LocalspecError, ModelNotFoundError
+from localspec.llama import build as llama_build
+from localspec.suffix import store as storemod
 from localspec.units import format_bytes
 
 _DIR_HELP = "Cache folder (default: suffix/ in localspec's cache folder, LOCALSPEC_HOME)."
@@ -76,7 +77,7 @@ def _clear_command(directory: str | None) -> str:
 
 
 def _amx_info() -> None:
-    """The AMX check's kept verdicts (:mod:`localspec.llama_build`): what it found for this build."""
+    """The AMX check's kept verdicts (:mod:`localspec.llama.build`): what it found for this build."""
     verdicts = llama_build.list_verdicts()
     if verdicts:
         click.echo(
@@ -211,8 +212,8 @@ def index(
     stores it with the target's vocabulary; it replaces the corpus indexed before for that vocabulary.
     Hidden files, .git, build folders, symlinks, binary files and files over 1 MB are skipped.
     """
-    from localspec.gguf_meta import read_metadata
-    from localspec.vocab import fingerprint
+    from localspec.gguf.meta import read_metadata
+    from localspec.gguf.vocab import fingerprint
 
     model = Path(target).expanduser() if target else constants.EMBEDDED_TARGET
     if not model.is_file():
@@ -274,7 +275,7 @@ def _tokenize(model: Path, texts: list[str]) -> list[list[int]]:
     """Token ids of each text with the model's own tokenizer (vocab_only: no weights are loaded)."""
     import llama_cpp
 
-    from localspec.runtime import _quiet_stderr
+    from localspec.llama.runtime import _quiet_stderr
 
     try:
         with _quiet_stderr():

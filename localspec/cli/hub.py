@@ -6,9 +6,11 @@ import json
 
 import click
 
-from localspec import constants, hub, hub_search
+from localspec import constants
 from localspec.errors import PresetError
-from localspec.presets import load_presets
+from localspec.hub import download as hub
+from localspec.hub import search as hub_search
+from localspec.hub.presets import load_presets
 from localspec.units import format_bytes
 
 
@@ -89,7 +91,7 @@ def presets(as_json: bool) -> None:
 @click.argument("name")
 def download(name: str) -> None:
     """Fetch a preset's target and draft into the Hugging Face cache and check that they pair."""
-    from localspec.presets import get_preset
+    from localspec.hub.presets import get_preset
 
     preset = get_preset(name)
     for label, ref in (("target", preset.target), ("draft", preset.draft_model)):

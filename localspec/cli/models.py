@@ -8,11 +8,11 @@ import sys
 
 import click
 
-from localspec import scan as scanmod
 from localspec.cli import NO_FIT_EXIT
 from localspec.errors import GGUFError
-from localspec.pairing import file_size_warning
-from localspec.scan import ModelInfo, RankedDraft, _params
+from localspec.gguf import scan as scanmod
+from localspec.gguf.pairing import file_size_warning
+from localspec.gguf.scan import ModelInfo, RankedDraft, _params
 from localspec.units import format_bytes
 
 

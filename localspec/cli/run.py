@@ -17,8 +17,8 @@ from localspec.cli.options import (
     load_pipeline,
     model_options,
 )
+from localspec.constrain.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, Grammar
 from localspec.errors import ContextOverflowError, GrammarError
-from localspec.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, Grammar
 
 
 @click.command("run")

@@ -1,4 +1,4 @@
-"""``localspec serve``: an OpenAI-compatible HTTP endpoint (see docs/serve.md and localspec/server.py)."""
+"""``localspec serve``: an OpenAI-compatible HTTP endpoint (see docs/serve.md and localspec/serve/app.py)."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def serve(
     a FIFO queue. With no --target and no --preset it serves the small embedded pair, offline.
     """
     from localspec import constants
-    from localspec.server import ServeOptions, exposure_line, serve
-    from localspec.store import namespace_for_key
+    from localspec.serve.app import ServeOptions, exposure_line, serve
+    from localspec.suffix.store import namespace_for_key
 
     preset, target = model["preset"], model["target"]
     aliases = (preset,) if preset else ((constants.EMBEDDED_PRESET,) if target is None else ())

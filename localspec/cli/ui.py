@@ -1,6 +1,6 @@
 """``localspec ui``: the web page, on localhost unless the user says otherwise (with credentials).
 
-Who may reach it follows the one rule in ``localspec.exposure``; the decisions here (which port, open a
+Who may reach it follows the one rule in ``localspec.serve.exposure``; the decisions here (which port, open a
 browser or not, what ``--auth`` means) are pure functions so they are tested without starting a server.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import click
 
 from localspec.cli.options import shared_options
-from localspec.exposure import check_exposure
+from localspec.serve.exposure import check_exposure
 
 DEFAULT_PORT = 7860
 PORT_TRIES = 100  # 7860..7959 when no --port is given

@@ -1,0 +1,316 @@
+"""Benchmark runs: interleaved baseline/speculative runs of the workloads on one pipeline (and llama.cpp's).
+
+Runs work on plain stats dicts (``GenerationStats.as_dict()``) produced by a *runner*: a callable
+``runner(prompt, settings, max_tokens) -> dict``. :func:`engine_runner` makes one from a localspec pipeline;
+the llama.cpp peer (``localspec.bench.peer``) produces the same dicts from llama-server. The vocabulary
+(prompts,
+workloads, their files) lives in ``localspec.bench.workloads``, the decoding settings in
+``localspec.settings``, the
+arithmetic in ``localspec.bench.arithmetic``, the tuner in ``localspec.bench.tune``, the report files in
+``localspec.bench.report``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from localspec import constants
+from localspec.bench import peer as peer_mod
+from localspec.bench.arithmetic import interleaved_order, summarise
+from localspec.bench.report import machine_info
+from localspec.bench.workloads import Prompt, Runner, Workload, load_workloads
+from localspec.errors import BenchError
+from localspec.settings import BASELINE, LOOKUP_N_MAX, SUFFIX_STRATEGIES, DraftSettings
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+def plan_configs(configs: Sequence[DraftSettings], baseline_every: int = 0) -> list[DraftSettings]:
+    """The configs one prompt runs under, in order, with the baseline among them.
+
+    ``baseline_every=0``: the baseline once, first. ``baseline_every=n``: the baseline before every ``n``
+    configs and once more at the end, so a long sweep's drift reaches both sides (the tuner).
+    """
+    spec = [c for c in configs if c.is_speculative]
+    if baseline_every <= 0:
+        return [BASELINE, *spec]
+    out: list[DraftSettings] = []
+    for i, c in enumerate(spec):
+        if i % baseline_every == 0:
+            out.append(BASELINE)
+        out.append(c)
+    out.append(BASELINE)
+    return out
+
+
+def run_interleaved(
+    runner: Runner,
+    workloads: list[Workload],
+    configs: list[DraftSettings],
+    *,
+    max_tokens: int,
+    repeats: int = 1,
+    warmup: bool = True,
+    baseline_every: int = 0,
+    peer: Runner | None = None,
+    peer_configs: list[DraftSettings] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Run every prompt under the baseline and each config, interleaved; returns run records.
+
+    With a ``peer`` runner (llama.cpp), its baseline and configs run right after ours on the same prompt,
+    so both sides see the same state of the machine. Records carry ``engine``: "localspec" | "llama.cpp".
+    A sequential workload runs all its prompts in order under one config before the next config
+    (``benchmath.interleaved_order``). ``baseline_every``: see :func:`plan_configs`.
+    """
+    plan = [("localspec", c) for c in plan_configs(configs, baseline_every)]
+    if peer is not None:
+        plan += [("llama.cpp", c) for c in plan_configs(peer_configs or configs, baseline_every)]
+    runners = {"localspec": runner, "llama.cpp": peer}
+    records: list[dict] = []
+    for wi, w in enumerate(workloads):
+        order = interleaved_order(
+            len(w.prompts), len(plan), repeats, warmup and wi == 0, sequential=w.sequential
+        )
+        for p, ci, rep in order:
+            (engine, cfg), prompt = plan[ci], w.prompts[p]
+            run = runners[engine]
+            assert run is not None
+            stats = run(prompt, cfg, max_tokens if rep >= 0 else min(8, max_tokens))
+            records.append(
+                {
+                    "engine": engine,
+                    "workload": w.name,
+                    "prompt_id": prompt.id,
+                    "config": cfg.label,
+                    "repeat": rep,
+                    "stats": stats,
+                }
+            )
+            if progress and rep >= 0:
+                progress(
+                    f"{engine} {w.name} {prompt.id} {cfg.label}: {stats.get('generated_tokens', 0)} tokens, "
+                    f"{stats.get('tokens_per_second') or 0:.2f} tok/s"
+                )
+    return records
+
+
+def render(pipe: Any, prompt: Prompt) -> tuple[list[int], list[str]]:
+    """The exact token ids (and stop strings) a prompt becomes: chat prompts through the target's own chat
+    template, others as plain text. Both localspec and the llama.cpp peer are fed these ids."""
+    if prompt.chat and _has_chat_template(pipe):
+        tokens, stops = pipe.format_chat([{"role": "user", "content": prompt.text}])
+        return list(tokens), list(stops)
+    return list(pipe.tokenize(prompt.text)), []
+
+
+def check_prompts_fit(pipe: Any, workloads: Sequence[Workload], max_tokens: int) -> None:
+    """Refuse, before the first run, a prompt that with ``max_tokens`` does not fit the context: found
+    mid-run it ended minutes of benchmarking without naming the prompt."""
+    for w in workloads:
+        for prompt in w.prompts:
+            n = len(render(pipe, prompt)[0])
+            if n + max_tokens > pipe.n_ctx:
+                larger = "" if pipe.n_ctx_is_trained else ", or raise --n-ctx"
+                raise BenchError(
+                    f"prompt {prompt.id!r} of {w.name} is {n} tokens: with --max-tokens {max_tokens} it does "
+                    f"not fit the context of {pipe.n_ctx} tokens{pipe.n_ctx_note()}",
+                    hint=f"shorten or drop that prompt, lower --max-tokens{larger}",
+                )
+
+
+def _has_chat_template(pipe: Any) -> bool:
+    """A model without a chat template (the embedded tiny pair) gets chat prompts as plain text."""
+    try:
+        return bool(pipe._target.metadata.get("tokenizer.chat_template"))
+    except AttributeError:
+        return True
+
+
+def engine_runner(pipe: Any, *, temperature: float = 0.0, seed: int | None = None) -> Runner:
+    """A runner on a localspec pipeline (``Pipeline.stream_tokens`` on the rendered prompt)."""
+    cache: dict[str, tuple[list[int], list[str]]] = {}
+
+    def run(prompt: Prompt, config: DraftSettings, max_tokens: int) -> dict:
+        if prompt.id not in cache:
+            cache[prompt.id] = render(pipe, prompt)
+        tokens, stops = cache[prompt.id]
+        kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "stop": stops or None}
+        if temperature > 0:
+            kwargs["seed"] = seed if seed is not None else 1234
+        if not config.is_speculative:
+            kwargs["baseline"] = True
+        else:
+            kwargs["strategy"] = config.strategy
+            kwargs["adaptive"] = config.adaptive
+            kwargs["n_max"] = config.n_max
+            if config.uses_model:  # n-gram lookup has no probabilities: p_min does not apply
+                kwargs["p_min"] = config.p_min
+        if config.uses_suffix:
+            # single prompts: the suffix cache must not remember this prompt from another setting's run
+            pipe.reset_suffix()
+        pieces, last = [], None
+        for r in pipe.stream_tokens(tokens, **kwargs):
+            pieces.append(r.text)
+            last = r
+        stats = last.stats.as_dict() if last is not None else {}
+        stats["text"] = "".join(pieces)
+        return stats
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- one call
+
+
+def default_strategies(pipe: Any) -> list[str]:
+    """Both drafters when the pair has a draft model, n-gram lookup otherwise."""
+    return ["model", "ngram"] if pipe.info.draft_path is not None else ["ngram"]
+
+
+def pipe_settings(pipe: Any, strategy: str, *, adaptive: bool = False) -> DraftSettings:
+    """``strategy`` with the pipeline's own draft length and p_min (the pair's, preset's or user's). The
+    suffix-cache strategies size their own drafts: they run with n_max up to :data:`LOOKUP_N_MAX`."""
+    opts = pipe.options
+    n_max = opts.n_max
+    if strategy in SUFFIX_STRATEGIES:
+        n_max = max(n_max, min(LOOKUP_N_MAX, pipe.max_draft))
+    return DraftSettings(strategy=strategy, n_max=n_max, p_min=opts.p_min, adaptive=adaptive)
+
+
+def open_pipeline(
+    target: str | None = None,
+    draft: str | None = None,
+    preset: str | None = None,
+    *,
+    threads: int | None = None,
+    n_ctx: int | None = None,
+    n_max: int | None = None,
+    p_min: float | None = None,
+) -> Any:
+    from localspec.pipeline.api import load
+
+    return load(
+        target=target,
+        draft=draft,
+        preset=preset,
+        n_threads=threads,
+        n_ctx=n_ctx,
+        n_max=n_max,
+        p_min=p_min,
+        suffix_store=False,  # the bench never reads or writes the user's suffix store
+    )
+
+
+def pair_info(pipe: Any) -> dict[str, Any]:
+    info = pipe.info
+    return {
+        "target": str(info.target_path),
+        "draft": str(info.draft_path) if info.draft_path else None,
+        "verdict": info.verdict,
+        "note": info.note,
+        "n_ctx": pipe.n_ctx,
+        "n_max": pipe.options.n_max,
+        "p_min": pipe.options.p_min,
+    }
+
+
+def benchmark(
+    *,
+    target: str | None = None,
+    draft: str | None = None,
+    preset: str | None = None,
+    workloads: Sequence[str] | None = None,
+    prompts_file: str | Path | None = None,
+    limit: int | None = None,
+    max_tokens: int = 128,
+    temperature: float = 0.0,
+    repeats: int = 1,
+    threads: int | None = None,
+    n_ctx: int | None = None,
+    strategies: Sequence[str] | None = None,
+    n_max: int | None = None,
+    p_min: float | None = None,
+    peer: bool = False,
+    adaptive: bool = False,
+    warmup: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the benchmark and return the report dict (see ``localspec.bench.report`` to print and write it)."""
+    wl = load_workloads(workloads, prompts_file, limit)
+    threads = threads or constants.default_threads()
+    pipe = open_pipeline(target, draft, preset, threads=threads, n_ctx=n_ctx, n_max=n_max, p_min=p_min)
+    servers: dict[str, Any] = {}
+    try:
+        strategies = list(strategies or default_strategies(pipe))
+        configs = [pipe_settings(pipe, s) for s in strategies if s != "none"]
+        if adaptive:  # the same strategies with the adaptive draft length (llama.cpp has no such mode)
+            configs += [c.with_overrides(adaptive=True) for c in list(configs)]
+        if not configs:
+            raise BenchError(
+                "nothing to compare: no speculative strategy", hint="use --strategy model or ngram"
+            )
+        check_prompts_fit(pipe, wl, max_tokens)
+        peer_run, peer_configs, peer_note = None, [], ""
+        if peer:
+            peer_configs = [c for c in configs if c.strategy in peer_mod.PEER_STRATEGIES and not c.adaptive]
+            servers = peer_mod.start_servers(
+                [BASELINE, *peer_configs],
+                target=pipe.info.target_path,
+                draft=pipe.info.draft_path,
+                threads=threads,
+                n_ctx=pipe.n_ctx,
+                log=progress,
+            )
+            peer_run = peer_mod.peer_runner(
+                servers, render=lambda pr: render(pipe, pr)[0], temperature=temperature
+            )
+            peer_note = (
+                f"llama-server from llama-cpp-python {peer_mod.installed_version()}'s vendored llama.cpp "
+                f"({peer_mod.server_binary()}), built with this wheel's CPU features; draft model: "
+                "--spec-type draft-simple, n-gram: ngram-simple (lookup n-gram min(3, k), draft k); same "
+                "token ids, threads, context, k and p_min"
+            )
+        records = run_interleaved(
+            engine_runner(pipe, temperature=temperature),
+            wl,
+            configs,
+            max_tokens=max_tokens,
+            repeats=repeats,
+            warmup=warmup,
+            peer=peer_run,
+            peer_configs=peer_configs,
+            progress=progress,
+        )
+        cells, slope = summarise(wl, configs, records)
+        settings = {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "repeats": repeats,
+            "threads": threads,
+            "warmup": warmup,
+            "strategies": strategies,
+            "adaptive": adaptive,
+            "workloads": [w.name for w in wl],
+            "prompts": {w.name: len(w.prompts) for w in wl},
+        }
+        runs = [{**r, "stats": {**r["stats"], "text": (r["stats"].get("text") or "")[:300]}} for r in records]
+        report: dict[str, Any] = {
+            "machine": machine_info(threads),
+            "settings": settings,
+            "pair": pair_info(pipe),
+            "memory": pipe.memory.as_dict(),
+            "verify_slope": slope,
+            "cells": [c.as_dict() for c in cells],
+            "runs": runs,
+        }
+        if peer_run is not None:
+            peer_cells, _ = summarise(wl, peer_configs, records, engine="llama.cpp")
+            report["peer"] = {"cells": [c.as_dict() for c in peer_cells], "note": peer_note}
+        return report
+    finally:
+        for srv in servers.values():
+            srv.close()
+        pipe.close()

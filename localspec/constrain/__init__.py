@@ -1,0 +1,1 @@
+"""Constrained output: grammars (JSON, JSON schema, GBNF) every emitted token keeps satisfiable."""

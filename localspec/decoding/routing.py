@@ -1,0 +1,81 @@
+"""The ``"auto"`` strategy: per request, which drafters are worth running on this machine.
+
+Lookup drafting (the suffix cache: the prompt, earlier requests, the corpus) costs microseconds a
+round and sizes each draft from its confidence and the machine's verify curve, so a round with nothing
+worth proposing is a plain target step: it is always on. The draft model costs real time per token
+(``c/T`` of a target token) whether or not its tokens are accepted, so it runs only when the measured
+costs say it can pay: when some draft length ``k`` gives more expected tokens per unit of time than the
+target alone, with acceptance ``a`` per token (what this pipeline measured so far, else a prior):
+
+    speed(k) = (1 - a^(k+1)) / (1 - a)  /  (k * c/T + V(k + 1))
+
+A request that looks like earlier ones (a high overlap of its prompt with the store) leans on lookups
+anyway: the model then only fills rounds where lookup finds nothing, and the adaptive controller keeps
+it out of rounds where it does not pay. The decision and its reason are reported with the results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localspec.decoding.costs import MachineCosts
+
+#: Acceptance per token assumed for a draft model before any is measured (same-family drafts at
+#: greedy decoding measured 0.7-0.95 on the Qwen pair).
+PRIOR_ACCEPTANCE = 0.8
+#: The model must promise at least this speedup over the target alone to be worth its memory and risk.
+MIN_GAIN = 1.05
+
+
+@dataclass(frozen=True)
+class Route:
+    strategy: str  # "suffix", "model+suffix" or "none"
+    reason: str
+    model_speed: float | None = None  # the best expected speed of model drafting, in target-alone units
+
+
+def model_speed(costs: MachineCosts, acceptance: float, n_max: int) -> tuple[float, int]:
+    """The best expected speed of draft-model drafting (target alone = 1.0) and the length that gives it."""
+    ratio = costs.draft_ratio
+    if ratio is None:
+        return 0.0, 0
+    a = min(max(acceptance, 0.0), 0.999)
+    best, best_k = 1.0, 0
+    for k in range(1, max(1, n_max) + 1):
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        speed = tokens / (k * ratio + costs.V(k + 1))
+        if speed > best:
+            best, best_k = speed, k
+    return best, best_k
+
+
+def route(
+    *,
+    has_model: bool,
+    costs: MachineCosts | None,
+    model_acceptance: float | None,
+    n_max: int,
+    overlap: float = 0.0,
+) -> Route:
+    """Pick the drafters for one request from the measured costs and what the pipeline has seen."""
+    if not has_model:
+        return Route("suffix", "no draft model loaded: lookups only (prompt, earlier requests, corpus)")
+    if costs is None or costs.draft_ratio is None:
+        return Route("model+suffix", "costs not measured yet: the draft model runs, adaptive, with lookups")
+    a = PRIOR_ACCEPTANCE if model_acceptance is None else model_acceptance
+    speed, k = model_speed(costs, a, n_max)
+    where = f"a draft token costs {costs.draft_ratio:.2f} of a target token here"
+    if not costs.steady:  # measured while something else used the CPU: said with the decision
+        where += " (measured on a busy machine; `localspec cache clear --costs` measures again)"
+    measured = "prior" if model_acceptance is None else "measured"
+    if speed >= MIN_GAIN:
+        why = f"{where}; at {measured} acceptance {a:.2f} drafting {k} tokens should give {speed:.2f}x"
+        if overlap >= 0.5:
+            why += f"; {overlap:.0%} of the prompt's n-grams were seen before, so lookups lead"
+        return Route("model+suffix", why, speed)
+    return Route(
+        "suffix",
+        f"{where}; at {measured} acceptance {a:.2f} the draft model would not pay "
+        f"(best {speed:.2f}x): lookups only",
+        speed,
+    )

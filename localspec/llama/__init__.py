@@ -1,0 +1,2 @@
+"""The llama.cpp boundary: one model and its KV cache, the build's CPU features, chat tokens, the sampling
+chain."""

@@ -1,0 +1,469 @@
+"""One llama.cpp model and its KV cache, driven through llama-cpp-python's low-level calls.
+
+Why not ``Llama.generate`` or llama-cpp-python's ``draft_model=`` hook: that path forces
+``logits_all=True`` (n_ctx x n_vocab float32 logits kept in host memory, 2.5 GB for a 152K vocabulary
+at n_ctx 4096), computes output rows for every prompt token, and re-evaluates tokens it already holds.
+Measured on the Qwen2.5-Coder 1.5B/0.5B pair on a 2-core CPU it ran at 0.24x of the target alone.
+Here each decode asks for output rows only at the positions that are verified (each row of a 152K
+vocabulary costs about 14 ms on that machine), and :class:`Model` tracks exactly which tokens its KV
+cache holds, so nothing is evaluated twice, across rounds and across calls.
+
+Sizes come from llama.cpp, never from what was asked: llama.cpp rounds ``n_ctx`` up (to 256) and
+sets its batch to ``min(n_ctx asked, n_batch asked)``, and a decode with more tokens than that batch
+aborts the process. So :attr:`Model.n_ctx` and :attr:`Model.n_batch` are read back from the context;
+a prefill goes in chunks of the real batch; a pass that must return logits rows is always ONE decode
+(the rows of earlier chunks do not exist), which bounds a verified draft by :attr:`Model.max_draft`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from localspec import constants
+from localspec.errors import (
+    ContextOverflowError,
+    GGUFError,
+    LocalspecError,
+    ModelNotFoundError,
+    SettingsError,
+)
+from localspec.llama.build import check_amx
+from localspec.settings import N_CTX_RANGE, max_threads
+
+
+def check_load_settings(*, n_ctx: int, n_threads: int, n_gpu_layers: int, what: str = "model") -> None:
+    """Refuse values llama.cpp would crash on or spend without bound, before anything loads."""
+    low, high = N_CTX_RANGE
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not low <= n_ctx <= high:
+        raise SettingsError(
+            f"n_ctx {n_ctx!r} is out of range for the {what}",
+            hint=f"use a whole number from {low} to the model's trained context (4096 is usual)",
+        )
+    top = max_threads()
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or not 1 <= n_threads <= top:
+        raise SettingsError(
+            f"threads {n_threads!r} is out of range for the {what}",
+            hint=f"use 1 to {top} on this machine ({os.cpu_count()} logical cores); "
+            "the physical core count is usually fastest",
+        )
+    if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int) or n_gpu_layers < -1:
+        raise SettingsError(
+            f"GPU layers {n_gpu_layers!r} is not valid for the {what}",
+            hint="use -1 (all layers), 0 (CPU only) or a number of layers",
+        )
+
+
+def supports_gpu_offload() -> bool:
+    """True when this llama-cpp-python build can offload layers to a GPU (CUDA, Metal, Vulkan...)."""
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def default_gpu_layers(requested: int | None, *, offload: bool) -> int:
+    """Layers to offload: an explicit ``requested`` value wins; otherwise all (-1) when the build can
+    offload (``offload``), else none (0). Pure, so the decision is tested without a GPU."""
+    if requested is not None:
+        return requested
+    return -1 if offload else 0
+
+
+def placement(n_gpu_layers: int, n_layer: int, *, offload: bool) -> str:
+    """Where a model runs, for people: ``CPU``, ``GPU (all layers)`` or ``GPU 10/28 layers, rest CPU``."""
+    if not offload or n_gpu_layers == 0:
+        return "CPU"
+    if n_gpu_layers < 0 or n_gpu_layers >= n_layer:
+        return "GPU (all layers)"
+    return f"GPU {n_gpu_layers}/{n_layer} layers, rest CPU"
+
+
+class Model:
+    """A loaded GGUF model with its own context, batch and KV bookkeeping (sequence 0 only).
+
+    ``n_ctx`` and ``n_batch`` are llama.cpp's real values (read back after loading); ``n_ctx_train`` is the
+    context the model was trained on (the pipeline keeps ``n_ctx`` within it).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_ctx: int,
+        n_threads: int,
+        n_gpu_layers: int = 0,
+        n_batch: int = 512,
+    ) -> None:
+        self.path = Path(path)
+        check_load_settings(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, what=self.path.name)
+        self._batch: Any = None
+        self._llama: llama_cpp.Llama | None = None
+        if not self.path.is_file():
+            raise ModelNotFoundError(
+                f"{self.path}: no such model file",
+                hint="check the path, or run `localspec scan` to list the models on this machine",
+            )
+        check_amx(self.path, n_threads=n_threads, n_gpu_layers=n_gpu_layers)  # a crash there kills us
+        said = Said()
+        try:
+            with _interrupt_after() as interrupted, _quiet_stderr() as said:
+                self._llama = llama_cpp.Llama(
+                    model_path=str(self.path),
+                    n_ctx=n_ctx,
+                    n_batch=n_batch,
+                    n_ubatch=n_batch,
+                    n_threads=n_threads,
+                    n_threads_batch=n_threads,
+                    n_gpu_layers=n_gpu_layers,
+                    logits_all=False,
+                    verbose=constants.verbose(),  # LOCALSPEC_VERBOSE: its load log, on stderr
+                )
+        except (ValueError, RuntimeError, OSError) as exc:
+            # llama.cpp's own reason (an architecture this build does not know, a tensor out of bounds)
+            why = next((e for e in reversed(said.errors) if "error loading model" in e), None)
+            why = why or (said.errors[-1] if said.errors else str(exc))
+            hint = None
+            if "unknown model architecture" in why:
+                hint = (
+                    f"llama-cpp-python {llama_cpp.__version__} does not run this architecture: a newer "
+                    "release may (pip install -U llama-cpp-python), or pick a model of another family"
+                )
+            raise GGUFError(
+                str(self.path), f"llama.cpp could not load this model: {why[:300]}", hint=hint
+            ) from None
+        if interrupted:  # Ctrl-C while llama.cpp loaded: honoured now that it is done
+            self.close()
+            raise KeyboardInterrupt
+        self.ctx = self._llama._ctx.ctx
+        self.model = self._llama._model.model
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.model))
+        self.n_gpu_layers = n_gpu_layers
+        self.n_layer = int(llama_cpp.llama_model_n_layer(self.model))
+        # llama.cpp's own numbers: it rounds n_ctx up and caps the batch at the n_ctx asked for.
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.tokens: list[int] = []  # exactly what the KV cache holds, in order
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        for i in range(self.n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self._piece_buf = ctypes.create_string_buffer(64)
+        self._textless: np.ndarray | None = None
+        self._space: np.ndarray | None = None
+        self.eog_ids = frozenset(
+            t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
+        )
+
+    # Facts ------------------------------------------------------------------------------------
+    @property
+    def max_draft(self) -> int:
+        """The longest draft one verify pass can check: the pending token plus the drafts must fit one
+        llama.cpp batch (every logits row of a pass must come from one decode), and the context.
+
+        The engine caps each round at this and at the context room left; a setting that asks for more
+        (``n_max``) is refused up front with a :class:`SettingsError` rather than silently shortened.
+        """
+        return max(0, min(self.n_batch, self.n_ctx) - 1)
+
+    @property
+    def placement(self) -> str:
+        """Where this model runs: ``CPU``, ``GPU (all layers)``, or a split."""
+        return placement(self.n_gpu_layers, self.n_layer, offload=supports_gpu_offload())
+
+    @property
+    def llama(self) -> llama_cpp.Llama:
+        """llama-cpp-python's object for this model (raises once the model is closed)."""
+        if self._llama is None:
+            raise LocalspecError(f"{self.path.name}: this model was closed", hint="load it again")
+        return self._llama
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.llama.metadata
+
+    @property
+    def weights_bytes(self) -> int:
+        return int(llama_cpp.llama_model_size(self.model))
+
+    def kv_bytes(self) -> int:
+        """K and V cache size from n_ctx, layers, KV heads and head sizes (f16 cache: 2 bytes)."""
+        meta = self.metadata
+        arch = meta.get("general.architecture", "")
+        n_layer = llama_cpp.llama_model_n_layer(self.model)
+        n_head = max(1, llama_cpp.llama_model_n_head(self.model))
+        n_head_kv = llama_cpp.llama_model_n_head_kv(self.model)
+        n_embd = llama_cpp.llama_model_n_embd(self.model)
+        k_len = int(meta.get(f"{arch}.attention.key_length", n_embd // n_head))
+        v_len = int(meta.get(f"{arch}.attention.value_length", n_embd // n_head))
+        return self.n_ctx * n_layer * n_head_kv * (k_len + v_len) * 2
+
+    # Tokens -----------------------------------------------------------------------------------
+    def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def piece(self, token: int) -> bytes:
+        """Raw bytes of one token as it continues a text (special tokens render as nothing)."""
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def textless_ids(self) -> np.ndarray:
+        """Ids that render as no text and do not end a generation (control tokens): computed once, with a
+        buffer of its own (callers need not hold the engine's lock, unlike :meth:`piece`)."""
+        if self._textless is None:
+            buf = ctypes.create_string_buffer(8)
+            to_piece, vocab, eog = llama_cpp.llama_token_to_piece, self.vocab, self.eog_ids
+            # a piece longer than the buffer answers its length, negated: not empty either way
+            ids = [
+                t for t in range(self.n_vocab) if t not in eog and to_piece(vocab, t, buf, 8, 0, False) == 0
+            ]
+            self._textless = np.array(ids, dtype=np.int64)
+        return self._textless
+
+    def space_ids(self) -> np.ndarray:
+        """Ids whose text is whitespace only (a space, newlines, indentation): computed once, with a buffer
+        of its own (like :meth:`textless_ids`)."""
+        if self._space is None:
+            buf = ctypes.create_string_buffer(128)
+            to_piece, vocab = llama_cpp.llama_token_to_piece, self.vocab
+            ids = []
+            for t in range(self.n_vocab):
+                n = to_piece(vocab, t, buf, 128, 0, False)
+                if 0 < n and buf.raw[:n].isspace():
+                    ids.append(t)
+            self._space = np.array(ids, dtype=np.int64)
+        return self._space
+
+    # KV cache ---------------------------------------------------------------------------------
+    def truncate(self, n: int) -> None:
+        """Forget every cached token from position ``n`` on."""
+        if n < len(self.tokens):
+            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, n, -1):
+                raise LocalspecError(
+                    f"{self.path.name}: llama.cpp cannot roll back part of this model's memory",
+                    hint="recurrent or hybrid models cannot be targets or drafts for speculative decoding",
+                )
+            del self.tokens[n:]
+
+    def sync(self, context: list[int], keep_last: int = 0) -> list[int]:
+        """Trim the cache to its longest common prefix with ``context`` minus ``keep_last`` tokens.
+
+        Returns the tokens of ``context`` that still need evaluating.
+        """
+        limit = len(context) - keep_last
+        n = 0
+        mine = self.tokens
+        top = min(len(mine), limit)
+        while n < top and mine[n] == context[n]:
+            n += 1
+        self.truncate(n)
+        return context[n:]
+
+    def decode(self, tokens: list[int]) -> None:
+        """Evaluate ``tokens`` after the cached ones without any logits rows (a prefill).
+
+        Goes in chunks of the real batch, so any length that fits the context is safe.
+        """
+        self._check_room(tokens)
+        for start in range(0, len(tokens), self.n_batch):
+            self._decode_chunk(tokens[start : start + self.n_batch], 0)
+
+    def decode_logits(self, tokens: list[int], *, outputs: int = 1) -> np.ndarray:
+        """Evaluate ``tokens`` after the cached ones; return logits rows for the last ``outputs``.
+
+        All ``outputs`` rows come from ONE llama.cpp decode (a row of an earlier chunk no longer exists):
+        the tokens before them are prefilled first, in chunks. ``outputs`` above :attr:`n_batch` is refused.
+        The returned array is a view into llama.cpp's buffer: valid until the next decode.
+        """
+        if not tokens or not 1 <= outputs <= len(tokens):
+            raise ValueError(f"need 1 <= outputs <= {len(tokens)} tokens, got outputs={outputs}")
+        if outputs > self.n_batch:
+            raise SettingsError(
+                f"{self.path.name}: a pass of {outputs} logits rows exceeds llama.cpp's batch of "
+                f"{self.n_batch}",
+                hint=f"draft at most {self.max_draft} tokens per round (n_max), or load with a larger n_ctx",
+            )
+        self._check_room(tokens)
+        head = tokens[: max(0, len(tokens) - self.n_batch)]  # the last chunk is a full batch: all rows in it
+        for start in range(0, len(head), self.n_batch):
+            self._decode_chunk(head[start : start + self.n_batch], 0)
+        self._decode_chunk(tokens[len(head) :], outputs)
+        ptr = llama_cpp.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(outputs, self.n_vocab))
+
+    def _check_room(self, tokens: list[int]) -> None:
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.path.name}: {len(self.tokens) + len(tokens)} tokens do not fit the context of "
+                f"{self.n_ctx}",
+                hint="use a shorter prompt, a smaller max_tokens, or a larger n_ctx",
+            )
+
+    def _decode_chunk(self, chunk: list[int], outputs: int) -> None:
+        if not chunk:
+            return
+        if self.closed:
+            raise LocalspecError(f"{self.path.name}: this model was closed", hint="load it again")
+        assert len(chunk) <= self.n_batch  # the one rule llama.cpp aborts the process on
+        self._fill(chunk, len(self.tokens), outputs)
+        rc = llama_cpp.llama_decode(self.ctx, self._batch)
+        if rc != 0:
+            # A failed decode may leave part of the batch in memory: remove it, keep the bookkeeping true.
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, len(self.tokens), -1)
+            raise LocalspecError(
+                f"{self.path.name}: llama_decode failed with status {rc}",
+                hint="the context may be full: try a larger n_ctx or a shorter prompt",
+            )
+        self.tokens.extend(chunk)
+
+    def _fill(self, chunk: list[int], pos0: int, outputs: int) -> None:
+        b = self._batch
+        n = len(chunk)
+        b.n_tokens = n
+        first_out = n - outputs
+        for i, t in enumerate(chunk):
+            b.token[i] = t
+            b.pos[i] = pos0 + i
+            b.logits[i] = 1 if i >= first_out else 0
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+    @property
+    def closed(self) -> bool:
+        return self._llama is None
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._llama is not None:
+            self._llama.close()
+            self._llama = None
+
+
+@contextlib.contextmanager
+def _interrupt_after() -> Iterator[list[int]]:
+    """Hold Ctrl-C while llama.cpp loads a model, for the caller to raise it after (the list is non-empty
+    when it came). Python runs its SIGINT handler at the next bytecode, and during a load that is inside
+    llama-cpp-python's log callback, called from C: a KeyboardInterrupt raised there is printed as
+    ignored and lost, so a Ctrl-C in the load (0.3-0.7 s for a 1.5B Q4 model from the page cache, seconds
+    from a cold disk) let the whole generation run. Only in the main thread with Python's own handler in
+    place (a server's or a UI's handler is theirs to keep)."""
+    caught: list[int] = []
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield caught
+        return
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[Said]:
+    """llama.cpp prints its load log to fd 2 from C; hide it unless LOCALSPEC_VERBOSE is set (then what
+    it says goes to the terminal, and the yielded :class:`Said` stays empty)."""
+    if constants.verbose():
+        yield Said()
+        return
+    with llama_said() as said:
+        yield said
+
+
+#: The sinks of llama.cpp's log while some :func:`llama_said` block runs (a tuple, replaced whole, so the
+#: callback reads it without a lock from whichever thread llama.cpp logs on), and the callback it replaced.
+_log_sinks: tuple[list[tuple[int, str]], ...] = ()
+_log_replaced: tuple[Any, Any] | None = None
+_log_lock = threading.Lock()
+
+
+_LOG_ERROR, _LOG_CONT = 4, 5  # ggml_log_level (ggml.h)
+
+
+@llama_cpp.llama_log_callback
+def _log_to_sinks(level: int, text: bytes | None, user_data: Any) -> None:
+    piece = text.decode("utf-8", "replace") if text else ""
+    for sink in _log_sinks:
+        if len(sink) < 4096:
+            sink.append((level, piece))
+
+
+@dataclass
+class Said:
+    """What llama.cpp said during a :func:`llama_said` block: every line (fd 2's, then the log's) and the
+    lines it logged as errors (the reason, when something failed)."""
+
+    lines: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def llama_said() -> Iterator[Said]:
+    """What llama.cpp says while the block runs, as lines (the first 64 KB of each channel), kept from the
+    terminal: what it writes to fd 2 from C (a grammar's parse error, model loading) and its log.
+
+    The log is taken from llama.cpp's own callback, not from llama-cpp-python's: 0.3.36 maps ggml's
+    log levels from an older enum (ERROR, 4, reads as DEBUG), so without ``verbose`` it drops every
+    error llama.cpp logs, such as why a model does not load (an unknown architecture) or why a grammar is
+    refused (left recursion, no root rule). The callback is swapped for the block (the previous one put
+    back after the last block ends); what other threads' llama.cpp calls log meanwhile joins the lines,
+    which only ever feed an error message."""
+    global _log_sinks, _log_replaced
+    said = Said()
+    logged: list[tuple[int, str]] = []
+    with _log_lock:
+        if not _log_sinks:
+            callback, user_data = llama_cpp.llama_log_callback(), ctypes.c_void_p()
+            llama_cpp.llama_log_get(ctypes.byref(callback), ctypes.byref(user_data))
+            _log_replaced = (callback, user_data)
+            llama_cpp.llama_log_set(_log_to_sinks, None)
+        _log_sinks = (*_log_sinks, logged)
+    try:
+        saved = os.dup(2)
+    except OSError:  # no real stderr (some notebook hosts)
+        saved = -1
+    try:
+        with tempfile.TemporaryFile() as tmp:
+            if saved >= 0:
+                os.dup2(tmp.fileno(), 2)
+            try:
+                yield said
+            finally:
+                if saved >= 0:
+                    os.dup2(saved, 2)
+                    os.close(saved)
+                tmp.seek(0)
+                said.lines.extend(tmp.read(65536).decode("utf-8", "replace").splitlines())
+    finally:
+        with _log_lock:
+            _log_sinks = tuple(sink for sink in _log_sinks if sink is not logged)
+            if not _log_sinks and _log_replaced is not None:
+                llama_cpp.llama_log_set(*_log_replaced)
+                _log_replaced = None
+        said.lines.extend("".join(piece for _, piece in logged)[:65536].splitlines())
+        errors, previous = [], None
+        for level, piece in logged:
+            if level == _LOG_ERROR or (level == _LOG_CONT and previous == _LOG_ERROR):
+                errors.append(piece)
+            previous = previous if level == _LOG_CONT else level
+        said.errors.extend(line.strip() for line in "".join(errors)[:65536].splitlines() if line.strip())

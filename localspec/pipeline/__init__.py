@@ -1,0 +1,1 @@
+"""The pipeline: load() / generate() / Pipeline, chat replies and tool calls."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server and the one rule for binding any server."""

@@ -1,0 +1,173 @@
+"""The package's rooms stand on floors and every import runs down them: no cycles, counting imports inside
+functions (only ``if TYPE_CHECKING:`` imports are left out), and the workload vocabulary imports nothing above
+it.
+
+Read from the source with ``ast`` (nothing is imported), so a lazy import cannot hide a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"localspec": ROOT / "localspec", "localspec.ui": ROOT / "ui"}
+BENCH_FAMILY = {
+    "localspec.bench.single",
+    "localspec.bench.arithmetic",
+    "localspec.bench.peer",
+    "localspec.bench.report",
+    "localspec.bench.tune",
+    "localspec.bench.workloads",
+    "localspec.cli.bench",
+    "localspec.cli.ui",
+}
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for pkg, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            name = ".".join([pkg, *parts])
+            if pkg == "localspec" and parts[:1] == ["ui"]:
+                continue
+            out[name] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(module: str, path: Path, known: set[str]) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_pkg = path.name == "__init__.py"
+    found: set[str] = set()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit(sub)
+                continue
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    found.add(alias.name)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    parent = module if is_pkg else module.rpartition(".")[0]
+                    for _ in range(child.level - 1):
+                        parent = parent.rpartition(".")[0]
+                    base = f"{parent}.{base}" if base else parent
+                for alias in child.names:
+                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+            visit(child)
+
+    visit(tree)
+    resolved = {resolve(n) for n in found}
+    # the package's own __init__ is lazy (``localspec.__getattr__``): importing it pulls nothing in
+    return {r for r in resolved if r and r != "localspec" and r != module}
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    return {m: _imports(m, p, known) for m, p in mods.items()}
+
+
+def _cycles_through(graph: dict[str, set[str]], start: str) -> list[list[str]]:
+    """Every simple path start -> ... -> start (enough to name one cycle per first step)."""
+    out: list[list[str]] = []
+    stack = [(start, [start])]
+    seen: set[str] = set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in graph.get(node, ()):
+            if nxt == start:
+                out.append([*path, start])
+            elif nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, [*path, nxt]))
+    return out
+
+
+def test_no_import_cycle_through_the_bench_family_or_the_ui():
+    graph = _graph()
+    assert "localspec.bench.workloads" in graph and "localspec.ui.common" in graph
+    mine = sorted(m for m in graph if m in BENCH_FAMILY or m.startswith("localspec.ui"))
+    cycles = {m: c for m in mine if (c := _cycles_through(graph, m))}
+    assert cycles == {}, "import cycles: " + "; ".join(" -> ".join(c[0]) for c in cycles.values())
+
+
+def test_the_workload_vocabulary_imports_nothing_of_the_bench_family():
+    graph = _graph()
+    assert graph["localspec.bench.workloads"] & BENCH_FAMILY == set()
+    for low in ("localspec.bench.arithmetic", "localspec.bench.peer", "localspec.bench.report"):
+        assert "localspec.bench.single" not in graph[low] and "localspec.bench.tune" not in graph[low], low
+    assert "localspec.ui.app" not in graph["localspec.ui.bench_tab"]
+
+
+def test_no_import_cycle_anywhere():
+    """Arrows run one way across the whole package (docs/architecture.md draws the layers)."""
+    graph = _graph()
+    cycles = {m: c for m in sorted(graph) if (c := _cycles_through(graph, m))}
+    assert cycles == {}, "import cycles: " + "; ".join(" -> ".join(c[0]) for c in cycles.values())
+
+
+# The floors of the house, bottom first: a room (a top-level module or folder of localspec) imports only
+# from its own room and from rooms on lower floors. docs/architecture.md draws the same floors.
+FLOORS: list[set[str]] = [
+    {"errors", "constants", "units", "embedded", "_moved"},  # the project's vocabulary
+    {"settings", "gguf"},  # how drafting runs; files, fingerprints, pairs
+    {"hub", "llama"},  # presets and downloads; the llama.cpp boundary
+    {"constrain"},  # grammars every emitted token keeps satisfiable
+    {"decoding"},  # the verify loop, drafters, costs
+    {"suffix"},  # the suffix cache and its store
+    {"pipeline"},  # load / generate / Pipeline
+    {"bench", "serve"},  # measuring; the OpenAI-compatible server
+    {"ui"},  # the Gradio page
+    {"cli"},  # the localspec command
+    {"__main__"},
+]
+
+
+def _room(module: str) -> str:
+    return "ui" if module.startswith("localspec.ui") else module.split(".")[1]
+
+
+def _floor(room: str) -> int:
+    for i, rooms in enumerate(FLOORS):
+        if room in rooms:
+            return i
+    raise AssertionError(f"localspec/{room} is on no floor: give it one in FLOORS (and docs/architecture.md)")
+
+
+def test_every_import_runs_down_the_floors():
+    graph = _graph()
+    wrong = []
+    for module, imported in sorted(graph.items()):
+        if module == "localspec" or module.startswith("localspec.data"):
+            continue  # the package's lazy facade re-exports the API; data/ holds a workload's sample files
+        here = _room(module)
+        for other in sorted(imported):
+            there = _room(other)
+            if there != here and _floor(there) >= _floor(here):
+                wrong.append(f"{module} -> {other}")
+    assert wrong == [], "imports that do not run down: " + "; ".join(wrong)
+
+
+def test_there_are_about_a_dozen_rooms():
+    rooms = {_room(m) for m in _graph() if not m.startswith("localspec.data") and m != "localspec"}
+    assert rooms <= set().union(*FLOORS), sorted(rooms - set().union(*FLOORS))
+    assert len(rooms) <= 20
