@@ -254,11 +254,15 @@ def _first_two(pipe, prompt, n, **kw):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,prompt", [("model", "def "), ("ngram", "a = b\nc = d\na = b\nc =")])
-def test_sampling_distribution_matches_target(embedded_pipe, strategy, prompt):
+@pytest.mark.parametrize(
+    "strategy,prompt,adaptive",
+    [("model", "def ", False), ("ngram", "a = b\nc = d\na = b\nc =", False), ("model", "def ", True)],
+)
+def test_sampling_distribution_matches_target(embedded_pipe, strategy, prompt, adaptive):
+    """Adaptive model drafts stop where the expected gain says (decoding.stopping): still the target's law."""
     n = 1500
     base = _first_two(embedded_pipe, prompt, n, baseline=True)
-    spec = _first_two(embedded_pipe, prompt, n, strategy=strategy, n_max=3, p_min=0.0)
+    spec = _first_two(embedded_pipe, prompt, n, strategy=strategy, n_max=3, p_min=0.0, adaptive=adaptive)
     assert len(set(base)) > 5, "the distribution is too peaked for the test to mean anything"
     assert chi2_pvalue(base, spec) > 1e-3
 
@@ -270,7 +274,7 @@ def test_sampling_test_detects_a_biased_sampler(embedded_pipe, monkeypatch):
     Shown with n-gram drafts (deterministic proposals), where accepting everything is far from the target's
     distribution; with the distilled model draft the same bug shifts the output only by the draft/target
     difference, which a sample this size may not reveal."""
-    monkeypatch.setattr("localspec.decoding.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
+    monkeypatch.setattr("localspec.decoding.accept.accept_or_resample", lambda p, q, tok, rng: (True, tok))
     n = 1500
     prompt = "a = b\nc = d\na = b\nc ="
     base = _first_two(embedded_pipe, prompt, n, baseline=True)

@@ -396,7 +396,7 @@ def test_json_object_chat_and_streaming_agree(embedded_pipe):
 def test_sampling_under_a_grammar_keeps_the_target_s_distribution(
     embedded_pipe, strategy, exact_support, monkeypatch
 ):
-    monkeypatch.setattr("localspec.decoding.engine.EXACT_SUPPORT", exact_support)
+    monkeypatch.setattr("localspec.decoding.accept.EXACT_SUPPORT", exact_support)
     grammar = Grammar.gbnf(WORDS)
     prompt = '["cat", "dog"]\n' * 3
     kw = dict(max_tokens=4, temperature=0.5, grammar=grammar)

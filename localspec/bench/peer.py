@@ -37,6 +37,7 @@ from localspec.settings import DraftSettings
 
 SERVER = "llama-server"
 LOOKUP_CREATE = "llama-lookup-create"
+QUANTIZE = "llama-quantize"
 #: The strategies llama.cpp's own speculative decoding has an equivalent for.
 PEER_STRATEGIES: tuple[str, ...] = ("model", "ngram")
 CMAKE_FLAGS = [
@@ -209,18 +210,30 @@ def build_server(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> 
 
 def lookup_create_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
     """Build ``llama-lookup-create`` (llama.cpp's static n-gram cache builder) next to the server, once."""
+    return _extra_binary(LOOKUP_CREATE, ["-DLLAMA_BUILD_EXAMPLES=ON"], jobs=jobs, log=log)
+
+
+def quantize_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
+    """Build ``llama-quantize`` (llama.cpp's own re-encoder of GGUF weights) next to the server, once."""
+    return _extra_binary(QUANTIZE, ["-DLLAMA_BUILD_TOOLS=ON"], jobs=jobs, log=log)
+
+
+def _extra_binary(
+    name: str, configure: list[str], *, jobs: int, log: Callable[[str], None] | None
+) -> Path:
+    """Build one more llama.cpp program in the peer's build folder (after the server), once."""
     build_server(jobs=jobs, log=log)
     root = peer_dir()
     build = build_dir()
-    path = build / "bin" / LOOKUP_CREATE
+    path = build / "bin" / name
     if path.is_file() and os.access(path, os.X_OK):
         return path
     logfile = root / "build.log"
-    (log or (lambda _m: None))(f"building {LOOKUP_CREATE} (once) ...")
-    _run(["cmake", "-S", str(root / "src"), "-B", str(build), "-DLLAMA_BUILD_EXAMPLES=ON"], logfile)
-    _run(["cmake", "--build", str(build), "--target", LOOKUP_CREATE, "-j", str(jobs)], logfile)
+    (log or (lambda _m: None))(f"building {name} (once) ...")
+    _run(["cmake", "-S", str(root / "src"), "-B", str(build), *configure], logfile)
+    _run(["cmake", "--build", str(build), "--target", name, "-j", str(jobs)], logfile)
     if not path.is_file():
-        raise BenchError(f"{LOOKUP_CREATE} was not produced by the build", hint=f"see the log {logfile}")
+        raise BenchError(f"{name} was not produced by the build", hint=f"see the log {logfile}")
     return path
 
 

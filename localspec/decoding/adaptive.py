@@ -27,6 +27,11 @@ the target's time per token (a GPU, say) or has not been measured yet. The cheap
 again is the start of a generation, when the draft has just read the prompt: a generation that
 follows one which stopped drafting opens with a probe.
 
+Where a draft-model draft stops within the round is the expected-gain rule of
+:mod:`localspec.decoding.stopping` once the costs are measured (:meth:`AdaptiveLength.stop_rule`): the
+round then asks for the full length and the rule ends the draft at the token that no longer pays, from
+the draft's confidence in it, calibrated on what the target accepted.
+
 An n-gram lookup costs next to nothing, so a drafter without a model (``free``) always asks for the
 full length: a miss costs nothing, and a longer copy is checked in the same pass (on the Qwen bench,
 choosing shorter lookups measured slower). With the draft model and n-gram lookup combined, a round in
@@ -34,6 +39,8 @@ which the model sits out still gets the lookup's proposals (the engine asks for 
 """
 
 from __future__ import annotations
+
+from localspec.decoding.stopping import AcceptanceByConfidence, GainStop
 
 PRIOR_REACH = 0.7  # optimistic enough to try drafting before anything is measured
 PROBE_FIRST, PROBE_MAX = 8, 32  # probe after 8 idle rounds, then 16 and 32, then give up
@@ -45,9 +52,13 @@ PROBE_BUDGET = 0.05  # mid-generation probes only while catching up costs less p
 class AdaptiveLength:
     """Picks the draft length per round (0 = no draft) from running acceptance and measured costs."""
 
-    def __init__(self, n_max: int, n_min: int = 0, decay: float = 0.9, free: bool = False) -> None:
+    def __init__(
+        self, n_max: int, n_min: int = 0, decay: float = 0.9, free: bool = False, gain_stop: bool = False
+    ) -> None:
         self.n_max = max(0, n_max)
         self.free = free  # a drafter without a model (n-gram lookup): always ask for n_max
+        self.gain_stop = gain_stop  # the drafter stops where the next token stops paying (stop_rule)
+        self.calibration = AcceptanceByConfidence()
         self.n_min = n_min
         self.decay = decay
         self.reach = [PRIOR_REACH] * self.n_max  # observed P(m > i) (moving averages)
@@ -115,10 +126,19 @@ class AdaptiveLength:
                 return self.verify[lo]
             t = (width - lo) / (hi - lo)
             return self.verify[lo] * (1 - t) + self.verify[hi] * t
-        if hi is None:  # wider than anything measured: each extra row costs a quarter of a pass
+        if hi is None:  # wider than anything measured: the slope of the two widest, else a quarter a row
             assert lo is not None  # self.verify is not empty
-            return self.verify[lo] * (1 + 0.25 * (width - lo))
+            return self.verify[lo] + self._slope(known) * (width - lo)
         return self.verify[hi] / (1 + 0.25 * (hi - width))  # narrower than anything measured
+
+    def _slope(self, known: list[int]) -> float:
+        """Seconds per extra verify row past the widest measured width (at least 2% of a pass)."""
+        widest = self.verify[known[-1]]
+        if len(known) < 2:
+            return 0.25 * widest
+        w0, w1 = known[-2], known[-1]
+        slope = (self.verify[w1] - self.verify[w0]) / (w1 - w0)
+        return min(max(slope, 0.02 * widest), widest)
 
     def rates(self, optimistic: bool = False) -> dict[int, float] | None:
         """Expected tokens per second for every length 0..n_max; None until the costs are measured."""
@@ -164,7 +184,7 @@ class AdaptiveLength:
             self._idle = 0
             if not start:  # drafting pays beyond the first round: probe soon again if that changes
                 self._probe_every = PROBE_FIRST
-            return best
+            return self.n_max if self.stop_rule() is not None else best
         self._idle += 1
         if start:
             return max(range(floor, self.n_max + 1), key=rates.__getitem__)
@@ -173,6 +193,31 @@ class AdaptiveLength:
         self._idle = 0
         self._probe_every *= 2
         return max(range(floor, self.n_max + 1), key=rates.__getitem__)
+
+    def stop_rule(self) -> GainStop | None:
+        """This round's expected-gain stopping rule for a draft model; None while its costs are unmeasured
+        (the draft then stops at ``p_min``) or for a drafter that does not take one."""
+        if not self.gain_stop or self.first_s is None or 1 not in self.verify or len(self.verify) < 2:
+            return None
+        v = self.verify_seconds
+
+        def verify_seconds(width: float) -> float:
+            return v(width) or 0.0
+
+        return GainStop(
+            self.calibration,
+            verify_seconds=verify_seconds,
+            first_seconds=self.first_s,
+            step_seconds=self.step_s or self.first_s,
+            n_min=self.n_min,
+        )
+
+    def predicted_speedup(self) -> float | None:
+        """What the measurements predict for drafting at its best length, in target-alone units."""
+        rates = self.rates()
+        if rates is None or rates[0] <= 0:
+            return None
+        return max(rates.values()) / rates[0]
 
     def _probe_affordable(self) -> bool:
         v1 = self.verify.get(1)
@@ -189,9 +234,13 @@ class AdaptiveLength:
         first_seconds: float,
         fed: int,
         verify_seconds: float,
+        confidence: list[float] | None = None,
     ) -> None:
-        """Record one round: what was asked, drafted and accepted, and what each part cost."""
+        """Record one round: what was asked, drafted and accepted, and what each part cost; with the
+        drafts' ``confidence``, what the target accepted at each confidence."""
         d = self.decay
+        if confidence and draft_evals:  # a draft model's tokens (lookups carry no calibrated confidence)
+            self.calibration.record_round(confidence[:drafted], accepted)
         self.rounds += 1
         self._behind = 0 if draft_evals else self._behind + accepted + 1
         for i in range(asked):

@@ -22,6 +22,7 @@ import numpy as np
 from localspec.llama.sampling import SamplingParams, distribution, sample
 
 if TYPE_CHECKING:
+    from localspec.decoding.stopping import GainStop
     from localspec.llama.runtime import Model
 
 #: Where a drafted token came from: the draft model, the current prompt and output, earlier requests
@@ -59,6 +60,10 @@ class Drafter(Protocol):
     - ``finish(context)``: the generation ended (any way: done, stopped, cancelled); a drafter may learn
       from the finished request here.
     - ``name``: the strategy it implements; ``free``: True when proposing costs next to nothing.
+
+    A drafter that runs a model may also take the round's stopping rule: with ``takes_stop_rule = True``
+    the engine calls ``draft(context, n, params, rng, stop=rule)`` when it has one
+    (:class:`localspec.decoding.stopping.GainStop`: keep a token, decode one more).
     """
 
     name: str
@@ -88,6 +93,7 @@ class ModelDrafter:
 
     name = "model"
     free = False  # every draft costs draft-model calls
+    takes_stop_rule = True  # where to stop can come from the measured costs (decoding.stopping)
 
     def __init__(
         self,
@@ -121,7 +127,16 @@ class ModelDrafter:
         todo = self.model.sync(context, keep_last=0)
         self.model.decode(todo)
 
-    def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def draft(
+        self,
+        context: list[int],
+        n: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        stop: GainStop | None = None,
+    ) -> Draft:
+        """Up to ``n`` tokens, greedy or sampled. Without ``stop`` a token under ``p_min`` ends the draft
+        (after ``n_min``), as in llama.cpp; with it, the measured expected gain decides."""
         out = Draft(source=self.name)
         n = min(n, self.model.n_ctx - len(context) + 1)  # the drafts it decodes must fit its own context
         if n <= 0:
@@ -136,25 +151,28 @@ class ModelDrafter:
             if self._mask is not None:
                 row = row.copy()
                 row[self._mask] = -np.inf
-            if params.greedy:
+            q = None if params.greedy else distribution(row, params)
+            if q is None:
                 tok = int(np.argmax(row))
-                top = float(row[tok])
-                p_top = 1.0 / float(np.exp(row - top).sum())
-                if self.p_min > 0.0 and i >= self.n_min and p_top < self.p_min:
-                    break
+                p_top = 1.0 / float(np.exp(row - row[tok]).sum())
             else:
-                q = distribution(row, params)
                 p_top = float(q.max())
-                if self.p_min > 0.0 and i >= self.n_min and p_top < self.p_min:
+            if stop is not None:
+                if not stop.keep(i, p_top):
                     break
+            elif self.p_min > 0.0 and i >= self.n_min and p_top < self.p_min:
+                break
+            if q is not None:
                 tok = sample(q, rng)
                 out.probs.append(_fit(q, self.target_n_vocab))
             out.tokens.append(tok)
             out.sources.append("model")
             out.confidence.append(p_top)
-            if i + 1 < n:
+            if i + 1 < n and (stop is None or stop.go_on()):
                 logits = self.model.decode_logits([tok], outputs=1)[0]
                 out.evals += 1
+            else:
+                break
         return out
 
     def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
@@ -239,6 +257,7 @@ class CombinedDrafter:
     """Lookup (n-gram or suffix cache) when it finds a match, otherwise the draft model."""
 
     free = False
+    takes_stop_rule = True  # passed on to the draft model
 
     def __init__(self, model: ModelDrafter, lookup: Drafter, *, min_lookup: int = 2) -> None:
         self.model = model
@@ -254,11 +273,18 @@ class CombinedDrafter:
         """The lookup part alone: what a round can still propose for free while the draft model sits out."""
         return self.lookup_drafter.draft(context, n, params, rng)
 
-    def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def draft(
+        self,
+        context: list[int],
+        n: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        stop: GainStop | None = None,
+    ) -> Draft:
         d = self.lookup_drafter.draft(context, n, params, rng)
         if len(d.tokens) >= min(self.min_lookup, n):
             return d
-        return self.model.draft(context, n, params, rng)
+        return self.model.draft(context, n, params, rng, stop)
 
     def finish(self, context: list[int]) -> None:
         self.lookup_drafter.finish(context)

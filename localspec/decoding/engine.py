@@ -33,26 +33,23 @@ import codecs
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from localspec.constrain.grammar import Constraint, Grammar
+from localspec.decoding import accept
 from localspec.decoding.adaptive import AdaptiveLength
 from localspec.decoding.drafters import Draft, Drafter
 from localspec.decoding.stats import GenerationStats
 from localspec.errors import LocalspecError, SettingsError
 from localspec.llama.runtime import Model
-from localspec.llama.sampling import SamplingParams, accept_or_resample, distribution, sample
+from localspec.llama.sampling import SamplingParams
 from localspec.settings import DraftSettings
 
 #: How long another thread waits for a running generation's next round before taking the models over.
 HANDOVER_SECONDS = 0.25
-#: Under a grammar, a draft model's proposal is judged by the exact rejection rule only when at most this
-#: many tokens have a probability (top-k, top-p, min-p make it so): each of them is checked against the
-#: grammar. Wider, the target's draw is compared with it instead (exact too, see _verify_constrained).
-EXACT_SUPPORT = 4096
 #: Adaptive controllers kept per engine (one per distinct drafter setting; least recently used dropped).
 MAX_CONTROLLERS = 8
 
@@ -80,7 +77,7 @@ class Engine:
         self.target = target
         # When a list: one (token, from_draft, argmax of the verifying row, top-2 logit margin) per
         # emitted token. For tests and diagnostics; off by default (it costs a partial sort per token).
-        self.trace: list[tuple[int, bool, int, float]] | None = None
+        self.trace: list[accept.TraceRow] | None = None
         # Adaptive draft-length controllers per drafter setting: the costs they measured (draft call,
         # verify pass by width) hold for the next generation too, and acceptance serves as a prior.
         self._controllers: OrderedDict[tuple, AdaptiveLength] = OrderedDict()
@@ -157,128 +154,167 @@ class Engine:
         stats: GenerationStats,
         constraint: Constraint | None,
     ) -> Iterator[TokenResponse]:
-        target = self.target
-        me = object()
+        """The generation: begin, then rounds (claim, propose, verify, accept, learn, emit) until a finish."""
+        gen = _Generation(
+            ctx=ctx,
+            drafter=drafter,
+            max_tokens=max_tokens,
+            params=params,
+            settings=settings,
+            stats=stats,
+            constraint=constraint,
+            text=_TextStream(self.target, stop),
+            rng=np.random.default_rng(params.seed),
+        )
         stats.prompt_tokens = len(ctx)
-        rng = np.random.default_rng(params.seed)
-        controller = None
-        text_out = _TextStream(target, stop)
-        trace = self.trace
-        n_max = settings.n_max
-        t_start = time.perf_counter()
-        generated = 0
-        finish: str | None = None
         try:
             with self.lock:
-                t0 = time.perf_counter()
-                self._claim(me, ctx)  # a new generation: the cache syncs to ctx[:-1], the last token pending
-                if drafter is not None:
-                    drafter.begin(ctx[:-1])
-                    if settings.adaptive:
-                        controller = self._controller(drafter, settings, params)
-                stats.prompt_seconds = time.perf_counter() - t0
+                self._begin(gen)
                 self._round_done()
-            t_start = time.perf_counter()
-            while finish is None:
-                out: list[TokenResponse] = []
+            gen.t_start = time.perf_counter()
+            while gen.finish is None:
                 with self.lock:
-                    self._claim(me, ctx)
-                    room = min(max_tokens - generated, target.n_ctx - len(ctx) + 1)
-                    if room <= 0:
-                        finish = stats.finish_reason = "length"
-                        break
-                    cap = min(room - 1, target.max_draft)
-                    k = 0
-                    dt = 0.0
-                    draft = _EMPTY
-                    if drafter is not None:
-                        k = min(controller.choose() if controller else n_max, cap)
-                        t = time.perf_counter()
-                        if k > 0:
-                            draft = drafter.draft(ctx, k, params, rng)
-                        elif controller and cap > 0:
-                            # the draft model sits out this round; an n-gram lookup is still free
-                            draft = drafter.lookup(ctx, min(n_max, cap), params, rng)
-                        dt = time.perf_counter() - t
-                        stats.draft_seconds += dt
-                        stats.draft_evals += draft.evals
-                    drafts = draft.tokens
-                    n_d = len(drafts)
-
-                    t = time.perf_counter()
-                    rows = target.decode_logits([ctx[-1], *drafts], outputs=n_d + 1)
-                    tv = time.perf_counter() - t
-                    stats.verify_seconds += tv
-                    stats.verify_tokens += n_d + 1
-
-                    t = time.perf_counter()
-                    complete = False  # the grammar's text is done (nothing but whitespace may follow)
-                    if constraint is None:
-                        emitted, m = _verify(rows, draft, params, rng)
-                        if trace is not None:
-                            trace.extend(_margins(rows, emitted, m))
-                    else:
-                        emitted, m, complete = _verify_constrained(
-                            rows, draft, params, rng, constraint, target.eog_ids, target.space_ids, trace
-                        )
-                    target.truncate(len(ctx) + m)
-                    stats.sample_seconds += time.perf_counter() - t
-                    if drafter is not None:
-                        stats.record_round(n_d, m, [draft.source_of(i) for i in range(n_d)])
-                        if controller:
-                            controller.update(
-                                k,
-                                n_d,
-                                m,
-                                draft_evals=draft.evals,
-                                draft_seconds=dt,
-                                first_seconds=draft.first_seconds,
-                                fed=draft.fed,
-                                verify_seconds=tv,
-                            )
-                    else:
-                        stats.rounds += 1
-
-                    for i, tok in enumerate(emitted):
-                        ctx.append(tok)
-                        generated += 1
-                        stats.generated_tokens = generated
-                        stats.total_seconds = time.perf_counter() - t_start
-                        source = draft.source_of(i) if i < m else None
-                        if tok in target.eog_ids:
-                            finish = stats.finish_reason = "stop"
-                            out.append(
-                                TokenResponse(text_out.flush(), tok, i < m, stats.snapshot(), finish, source)
-                            )
-                            break
-                        piece, hit_stop = text_out.push(tok)
-                        if hit_stop or (complete and i == len(emitted) - 1):
-                            finish = "stop"
-                        elif generated >= max_tokens:
-                            finish = "length"
-                        if finish:
-                            piece += text_out.flush()
-                            stats.finish_reason = finish
-                        out.append(TokenResponse(piece, tok, i < m, stats.snapshot(), finish, source))
-                        if finish:
-                            break
+                    self._claim(gen.me, gen.ctx)
+                    out = self._round(gen)
                     self._round_done()
                 yield from out  # never while holding the lock: a suspended stream blocks nobody
         finally:
-            stats.total_seconds = time.perf_counter() - t_start
-            stats.finish_reason = stats.finish_reason or finish or "cancelled"
-            with self.lock:
-                # Whatever happened (a closed stream, Ctrl-C, an error in a callback), keep the cache
-                # equal to what was really accepted so the next call starts from a true state.
-                if self._owner is me:
-                    self._owner_thread = None  # finished: nobody need wait for it
-                    self._turn.notify_all()
-                    if not target.closed:
-                        target.truncate(min(len(target.tokens), len(ctx) - 1))
-                if drafter is not None:
-                    drafter.finish(ctx)
-            if constraint is not None:
-                constraint.close()
+            self._end(gen)
+
+    def _begin(self, gen: _Generation) -> None:
+        """A new generation: the cache syncs to ``ctx[:-1]`` (the last token pending), the drafter reads the
+        prompt, and an adaptive setting gets its controller."""
+        t0 = time.perf_counter()
+        self._claim(gen.me, gen.ctx)
+        if gen.drafter is not None:
+            gen.drafter.begin(gen.ctx[:-1])
+            if gen.settings.adaptive:
+                gen.controller = self._controller(gen.drafter, gen.settings, gen.params)
+        gen.stats.prompt_seconds = time.perf_counter() - t0
+
+    def _round(self, gen: _Generation) -> list[TokenResponse]:
+        """One round under the lock: propose, verify in one pass, accept, learn; the tokens to emit."""
+        target = self.target
+        room = min(gen.max_tokens - gen.generated, target.n_ctx - len(gen.ctx) + 1)
+        if room <= 0:
+            gen.finish = gen.stats.finish_reason = "length"
+            return []
+        proposal = self._propose(gen, cap=min(room - 1, target.max_draft))
+        n_d = len(proposal.draft.tokens)
+        t = time.perf_counter()
+        rows = target.decode_logits([gen.ctx[-1], *proposal.draft.tokens], outputs=n_d + 1)
+        verify_seconds = time.perf_counter() - t
+        gen.stats.verify_seconds += verify_seconds
+        gen.stats.verify_tokens += n_d + 1
+        t = time.perf_counter()
+        verdict = self._accept(gen, rows, proposal.draft)
+        target.truncate(len(gen.ctx) + verdict.accepted)
+        gen.stats.sample_seconds += time.perf_counter() - t
+        self._learn(gen, proposal, verdict.accepted, verify_seconds)
+        return self._emit(gen, proposal.draft, verdict)
+
+    def _propose(self, gen: _Generation, cap: int) -> _Proposal:
+        """The drafter's proposal for this round (empty for the target alone), at most ``cap`` tokens."""
+        drafter, controller = gen.drafter, gen.controller
+        if drafter is None:
+            return _Proposal(_EMPTY, 0, 0.0)
+        k = min(controller.choose() if controller else gen.settings.n_max, cap)
+        t = time.perf_counter()
+        draft = _EMPTY
+        if k > 0:
+            rule = controller.stop_rule() if controller else None  # only for a drafter that takes one
+            if rule is not None:
+                draft = drafter.draft(gen.ctx, k, gen.params, gen.rng, stop=rule)  # type: ignore[call-arg]
+            else:
+                draft = drafter.draft(gen.ctx, k, gen.params, gen.rng)
+        elif controller and cap > 0:
+            # the draft model sits out this round; an n-gram lookup is still free
+            draft = drafter.lookup(gen.ctx, min(gen.settings.n_max, cap), gen.params, gen.rng)
+        seconds = time.perf_counter() - t
+        gen.stats.draft_seconds += seconds
+        gen.stats.draft_evals += draft.evals
+        return _Proposal(draft, k, seconds)
+
+    def _accept(self, gen: _Generation, rows: np.ndarray, draft: Draft) -> _Verdict:
+        """What the target keeps of the draft and the token it adds (:mod:`localspec.decoding.accept`)."""
+        if gen.constraint is None:
+            emitted, m = accept.verify(rows, draft, gen.params, gen.rng)
+            if self.trace is not None:
+                self.trace.extend(accept.margins(rows, emitted, m))
+            return _Verdict(emitted, m, False)
+        t = self.target
+        emitted, m, complete = accept.verify_constrained(
+            rows, draft, gen.params, gen.rng, gen.constraint, t.eog_ids, t.space_ids, self.trace
+        )
+        return _Verdict(emitted, m, complete)
+
+    def _learn(self, gen: _Generation, proposal: _Proposal, accepted: int, verify_seconds: float) -> None:
+        """Stats of the round, and what the adaptive controller measures from it."""
+        draft, stats = proposal.draft, gen.stats
+        n_d = len(draft.tokens)
+        if gen.drafter is None:
+            stats.rounds += 1
+            return
+        stats.record_round(n_d, accepted, [draft.source_of(i) for i in range(n_d)])
+        if gen.controller:
+            gen.controller.update(
+                proposal.asked,
+                n_d,
+                accepted,
+                draft_evals=draft.evals,
+                draft_seconds=proposal.seconds,
+                first_seconds=draft.first_seconds,
+                fed=draft.fed,
+                verify_seconds=verify_seconds,
+                confidence=draft.confidence,
+            )
+
+    def _emit(self, gen: _Generation, draft: Draft, verdict: _Verdict) -> list[TokenResponse]:
+        """Append the round's tokens to the context and turn them into responses; sets the finish."""
+        out: list[TokenResponse] = []
+        stats, m = gen.stats, verdict.accepted
+        last = len(verdict.emitted) - 1
+        for i, tok in enumerate(verdict.emitted):
+            gen.ctx.append(tok)
+            gen.generated += 1
+            stats.generated_tokens = gen.generated
+            stats.total_seconds = time.perf_counter() - gen.t_start
+            source = draft.source_of(i) if i < m else None
+            if tok in self.target.eog_ids:
+                gen.finish = stats.finish_reason = "stop"
+                out.append(TokenResponse(gen.text.flush(), tok, i < m, stats.snapshot(), "stop", source))
+                break
+            piece, hit_stop = gen.text.push(tok)
+            if hit_stop or (verdict.complete and i == last):
+                gen.finish = "stop"
+            elif gen.generated >= gen.max_tokens:
+                gen.finish = "length"
+            if gen.finish:
+                piece += gen.text.flush()
+                stats.finish_reason = gen.finish
+            out.append(TokenResponse(piece, tok, i < m, stats.snapshot(), gen.finish, source))
+            if gen.finish:
+                break
+        return out
+
+    def _end(self, gen: _Generation) -> None:
+        """Whatever happened (a closed stream, Ctrl-C, an error in a callback), keep the cache equal to what
+        was really accepted so the next call starts from a true state, and let the drafter learn."""
+        stats, target = gen.stats, self.target
+        stats.total_seconds = time.perf_counter() - gen.t_start
+        stats.finish_reason = stats.finish_reason or gen.finish or "cancelled"
+        if gen.controller is not None:
+            stats.predicted_speedup = gen.controller.predicted_speedup()
+        with self.lock:
+            if self._owner is gen.me:
+                self._owner_thread = None  # finished: nobody need wait for it
+                self._turn.notify_all()
+                if not target.closed:
+                    target.truncate(min(len(target.tokens), len(gen.ctx) - 1))
+            if gen.drafter is not None:
+                gen.drafter.finish(gen.ctx)
+        if gen.constraint is not None:
+            gen.constraint.close()
 
     def _controller(
         self, drafter: Drafter, settings: DraftSettings, params: SamplingParams
@@ -293,7 +329,12 @@ class Engine:
         )
         ctl = self._controllers.get(key)
         if ctl is None:
-            ctl = self._controllers[key] = AdaptiveLength(settings.n_max, settings.n_min, free=drafter.free)
+            ctl = self._controllers[key] = AdaptiveLength(
+                settings.n_max,
+                settings.n_min,
+                free=drafter.free,
+                gain_stop=bool(getattr(drafter, "takes_stop_rule", False)),
+            )
             while len(self._controllers) > MAX_CONTROLLERS:
                 self._controllers.popitem(last=False)
         else:
@@ -305,79 +346,43 @@ class Engine:
 _EMPTY = Draft()
 
 
-def _verify(rows: np.ndarray, draft: Draft, params: SamplingParams, rng) -> tuple[list[int], int]:
-    """Tokens to emit for one round and how many of them are accepted drafts."""
-    drafts = draft.tokens
-    if params.greedy:
-        best = rows.argmax(axis=1)
-        m = 0
-        while m < len(drafts) and drafts[m] == best[m]:
-            m += 1
-        return [*drafts[:m], int(best[m])], m
-    for i, tok in enumerate(drafts):
-        p = distribution(rows[i], params)
-        q = draft.probs[i] if draft.probs else None
-        ok, out = accept_or_resample(p, q, tok, rng)
-        if not ok:
-            return [*drafts[:i], out], i
-    return [*drafts, sample(distribution(rows[len(drafts)], params), rng)], len(drafts)
+@dataclass
+class _Generation:
+    """One generation's state across its rounds (the engine itself holds only what generations share)."""
+
+    ctx: list[int]  # the prompt plus every emitted token; the target's cache holds ctx[:-1]
+    drafter: Drafter | None
+    max_tokens: int
+    params: SamplingParams
+    settings: DraftSettings
+    stats: GenerationStats
+    constraint: Constraint | None
+    text: _TextStream
+    rng: np.random.Generator
+    controller: AdaptiveLength | None = None
+    generated: int = 0
+    finish: str | None = None
+    t_start: float = field(default_factory=time.perf_counter)
+    me: object = field(default_factory=object)  # the owner marker of the target's KV cache
 
 
-def _verify_constrained(
-    rows: np.ndarray,
-    draft: Draft,
-    params: SamplingParams,
-    rng,
-    constraint: Constraint,
-    eog: frozenset[int],
-    space: Callable[[], np.ndarray],
-    trace: list[tuple[int, bool, int, float]] | None = None,
-) -> tuple[list[int], int, bool]:
-    """:func:`_verify` under a grammar: each position's token is the constrained one, and the grammar
-    takes every emitted token in order (so no state needs rolling back: only final tokens reach it).
-    A ``trace`` gets what :func:`_margins` gives, over the tokens the grammar allows there. The third
-    value says the last emitted token completed the text (:meth:`Constraint.complete`: only whitespace
-    or the end may follow): the reply ends there, a prefix of the target's own constrained text."""
-    drafts = draft.tokens
-    out: list[int] = []
-    for i in range(len(drafts) + 1):
-        proposed = drafts[i] if i < len(drafts) else None
-        allowed = constraint.masked(rows[i]) if trace is not None else None
-        p = full = None
-        if params.greedy:
-            tok = constraint.best(rows[i])
-            ok = tok == proposed
-        else:
-            full = distribution(rows[i], params)  # once per position, whichever rule uses it
-            if proposed is not None and draft.probs:
-                p = constraint.distribution(rows[i], params, max_support=EXACT_SUPPORT, unconstrained=full)
-        if p is not None and proposed is not None:
-            ok, tok = accept_or_resample(p, draft.probs[i], proposed, rng)
-        elif not params.greedy:
-            # Draw from the constrained distribution and compare. For a deterministic proposal (q one-hot)
-            # this is the rejection rule itself ("accept with probability p(x), else draw from p without
-            # x" emits a draw from p); for a draft model's q it accepts less often than min(1, p/q) but
-            # emits the same distribution, without checking every token of a wide support.
-            tok = constraint.sample(rows[i], params, rng, unconstrained=full)
-            ok = tok == proposed
-        if allowed is not None and trace is not None:
-            trace.extend(_margins(allowed[None, :], [tok], int(ok)))
-        constraint.accept(tok)
-        out.append(tok)
-        complete = tok not in eog and constraint.complete(eog, space)
-        if not ok or complete:
-            return out, i + int(ok), complete
-        if tok in eog:  # an accepted end of generation: nothing after it is read
-            return out, i + 1, False
-    return out, len(drafts), False
+@dataclass(frozen=True)
+class _Proposal:
+    """A round's draft, the length the controller asked for, and the seconds drafting took."""
+
+    draft: Draft
+    asked: int
+    seconds: float
 
 
-def _margins(rows: np.ndarray, emitted: list[int], m: int) -> list[tuple[int, bool, int, float]]:
-    out = []
-    for i, tok in enumerate(emitted):
-        top2 = np.partition(rows[i], -2)[-2:]
-        out.append((tok, i < m, int(rows[i].argmax()), float(top2[1] - top2[0])))
-    return out
+@dataclass(frozen=True)
+class _Verdict:
+    """A verify pass's outcome: the tokens to emit, how many are accepted drafts, and whether the last one
+    completed the grammar's text."""
+
+    emitted: list[int]
+    accepted: int
+    complete: bool
 
 
 class _TextStream:

@@ -103,6 +103,9 @@ class GenerationStats:
     placement: dict[str, str] = field(default_factory=dict)
     # The "auto" strategy's decision for this request and why ("" when a strategy was named).
     route: str = ""
+    # What the adaptive controller's measurements predicted for drafting at its best length, in
+    # target-alone units (None without an adaptive setting or before its costs were measured).
+    predicted_speedup: float | None = None
 
     # Derived values -----------------------------------------------------------------------------
     @property
