@@ -147,6 +147,8 @@ class CellResult:
     adaptive: bool = False
     best_k: int | None = None  # the draft length (1..n_max) with the highest ceiling at this acceptance
     best_ceiling: float | None = None
+    # the adaptive controller's own prediction for its drafting, median over runs (None: not adaptive)
+    predicted_speedup: float | None = None
     losses: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -207,6 +209,8 @@ def summarise_cell(
         target_token_seconds=t_dec,
         adaptive=config.adaptive,
     )
+    predicted = [s["predicted_speedup"] for s in ss if s.get("predicted_speedup")]
+    cell.predicted_speedup = median(predicted) if predicted else None
     if rounds and t_dec:
         evals = _sum(ss, "draft_evals")
         uses_model = config.uses_model and evals > 0

@@ -112,6 +112,7 @@ HEADERS = [
     "target tok/s",
     "spec tok/s",
     "speedup",
+    "predicted",
     "draft/verify/other",
     "ceiling",
     "efficiency",
@@ -130,6 +131,7 @@ def _row_cells(r: dict[str, Any]) -> list[str]:
         _f(r["baseline_tps"], "{:.1f}"),
         _f(r["speculative_tps"], "{:.1f}"),
         _f(r["speedup"], "{:.2f}x"),
+        _f(r.get("predicted_speedup"), "{:.2f}x"),
         split,
         _f(r.get("ceiling"), "{:.2f}x"),
         _f(r.get("efficiency"), "{:.0%}"),
@@ -190,7 +192,7 @@ def _losses_line(r: dict[str, Any]) -> str:
 
 def format_text(report: dict[str, Any]) -> str:
     """The console output: a table per workload, then memory and a one-line summary per strategy."""
-    out = []
+    out = [report["wide_target"]] if report.get("wide_target") else []
     for w, rs in _by_workload(report).items():
         out.append(f"\n{WORKLOAD_TITLES.get(w, w)} ({rs[0]['prompts']} prompts)")
         out.append(_text_table(HEADERS, [_row_cells(r) for r in rs]))
@@ -258,6 +260,7 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
         "",
         f"Machine: {machine_label(report['machine'])}.",
         f"Pair: target `{report['pair'].get('target')}`, draft `{report['pair'].get('draft')}`.",
+        *([f"Regime: {report['wide_target']}.", ""] if report.get("wide_target") else []),
         f"Settings: max_tokens {s.get('max_tokens')}, temperature {s.get('temperature')}, "
         f"repeats {s.get('repeats')}, runs interleaved (target alone, then each strategy, per prompt); "
         "speedup = median over prompts of speculative tok/s / target-alone tok/s.",

@@ -22,8 +22,15 @@ from localspec.constants import PACKAGE_DIR
 from localspec.errors import BenchError
 from localspec.settings import DraftSettings
 
-#: The shipped workloads, in the order reports show them.
+#: The shipped workloads a bench runs by default, in the order reports show them.
 WORKLOADS: tuple[str, ...] = ("code", "summarise", "chat", "translate", "edit", "creative")
+#: Prompts where copying from the prompt cannot help (new code from a description, explanations, chat):
+#: the draft model's own ground, where a big target (``bench --wide-target``) shows what it can do.
+BIG_TARGET_WORKLOADS: tuple[str, ...] = ("write-code", "explain", "chat")
+#: Every shipped workload, the defaults first.
+ALL_WORKLOADS: tuple[str, ...] = (*WORKLOADS, *(w for w in BIG_TARGET_WORKLOADS if w not in WORKLOADS))
+#: Names that stand for several workloads (``--workloads big-target``).
+WORKLOAD_SETS: dict[str, tuple[str, ...]] = {"big-target": BIG_TARGET_WORKLOADS}
 WORKLOAD_TITLES: dict[str, str] = {
     "code": "code completion",
     "summarise": "summarisation",
@@ -31,6 +38,8 @@ WORKLOAD_TITLES: dict[str, str] = {
     "translate": "translation",
     "edit": "code edit",
     "creative": "creative writing",
+    "write-code": "code from a description",
+    "explain": "explanations",
 }
 PROMPTS_DIR = PACKAGE_DIR / "data" / "prompts"
 
@@ -117,16 +126,32 @@ def load_prompts(
     return Workload(stem, prompts, str(path), sequential)
 
 
+def workload_choices() -> list[str]:
+    """Every name ``--workloads`` takes: the shipped workloads and the sets."""
+    return [*ALL_WORKLOADS, *WORKLOAD_SETS]
+
+
 def builtin_workload(name: str) -> Workload:
-    """One of the shipped workloads (:data:`WORKLOADS`)."""
-    if name not in WORKLOADS:
-        raise BenchError(f"unknown workload {name!r}", hint=f"choose from: {', '.join(WORKLOADS)}")
+    """One of the shipped workloads (:data:`ALL_WORKLOADS`)."""
+    if name not in ALL_WORKLOADS:
+        raise BenchError(f"unknown workload {name!r}", hint=f"choose from: {', '.join(workload_choices())}")
     return load_prompts(PROMPTS_DIR / f"{name}.jsonl", name)
 
 
+def expand_workloads(names: Iterable[str]) -> list[str]:
+    """Workload names with each set (:data:`WORKLOAD_SETS`) replaced by its members, without repeats."""
+    out: list[str] = []
+    for name in names:
+        for member in WORKLOAD_SETS.get(name, (name,)):
+            if member not in out:
+                out.append(member)
+    return out
+
+
 def select_workloads(names: Iterable[str] | None = None, limit: int | None = None) -> list[Workload]:
-    """Shipped workloads by name (all when ``names`` is empty), each cut to its first ``limit`` prompts."""
-    return [builtin_workload(n).limited(limit) for n in (names or WORKLOADS)]
+    """Shipped workloads or sets by name (the defaults, :data:`WORKLOADS`, when ``names`` is empty), each
+    cut to its first ``limit`` prompts."""
+    return [builtin_workload(n).limited(limit) for n in expand_workloads(names or WORKLOADS)]
 
 
 def load_workloads(

@@ -14,7 +14,7 @@ from click.core import ParameterSource
 
 from localspec import constants
 from localspec.bench.sessions import SESSION_WORKLOADS
-from localspec.bench.workloads import WORKLOADS
+from localspec.bench.workloads import WORKLOADS, workload_choices
 from localspec.cli.options import (
     COUNT,
     MAX_TOKENS,
@@ -175,7 +175,12 @@ _P_LO, _P_HI = P_MIN_RANGE
     "--draft", "-d", help="Draft GGUF path, 'ngram', 'none' or 'auto' (default: auto, automatic pairing)."
 )
 @click.option("--preset", "-p", help="A preset name (see `localspec presets`).")
-@click.option("--workloads", "-w", multiple=True, help=f"Comma-separated subset of: {', '.join(WORKLOADS)}.")
+@click.option(
+    "--workloads",
+    "-w",
+    multiple=True,
+    help=f"Comma-separated subset of: {', '.join(workload_choices())} (default: {', '.join(WORKLOADS)}).",
+)
 @click.option("--prompts", type=click.Path(dir_okay=False), help="Your own prompt file (lines or JSONL).")
 @click.option(
     "--sessions",
@@ -217,6 +222,12 @@ _P_LO, _P_HI = P_MIN_RANGE
     help="Also run (with --tune: sweep) each strategy with the adaptive draft length.",
 )
 @click.option("--peer", is_flag=True, help="Also run llama.cpp's own speculative decoding (built once).")
+@click.option(
+    "--wide-target",
+    type=click.Choice(["F16", "BF16", "Q8_0", "F32"], case_sensitive=False),
+    help="Measure with the target re-encoded at this wider type by llama.cpp's llama-quantize (made once, "
+    "kept in the cache): a draft token then costs a small share of a target token, as with a 7B+ target.",
+)
 @click.option(
     "--tune",
     is_flag=True,
@@ -283,6 +294,7 @@ def bench(
     p_min,
     adaptive,
     peer,
+    wide_target,
     tune,
     tune_n_max,
     tune_p_min,
@@ -347,10 +359,13 @@ def bench(
         return
     names = _split(workloads) or None
     for n in names or []:
-        if n not in WORKLOADS:
-            raise click.UsageError(f"unknown workload {n!r}; choose from {', '.join(WORKLOADS)}")
+        if n not in workload_choices():
+            raise click.UsageError(f"unknown workload {n!r}; choose from {', '.join(workload_choices())}")
     _make_out_dir(out_dir)
     progress = None if (quiet or as_json) else (lambda m: click.echo(f"  {m}", err=True))
+    wide_note = None
+    if wide_target:
+        target, draft, preset, wide_note = _wide_pair(target, draft, preset, wide_target, threads, progress)
     common = dict(
         target=target,
         draft=draft,
@@ -392,6 +407,8 @@ def bench(
             adaptive=adaptive,
             warmup=not no_warmup,
         )
+    if wide_note:
+        result["wide_target"] = wide_note
     files = rep.write_all(result, Path(out_dir))
     if as_json:
         click.echo(json.dumps(json.loads(files["json"].read_text()), indent=1))
@@ -402,6 +419,33 @@ def bench(
     for path in result.get("tuning", {}).get("saved", []):
         click.echo(f"{'replaced' if path in replaced else 'saved'} preset {path}")
     click.echo(f"\nwrote {files['json']}, {files['markdown']}, {files['png']}")
+
+
+def _wide_pair(target, draft, preset, wide_type, threads, progress) -> tuple[str, str | None, None, str]:
+    """``--wide-target``: the target (given, or the preset's) re-encoded, the same draft, no preset; and the
+    line the report prints about it."""
+    from localspec.bench.wide_target import wide_target
+
+    draft_path = draft
+    if preset:
+        from localspec.hub.download import ensure_preset
+
+        pair = ensure_preset(preset)
+        source = pair.target
+        if draft in (None, "auto") and pair.draft:
+            draft_path = str(pair.draft)
+    elif target:
+        source = Path(target)
+    else:
+        raise click.UsageError(
+            "--wide-target needs --target FILE or --preset NAME (the embedded pair is a toy)"
+        )
+    wide = wide_target(source, wide_type, threads=threads or constants.default_threads(), log=progress)
+    note = (
+        f"target {source.name} re-encoded at {wide_type.upper()} by llama.cpp's llama-quantize ({wide}): "
+        "a draft token costs a small share of a target token, as with a 7B+ target"
+    )
+    return str(wide), draft_path, None, note
 
 
 def _bench_sessions(

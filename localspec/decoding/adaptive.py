@@ -217,7 +217,10 @@ class AdaptiveLength:
         rates = self.rates()
         if rates is None or rates[0] <= 0:
             return None
-        return max(rates.values()) / rates[0]
+        if self.stop_rule() is not None:  # every drafting round asks for n_max; the rule ends the draft
+            return rates[self.n_max] / rates[0]
+        tried = [k for k in range(1, self.n_max + 1) if self._asked[k]]  # lengths never asked: no data
+        return max((rates[k] for k in tried), default=rates[0]) / rates[0]
 
     def _probe_affordable(self) -> bool:
         v1 = self.verify.get(1)

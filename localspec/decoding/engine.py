@@ -268,6 +268,7 @@ class Engine:
                 verify_seconds=verify_seconds,
                 confidence=draft.confidence,
             )
+            stats.predicted_speedup = gen.controller.predicted_speedup()
 
     def _emit(self, gen: _Generation, draft: Draft, verdict: _Verdict) -> list[TokenResponse]:
         """Append the round's tokens to the context and turn them into responses; sets the finish."""
@@ -303,8 +304,6 @@ class Engine:
         stats, target = gen.stats, self.target
         stats.total_seconds = time.perf_counter() - gen.t_start
         stats.finish_reason = stats.finish_reason or gen.finish or "cancelled"
-        if gen.controller is not None:
-            stats.predicted_speedup = gen.controller.predicted_speedup()
         with self.lock:
             if self._owner is gen.me:
                 self._owner_thread = None  # finished: nobody need wait for it
