@@ -9,6 +9,10 @@ target alone, with acceptance ``a`` per token (what this pipeline measured so fa
 
     speed(k) = (1 - a^(k+1)) / (1 - a)  /  (k * c/T + V(k + 1))
 
+Once the draft model has run, what its adaptive controller measured replaces that formula: the speed
+it predicts from acceptance per draft position, the draft calls and verify widths its rounds really
+took, and their measured seconds (``measured_speed``), which the engine reports with each result.
+
 A request that looks like earlier ones (a high overlap of its prompt with the store) leans on lookups
 anyway: the model then only fills rounds where lookup finds nothing, and the adaptive controller keeps
 it out of rounds where it does not pay. The decision and its reason are reported with the results.
@@ -56,8 +60,22 @@ def route(
     model_acceptance: float | None,
     n_max: int,
     overlap: float = 0.0,
+    measured_speed: float | None = None,
 ) -> Route:
-    """Pick the drafters for one request from the measured costs and what the pipeline has seen."""
+    """Pick the drafters for one request from the measured costs and what the pipeline has seen.
+
+    Args:
+        has_model: a draft model is loaded.
+        costs: the machine's measured verify curve and draft cost (None: not measured yet).
+        model_acceptance: acceptance per drafted token measured by earlier requests (None: a prior).
+        n_max: the longest draft a round may ask for.
+        overlap: the share of the prompt's n-grams the suffix cache has seen before.
+        measured_speed: the draft model's speed (target alone = 1.0) its adaptive controller predicted
+            on earlier requests of this pipeline, from what it measured; preferred to the formula.
+
+    Returns:
+        The strategy for this request and the reason, with the expected speed of model drafting.
+    """
     if not has_model:
         return Route("suffix", "no draft model loaded: lookups only (prompt, earlier requests, corpus)")
     if costs is None or costs.draft_ratio is None:
@@ -68,6 +86,16 @@ def route(
     if not costs.steady:  # measured while something else used the CPU: said with the decision
         where += " (measured on a busy machine; `localspec cache clear --costs` measures again)"
     measured = "prior" if model_acceptance is None else "measured"
+    if measured_speed is not None:
+        speed = measured_speed
+        if speed >= MIN_GAIN:
+            why = f"{where}; drafting as measured on earlier requests should give {speed:.2f}x"
+            return Route("model+suffix", why, speed)
+        return Route(
+            "suffix",
+            f"{where}; drafting as measured on earlier requests would give {speed:.2f}x: lookups only",
+            speed,
+        )
     if speed >= MIN_GAIN:
         why = f"{where}; at {measured} acceptance {a:.2f} drafting {k} tokens should give {speed:.2f}x"
         if overlap >= 0.5:

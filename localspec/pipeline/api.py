@@ -128,6 +128,7 @@ class Pipeline:
         self._store: SuffixStore | None = None
         self._costs: MachineCosts | None = None
         self._model_acceptance: float | None = None  # measured by generations that ran the draft model
+        self._model_speed: float | None = None  # what their adaptive controllers predicted, for ``auto``
         self.route: Route | None = None  # the last "auto" decision and its reason
         #: told (a line of text) before a one-time wait: measuring this machine's costs (the CLI prints it)
         self.notify: Callable[[str], None] | None = None
@@ -421,6 +422,7 @@ class Pipeline:
             model_acceptance=self._model_acceptance,
             n_max=min(s.n_max, 8),
             overlap=overlap,
+            measured_speed=self._model_speed,
         )
         adaptive = True if r.strategy == "model+suffix" else s.adaptive
         return s.with_overrides(strategy=r.strategy, adaptive=adaptive), r
@@ -541,7 +543,8 @@ class Pipeline:
         return ids
 
     def _learning(self, stream: Iterator[TokenResponse]) -> Iterator[TokenResponse]:
-        """Pass tokens through; remember the draft model's acceptance for the ``auto`` router."""
+        """Pass tokens through; remember the draft model's acceptance and the speed its adaptive controller
+        predicted, for the ``auto`` router."""
         last = None
         try:
             for last in stream:
@@ -551,8 +554,9 @@ class Pipeline:
                 drafted = last.stats.drafted_by_source.get("model", 0)
                 if drafted >= 8:
                     rate = last.stats.accepted_by_source.get("model", 0) / drafted
-                    old = self._model_acceptance
-                    self._model_acceptance = rate if old is None else 0.5 * old + 0.5 * rate
+                    self._model_acceptance = _blend(self._model_acceptance, rate)
+                    if last.stats.predicted_speedup is not None:
+                        self._model_speed = _blend(self._model_speed, last.stats.predicted_speedup)
 
     def tokenize(self, text: str) -> list[int]:
         """The target's tokens of a plain prompt (its BOS first, as llama.cpp adds it)."""
@@ -962,3 +966,8 @@ def generate(
         pipe = load(target, draft, preset, **load_kw)
         _CACHE[key] = pipe
     return pipe.generate(prompt, max_tokens=max_tokens, temperature=temperature, **opts)
+
+
+def _blend(old: float | None, new: float) -> float:
+    """The running value the ``auto`` router reads: the newest measurement weighs half."""
+    return new if old is None else 0.5 * old + 0.5 * new
