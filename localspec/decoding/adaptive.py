@@ -47,6 +47,8 @@ PROBE_FIRST, PROBE_MAX = 8, 32  # probe after 8 idle rounds, then 16 and 32, the
 CARRY_OVER = 5  # a new generation weighs what the last ones saw like 5 rounds
 NORMAL_FEED = 2  # a first draft call that fed more tokens than this was catching up after a pause
 PROBE_BUDGET = 0.05  # mid-generation probes only while catching up costs less per token than this
+ALONE_ROUNDS = (1, 5)  # rounds that run the target alone to time it (more than once: the first is often slow)
+ALONE_KEPT = 5  # the target-alone timings kept; their lower median is the cost of a plain step
 
 
 class AdaptiveLength:
@@ -71,6 +73,7 @@ class AdaptiveLength:
         self.drafted = {k: float(k) for k in range(self.n_max + 1)}  # tokens a request for k yields
         self._asked = dict.fromkeys(range(self.n_max + 1), 0)
         self.verify: dict[int, float] = {}  # seconds of a verify pass, by width
+        self._alone: list[float] = []  # the latest timings of a one-row pass (the target alone)
         self.rounds = 0
         self._idle = 0
         self._probe_every = PROBE_FIRST
@@ -173,8 +176,8 @@ class AdaptiveLength:
             return self.n_max
         if self.rounds == 0 or self.n_max == 0:
             return min(2, self.n_max)  # measure a draft call, a further one and a wider verify first
-        if 1 not in self.verify:
-            return 0  # then the target alone once, to know what a round without a draft costs
+        if self.rounds in ALONE_ROUNDS and len(self._alone) < len(ALONE_ROUNDS):
+            return 0  # the target alone, to know what a round without a draft costs
         rates = self.rates(optimistic=True)
         if rates is None:
             return self.n_max
@@ -270,6 +273,9 @@ class AdaptiveLength:
             self.step_s = _ema(self.step_s, (draft_seconds - first_seconds) / (draft_evals - 1), d)
         width = drafted + 1
         self.verify[width] = _ema(self.verify.get(width), verify_seconds, d)
+        if width == 1:  # a load only slows a pass down: the lower median of the latest, not their average
+            self._alone = [*self._alone[-(ALONE_KEPT - 1) :], verify_seconds]
+            self.verify[1] = sorted(self._alone)[(len(self._alone) - 1) // 2]
 
     def _weight(self, counts, key) -> float:
         """Weight of the n-th observation: 1/n for the first ones (a plain mean), then 1 - decay."""
