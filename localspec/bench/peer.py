@@ -218,9 +218,7 @@ def quantize_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) 
     return _extra_binary(QUANTIZE, ["-DLLAMA_BUILD_TOOLS=ON"], jobs=jobs, log=log)
 
 
-def _extra_binary(
-    name: str, configure: list[str], *, jobs: int, log: Callable[[str], None] | None
-) -> Path:
+def _extra_binary(name: str, configure: list[str], *, jobs: int, log: Callable[[str], None] | None) -> Path:
     """Build one more llama.cpp program in the peer's build folder (after the server), once."""
     build_server(jobs=jobs, log=log)
     root = peer_dir()
@@ -461,8 +459,10 @@ def peer_runner(
     render: Callable[[Prompt], list[int]] | None = None,
     temperature: float = 0.0,
     seed: int = 1234,
+    top_p: float = 1.0,
 ) -> Runner:
-    """A runner that sends each prompt to the server of its config.
+    """A runner that sends each prompt to the server of its config. Sampling is localspec's: the
+    temperature and top-p given, no top-k or min-p (llama-server's own defaults would add both).
 
     With ``render`` (prompt -> token ids, see ``localspec.bench.single.render``) the server gets exactly the
     tokens
@@ -490,6 +490,8 @@ def peer_runner(
         }
         if temperature <= 0:
             body["top_k"] = 1
+        else:
+            body.update(top_k=0, top_p=top_p, min_p=0.0)
         out = server.post("/completion", body)
         t = out.get("timings", {})
         drafted, accepted = int(t.get("draft_n") or 0), int(t.get("draft_n_accepted") or 0)

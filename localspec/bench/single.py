@@ -129,7 +129,9 @@ def _has_chat_template(pipe: Any) -> bool:
         return True
 
 
-def engine_runner(pipe: Any, *, temperature: float = 0.0, seed: int | None = None) -> Runner:
+def engine_runner(
+    pipe: Any, *, temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0
+) -> Runner:
     """A runner on a localspec pipeline (``Pipeline.stream_tokens`` on the rendered prompt)."""
     cache: dict[str, tuple[list[int], list[str]]] = {}
 
@@ -140,6 +142,7 @@ def engine_runner(pipe: Any, *, temperature: float = 0.0, seed: int | None = Non
         kwargs: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "stop": stops or None}
         if temperature > 0:
             kwargs["seed"] = seed if seed is not None else 1234
+            kwargs["top_p"] = top_p
         if not config.is_speculative:
             kwargs["baseline"] = True
         else:
