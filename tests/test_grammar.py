@@ -430,7 +430,7 @@ def _accepts(pipe, grammar: Grammar, text: str, *, trigger_id: int | None = None
 def test_the_call_grammar_takes_well_formed_calls_of_declared_functions_only(embedded_pipe):
     from test_tool_calls import CALL, CLOCK, WEATHER
 
-    from localspec.pipeline.tool_calls import call_grammar, check_tools
+    from localspec.pipeline.tool_schema import call_grammar, check_tools
 
     tools = check_tools([WEATHER, CLOCK])
     many, one = call_grammar(tools), call_grammar(tools, parallel=False)
@@ -453,7 +453,7 @@ def test_the_call_grammar_takes_well_formed_calls_of_declared_functions_only(emb
 
 
 def test_each_function_keeps_its_own_definitions(embedded_pipe):
-    from localspec.pipeline.tool_calls import call_grammar, check_tools
+    from localspec.pipeline.tool_schema import call_grammar, check_tools
 
     def tool(name, item):
         params = {"type": "object", "properties": {"x": {"$ref": "#/$defs/Item"}}, "required": ["x"]}

@@ -390,7 +390,7 @@ def test_results_copy_pickle_and_print(embedded_pipe, capsys):
 def test_chat_with_tools_needs_a_template_that_calls_them(embedded_pipe):
     from test_tool_calls import WEATHER
 
-    from localspec.pipeline.tool_calls import ToolCallError
+    from localspec.pipeline.tool_schema import ToolCallError
 
     ask = [{"role": "user", "content": "Weather in Paris?"}]
     with pytest.raises(ToolCallError, match="no tool-call format") as err:

@@ -9,20 +9,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from localspec.errors import MessageError
-from localspec.pipeline.tool_calls import (
+from localspec.pipeline.chat_turns import chat_messages, template_calls, template_messages
+from localspec.pipeline.tool_calls import tool_use
+from localspec.pipeline.tool_reader import CallSplitter, may_start_fenced_call, split_calls
+from localspec.pipeline.tool_schema import (
     HERMES,
     MAX_TOOLS,
-    CallSplitter,
     ToolCallError,
-    chat_messages,
     check_choice,
     check_tools,
-    may_start_fenced_call,
-    split_calls,
-    template_calls,
     template_format,
-    template_messages,
-    tool_use,
 )
 
 #: enough of a Qwen2.5-style template for localspec to know its tool-call format (the embedded pair's own

@@ -26,7 +26,7 @@ from localspec.constrain.grammar import Grammar
 from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
 from localspec.gguf.meta import read_metadata
 from localspec.hub import presets
-from localspec.pipeline.tool_calls import chat_messages
+from localspec.pipeline.chat_turns import chat_messages
 from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, STRATEGIES, max_threads
 
 from . import pairs

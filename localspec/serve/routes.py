@@ -14,7 +14,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec.constrain.grammar import Grammar, reply_grammar
 from localspec.errors import GrammarError, LocalspecError, MessageError
-from localspec.pipeline.tool_calls import ToolCallError, ToolUse, chat_messages, tool_use
+from localspec.pipeline.chat_turns import chat_messages
+from localspec.pipeline.tool_calls import ToolUse, tool_use
+from localspec.pipeline.tool_schema import ToolCallError
 from localspec.serve.endpoint import Endpoint
 from localspec.serve.exposure import is_loopback
 from localspec.serve.metrics import Metrics, generation_endpoint, prometheus_text
