@@ -108,3 +108,33 @@ def test_past_the_widest_measured_pass_the_curve_follows_its_measured_slope():
     assert ctl.verify_seconds(5) == pytest.approx(1.2)
     ctl.verify = {1: 1.0}
     assert ctl.verify_seconds(3) == pytest.approx(1.5)  # one width known: a quarter of a pass a row
+
+
+def test_a_lookup_draft_gives_way_to_the_model_when_it_promises_fewer_accepted_tokens():
+    import numpy as np
+
+    from localspec.decoding.drafters import CombinedDrafter, Draft
+    from localspec.decoding.stopping import expected_accepted
+    from localspec.llama.sampling import SamplingParams
+
+    assert expected_accepted([1.0, 0.5, 0.5]) == pytest.approx(1.75)
+
+    class Fixed:
+        name, free = "fixed", True
+
+        def __init__(self, tokens, confidence):
+            self.d = Draft(tokens=tokens, confidence=confidence, source=self.name)
+
+        def draft(self, context, n, params, rng, stop=None):
+            return self.d
+
+    lookup = Fixed([1, 2], [0.6, 0.5])  # promises 0.9 accepted tokens
+    model = Fixed([7, 8, 9, 10], [0.99] * 4)
+    combined = CombinedDrafter(model, lookup)  # type: ignore[arg-type]
+    args = ([0], 8, SamplingParams(), np.random.default_rng(0))
+    assert combined.draft(*args).tokens == [1, 2]  # no rule (p_min): any match of 2 wins, as before
+    rule = _stop(slope=0.02, step=0.1)
+    rule.model_tokens = 3.2  # model rounds get 3.2 drafts accepted here
+    assert combined.draft(*args, stop=rule).tokens == [7, 8, 9, 10]
+    rule.model_tokens = 0.5
+    assert combined.draft(*args, stop=rule).tokens == [1, 2]

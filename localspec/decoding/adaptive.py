@@ -213,6 +213,7 @@ class AdaptiveLength:
             first_seconds=self.first_s,
             step_seconds=self.step_s or self.first_s,
             n_min=self.n_min,
+            model_tokens=self.expected_tokens(self.n_max) - 1.0,
         )
 
     def predicted_speedup(self) -> float | None:

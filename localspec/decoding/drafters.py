@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from localspec.decoding.stopping import expected_accepted
 from localspec.llama.sampling import SamplingParams, distribution, sample
 
 if TYPE_CHECKING:
@@ -254,7 +255,11 @@ class NgramDrafter:
 
 
 class CombinedDrafter:
-    """Lookup (n-gram or suffix cache) when it finds a match, otherwise the draft model."""
+    """Lookup (n-gram or suffix cache) when it finds a match, otherwise the draft model.
+
+    With the round's stopping rule (the model's costs measured), a lookup draft must also promise as many
+    accepted tokens as model rounds have been getting: where draft tokens are cheap (a big target) a
+    short, unsure lookup would otherwise take the place of a longer model draft."""
 
     free = False
     takes_stop_rule = True  # passed on to the draft model
@@ -282,7 +287,9 @@ class CombinedDrafter:
         stop: GainStop | None = None,
     ) -> Draft:
         d = self.lookup_drafter.draft(context, n, params, rng)
-        if len(d.tokens) >= min(self.min_lookup, n):
+        if len(d.tokens) >= min(self.min_lookup, n) and (
+            stop is None or expected_accepted(d.confidence[: len(d.tokens)]) >= stop.model_tokens
+        ):
             return d
         return self.model.draft(context, n, params, rng, stop)
 

@@ -86,8 +86,12 @@ class GainStop:
         first_seconds: float,
         step_seconds: float,
         n_min: int = 0,
+        model_tokens: float = 0.0,
     ) -> None:
         self.calibration = calibration
+        #: drafted tokens a model round has been getting accepted on average: a free lookup draft that
+        #: promises fewer (:func:`expected_accepted`) is not worth the model's place this round
+        self.model_tokens = model_tokens
         self.V = verify_seconds
         self.step = step_seconds
         self.n_min = n_min
@@ -125,3 +129,13 @@ class GainStop:
             return False
         self.draft_seconds += self.step
         return True
+
+
+def expected_accepted(confidence: list[float]) -> float:
+    """Drafted tokens a draft gets accepted on average, from its per-token confidence (each token counts
+    only if every one before it is accepted)."""
+    total, reach = 0.0, 1.0
+    for c in confidence:
+        reach *= c
+        total += reach
+    return total
