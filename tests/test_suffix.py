@@ -16,7 +16,9 @@ from localspec.decoding.drafters import SOURCES
 from localspec.decoding.stats import GenerationStats
 from localspec.llama.sampling import SamplingParams
 from localspec.settings import DraftSettings
+from localspec.suffix import calibration, hashing, index
 from localspec.suffix import drafter as suffix
+from localspec.suffix import group as groups
 from localspec.suffix.drafter import (
     LEVELS,
     MAX_HITS,
@@ -148,7 +150,7 @@ def test_merging_two_parts_is_a_stable_sort_of_both(a, b, big):
     """A few distinct keys, so most keys repeat: ``a``'s positions must stay before ``b``'s within a key."""
     shift = 28 if big else 0  # keys up to the top of the uint32 range
     pa, pb = _sorted_part([k << shift for k in a], 0), _sorted_part([k << shift for k in b], 1000)
-    keys, pos = suffix._merge(pa, pb)
+    keys, pos = hashing._merge(pa, pb)
     both_keys = np.concatenate([pa[0], pb[0]])
     order = np.argsort(both_keys, kind="stable")
     assert keys.dtype == np.uint32 and pos.dtype == np.int32
@@ -219,8 +221,8 @@ def test_withdrawn_requests_leave_the_index_as_if_never_added(history, n, merge_
 
 def test_hash_collisions_never_propose_a_wrong_continuation(monkeypatch):
     """With every n-gram hashing to the same key, only verified occurrences count."""
-    monkeypatch.setattr(suffix, "_mix_np", lambda x: np.zeros(x.shape, np.uint32))
-    monkeypatch.setattr(suffix, "_mix_py", lambda x: 0)
+    monkeypatch.setattr(hashing, "_mix_np", lambda x: np.zeros(x.shape, np.uint32))
+    monkeypatch.setattr(hashing, "_mix_py", lambda x: 0)
     rng = np.random.default_rng(1)
     for _ in range(30):
         history = [rng.integers(0, 3, int(rng.integers(0, 9))).tolist() for _ in range(2)]
@@ -234,13 +236,13 @@ def test_hash_collisions_never_propose_a_wrong_continuation(monkeypatch):
 
 # The lookup's fast paths against the plain search they replaced -------------------------------------
 def _plain_keys(tail):
-    """Every level's key at once, the way the index hashed its queries before :class:`suffix._Query`."""
+    """Every level's key at once, the way the index hashed its queries before :class:`hashing._Query`."""
     keys, h, power = {}, 0, 1
     for n in range(1, min(len(tail), LEVELS[-1]) + 1):
-        h = (h + (int(tail[-n]) + 1) * power) & suffix._M64
-        power = (power * suffix._BASE) & suffix._M64
-        if n in suffix._SALT:
-            keys[n] = suffix._mix_py(h ^ suffix._SALT[n])
+        h = (h + (int(tail[-n]) + 1) * power) & hashing._M64
+        power = (power * hashing._BASE) & hashing._M64
+        if n in hashing._SALT:
+            keys[n] = hashing._mix_py(h ^ hashing._SALT[n])
     return keys
 
 
@@ -287,27 +289,27 @@ def _plain_matches(ix, context, k):
         n, pos = _plain_occurrences(group, keys, tail)
         if n:
             idx = np.minimum(np.asarray(pos)[:, None] + np.arange(k), group.size - 1)
-            out.append((group.source, n, [suffix._until_separator(w) for w in group.buf[idx].tolist()]))
+            out.append((group.source, n, [index._until_separator(w) for w in group.buf[idx].tolist()]))
     return out
 
 
 def _weak_mix_np(x):
-    return ((x * np.uint64(suffix._MIX1)) >> np.uint64(61)).astype(np.uint32)
+    return ((x * np.uint64(hashing._MIX1)) >> np.uint64(61)).astype(np.uint32)
 
 
 def _weak_mix_py(x):
-    return ((x * suffix._MIX1) & suffix._M64) >> 61
+    return ((x * hashing._MIX1) & hashing._M64) >> 61
 
 
 def _top_mix_np(x):
     """Eight keys in the directory's last bucket, one of them 0xFFFFFFFF (which no search finds)."""
     return (
-        np.uint32(0xFFFFFFFF) - ((x * np.uint64(suffix._MIX1)) >> np.uint64(61)).astype(np.uint32)
+        np.uint32(0xFFFFFFFF) - ((x * np.uint64(hashing._MIX1)) >> np.uint64(61)).astype(np.uint32)
     ).astype(np.uint32)
 
 
 def _top_mix_py(x):
-    return 0xFFFFFFFF - (((x * suffix._MIX1) & suffix._M64) >> 61)
+    return 0xFFFFFFFF - (((x * hashing._MIX1) & hashing._M64) >> 61)
 
 
 _HASHES = {"strong": None, "weak": (_weak_mix_np, _weak_mix_py), "top": (_top_mix_np, _top_mix_py)}
@@ -338,10 +340,10 @@ def test_lookup_equals_the_plain_search(
     of the directory, the key 0xFFFFFFFF): the lookup gives what the plain search gives."""
     with pytest.MonkeyPatch.context() as mp:
         if _HASHES[weak_hash]:
-            mp.setattr(suffix, "_mix_np", _HASHES[weak_hash][0])
-            mp.setattr(suffix, "_mix_py", _HASHES[weak_hash][1])
-        mp.setattr(suffix, "_PY_LIVE", py_live)
-        mp.setattr(suffix, "_PY_WINDOWS", py_windows)
+            mp.setattr(hashing, "_mix_np", _HASHES[weak_hash][0])
+            mp.setattr(hashing, "_mix_py", _HASHES[weak_hash][1])
+        mp.setattr(index, "_PY_LIVE", py_live)
+        mp.setattr(groups, "_PY_WINDOWS", py_windows)
         ix = SuffixIndex(merge_at=merge_at)
         for r in history:
             ix.add_request(r)
@@ -358,8 +360,8 @@ def test_lookup_equals_the_plain_search_on_long_repetitive_streams(monkeypatch, 
     """The same at a scale hypothesis does not reach: thousands of occurrences per key in both parts,
     so only the most recent candidates of each part are looked at, with drafts accepted whole."""
     if weak_hash:
-        monkeypatch.setattr(suffix, "_mix_np", _weak_mix_np)
-        monkeypatch.setattr(suffix, "_mix_py", _weak_mix_py)
+        monkeypatch.setattr(hashing, "_mix_np", _weak_mix_np)
+        monkeypatch.setattr(hashing, "_mix_py", _weak_mix_py)
     rng = np.random.default_rng(7)
     motif = rng.integers(0, 50, 40)
     ix = SuffixIndex(merge_at=3000)
@@ -401,8 +403,8 @@ def test_lookup_survives_colliding_levels_near_the_start(monkeypatch):
     """A key shared by every level puts short-context positions in a long level's range: they never
     match (the gather this lookup replaced raised IndexError on them once a store had been loaded: its
     buffer is then no longer than its tokens)."""
-    monkeypatch.setattr(suffix, "_mix_np", lambda x: np.zeros(x.shape, np.uint32))
-    monkeypatch.setattr(suffix, "_mix_py", lambda x: 0)
+    monkeypatch.setattr(hashing, "_mix_np", lambda x: np.zeros(x.shape, np.uint32))
+    monkeypatch.setattr(hashing, "_mix_py", lambda x: 0)
     history = [1, 2, 1, 2, 1, 2, 1]
     ix = SuffixIndex()
     ix.add_request(history)
@@ -455,7 +457,7 @@ def test_kind_of_a_proposal():
     assert suffix.kind_of(p) == ("prompt", 0, False, 1)
     p = suffix.Proposal("corpus", 9, [5], [0.5], [(5, 5)])
     assert suffix.kind_of(p) == ("corpus", 2, True, 2)
-    assert suffix._POSITION[:9] == (0, 1, 2, 2, 3, 3, 3, 3, 4) and suffix._POSITION[-1] == 6
+    assert calibration._POSITION[:9] == (0, 1, 2, 2, 3, 3, 3, 3, 4) and calibration._POSITION[-1] == 6
 
 
 def test_tokens_outside_the_vocabulary_are_never_proposed():
@@ -671,8 +673,8 @@ def test_the_token_table_is_kept_from_request_to_request_forgetting_slowly(monke
     """A request starts from :meth:`carried_tokens` of the last one, as a new process starts from what the
     store saved: the prompt's table scaled down to at most TOKEN_TRIALS trials in all (its rates kept) and
     to its CARRIED_TOKENS most-reached tokens; the history's and corpus' tables are learnt afresh."""
-    monkeypatch.setattr(suffix, "TOKEN_TRIALS", 100)
-    monkeypatch.setattr(suffix, "CARRIED_TOKENS", 3)
+    monkeypatch.setattr(calibration, "TOKEN_TRIALS", 100)
+    monkeypatch.setattr(calibration, "CARRIED_TOKENS", 3)
     cells = [("prompt", t, float(10 * t), float(5 * t)) for t in range(1, 6)]  # 150 trials, 5 tokens
     cells += [("corpus", 9, 8.0, 2.0), ("history", 9, 8.0, 8.0)]
     d = SuffixDrafter(SuffixIndex(), tokens=cells)
@@ -785,7 +787,7 @@ def test_sampling_distribution_matches_target_with_suffix_drafts(embedded_pipe, 
     spec = _first_two(embedded_pipe, tokens, n, d)
     assert len(set(base)) > 5, "the distribution is too peaked for the test to mean anything"
     assert chi2_pvalue(base, spec) > 1e-3
-    monkeypatch.setattr("localspec.decoding.engine.accept_or_resample", lambda p, q, tok, rng: (True, tok))
+    monkeypatch.setattr("localspec.decoding.accept.accept_or_resample", lambda p, q, tok, rng: (True, tok))
     biased = _first_two(embedded_pipe, tokens, n, d)
     assert chi2_pvalue(base, biased) < 1e-3
 
