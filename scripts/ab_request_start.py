@@ -29,6 +29,7 @@ from localspec.bench.session_run import BASELINE, SessionConfig, _run_once, warm
 from localspec.bench.sessions import SESSION_WORKLOADS, load_session_workload
 from localspec.settings import DraftSettings
 from localspec.suffix import drafter as sx
+from localspec.suffix.calibration import CARRIED_SOURCES
 
 _CARRY = sx.SuffixDrafter.begin
 
@@ -40,7 +41,7 @@ def _all_kept(self: sx.SuffixDrafter, context: list[int]) -> None:
 
 def _prompt_kept(self: sx.SuffixDrafter, context: list[int]) -> None:
     self._watches = []
-    self.calibration = {k: v for k, v in self.calibration.items() if k[0][0] in sx.CARRIED_SOURCES}
+    self.calibration = {k: v for k, v in self.calibration.items() if k[0][0] in CARRIED_SOURCES}
     self.index.begin(context)
 
 

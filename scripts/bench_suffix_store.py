@@ -29,8 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 from localspec import constants  # noqa: E402
 from localspec.llama.sampling import SamplingParams  # noqa: E402
-from localspec.suffix.drafter import SuffixDrafter, SuffixIndex  # noqa: E402
-from localspec.suffix.store import SuffixStore, read_corpus  # noqa: E402
+from localspec.suffix.corpus import read_corpus  # noqa: E402
+from localspec.suffix.drafter import SuffixDrafter  # noqa: E402
+from localspec.suffix.index import SuffixIndex  # noqa: E402
+from localspec.suffix.store import SuffixStore  # noqa: E402
 
 
 def _source_tokens() -> np.ndarray:

@@ -33,7 +33,10 @@ from localspec.bench.replay import (
 from localspec.bench.sessions import SESSION_WORKLOADS, load_session_workload, run_session
 from localspec.decoding.costs import MachineCosts
 from localspec.decoding.drafters import Draft, NgramDrafter
-from localspec.suffix.drafter import DRAFT_MARGIN, PRIOR_TRUST, TOKEN_WEIGHT, SuffixDrafter, SuffixIndex
+from localspec.suffix.calibration import PRIOR_TRUST, TOKEN_WEIGHT
+from localspec.suffix.confidence import DRAFT_MARGIN
+from localspec.suffix.drafter import SuffixDrafter
+from localspec.suffix.index import SuffixIndex
 
 
 def record(a: argparse.Namespace) -> int:

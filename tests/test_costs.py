@@ -275,8 +275,9 @@ def test_cache_info_lists_the_kept_curves_and_clear_costs_has_them_measured_agai
 
 
 def test_clear_costs_leaves_the_suffix_store_and_clear_leaves_the_costs(tmp_path, monkeypatch):
-    from localspec.suffix.drafter import SuffixIndex
-    from localspec.suffix.store import SuffixStore, list_stores
+    from localspec.suffix.index import SuffixIndex
+    from localspec.suffix.store import SuffixStore
+    from localspec.suffix.store_info import list_stores
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     store = SuffixStore(None, "f" * 64, n_vocab=1000)

@@ -7,7 +7,8 @@ import pytest
 
 from localspec.bench.replay import Recorded, any_copy_ceiling, matched, recorded, replay, replay_request
 from localspec.decoding.drafters import Draft, NgramDrafter
-from localspec.suffix.drafter import SuffixDrafter, SuffixIndex
+from localspec.suffix.drafter import SuffixDrafter
+from localspec.suffix.index import SuffixIndex
 
 
 class Fixed:

@@ -17,10 +17,14 @@ import numpy as np
 import pytest
 
 from localspec.errors import CacheError
+from localspec.suffix import corpus, store_files, store_info, store_lock
 from localspec.suffix import drafter as suffix
-from localspec.suffix import store as storemod
-from localspec.suffix.drafter import CARRIED_TRIALS, SuffixDrafter, SuffixIndex, cells_from
-from localspec.suffix.store import SuffixStore, list_stores, namespace_for_key, store_path
+from localspec.suffix.calibration import CARRIED_TRIALS, cells_from
+from localspec.suffix.drafter import SuffixDrafter
+from localspec.suffix.index import SuffixIndex
+from localspec.suffix.store import SuffixStore
+from localspec.suffix.store_files import namespace_for_key, store_path
+from localspec.suffix.store_info import list_stores
 
 FP = "0123456789abcdef" * 4
 OTHER = "fedcba9876543210" * 4
@@ -125,9 +129,9 @@ def test_damaged_file_is_reported_in_one_line_and_ignored(tmp_path, damage, capl
 def _rewrite(path, mutate):
     """Change arrays or header of a store file and fix its checksums (a hostile but well-formed file)."""
     raw = path.read_bytes()
-    magic, version, n, _ = storemod._PREAMBLE.unpack_from(raw)
-    header = json.loads(raw[storemod._PREAMBLE.size : storemod._PREAMBLE.size + n])
-    start = storemod._aligned(storemod._PREAMBLE.size + n)
+    magic, version, n, _ = store_files._PREAMBLE.unpack_from(raw)
+    header = json.loads(raw[store_files._PREAMBLE.size : store_files._PREAMBLE.size + n])
+    start = store_files._aligned(store_files._PREAMBLE.size + n)
     payload = bytearray(raw[start:])
     arrays = {
         name: np.frombuffer(payload, dtype=dt, count=length, offset=off)
@@ -136,8 +140,8 @@ def _rewrite(path, mutate):
     mutate(header, {k: v.copy() for k, v in arrays.items()}, payload)
     header["payload_crc32"] = zlib.crc32(payload)
     blob = json.dumps(header).encode()
-    head = storemod._PREAMBLE.pack(magic, version, len(blob), zlib.crc32(blob)) + blob
-    head += bytes(storemod._aligned(len(head)) - len(head))
+    head = store_files._PREAMBLE.pack(magic, version, len(blob), zlib.crc32(blob)) + blob
+    head += bytes(store_files._aligned(len(head)) - len(head))
     path.write_bytes(head + bytes(payload))
 
 
@@ -223,7 +227,7 @@ def test_saves_after_the_first_append_to_a_journal_and_load_the_same_index(tmp_p
     for p in (s.path, s.journal_path):
         assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
     # the journal holds the requests (4 bytes a token), the snapshot was not rewritten
-    head = len(storemod._journal_header(FP, "default", "0" * 16))
+    head = len(store_files._journal_header(FP, "default", "0" * 16))
     assert s.journal_path.stat().st_size == head + sum(8 + 4 * len(r) for r in requests)
     assert os.stat(s.path).st_mtime_ns == snapshot.st_mtime_ns
     back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
@@ -237,7 +241,7 @@ def test_saves_after_the_first_append_to_a_journal_and_load_the_same_index(tmp_p
     (info,) = list_stores(tmp_path)
     assert info.history_requests == back.history_requests and info.history_tokens == back.history_tokens
     assert info.size_bytes == s.path.stat().st_size + size
-    assert len(storemod.clear(tmp_path)) == 2 and _files(tmp_path) == []
+    assert len(store_info.clear(tmp_path)) == 2 and _files(tmp_path) == []
 
 
 def test_a_loaded_store_appends_to_its_journal(tmp_path):
@@ -322,7 +326,7 @@ def test_damaged_journal_header_is_reported_and_the_snapshot_loads(tmp_path, dam
     else:
         blob = json.dumps({"fingerprint": FP, "namespace": "other", "snapshot_id": "x"}).encode()
         data = bytearray(
-            storemod._PREAMBLE.pack(storemod.JOURNAL_MAGIC, 1, len(blob), zlib.crc32(blob)) + blob
+            store_files._PREAMBLE.pack(store_files.JOURNAL_MAGIC, 1, len(blob), zlib.crc32(blob)) + blob
         )
     s.journal_path.write_bytes(bytes(data))
     st = SuffixStore(tmp_path, FP, n_vocab=1000)
@@ -334,13 +338,13 @@ def test_damaged_journal_header_is_reported_and_the_snapshot_loads(tmp_path, dam
     assert SuffixStore(tmp_path, FP, n_vocab=1000).load().history_requests == 4
 
 
-_PREAMBLE_SIZE = storemod._PREAMBLE.size
+_PREAMBLE_SIZE = store_files._PREAMBLE.size
 
 
 def test_journal_is_folded_into_the_snapshot_and_eviction_bounds_the_files(tmp_path, monkeypatch):
     """Appends until the journal would pass its share of the snapshot, then a new snapshot; with a
     history cap, eviction writes a new snapshot too: the files stay bounded however many requests."""
-    monkeypatch.setattr(storemod, "JOURNAL_MIN_TOKENS", 500)
+    monkeypatch.setattr(store_files, "JOURNAL_MIN_TOKENS", 500)
     s = SuffixStore(tmp_path, FP, max_tokens=3000)
     ix = s.load()
     rng = np.random.default_rng(2)
@@ -360,7 +364,7 @@ def test_journal_is_folded_into_the_snapshot_and_eviction_bounds_the_files(tmp_p
             back = SuffixStore(tmp_path, FP, max_tokens=3000).load()
             _same(ix, back)
     assert ix.history_tokens <= 3000 and len(snapshots) > 5
-    one = storemod.store_path(tmp_path, FP)
+    one = store_files.store_path(tmp_path, FP)
     assert largest < 2 * 60 * 3000 + 10_000  # ~60 bytes a token in the snapshot, at most the cap
     assert one == s.path
 
@@ -417,7 +421,7 @@ def test_a_corpus_indexed_by_another_process_is_kept_by_a_running_one(tmp_path):
     back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
     assert back.corpus_documents == 2 and _held(back) == [list(range(50)), list(range(60, 90))]
     # the same when the running process started from no store at all
-    storemod.clear(tmp_path)
+    store_info.clear(tmp_path)
     fresh = SuffixStore(tmp_path, FP, n_vocab=1000)
     empty = fresh.load()
     indexer = SuffixStore(tmp_path, FP, n_vocab=1000)  # another `localspec index` run
@@ -442,7 +446,7 @@ def test_a_cleared_cache_is_forgotten_by_a_running_process_too(tmp_path):
     """``localspec cache clear`` while a server runs: the server forgets what it held at its next save
     (the request just finished included) and writes nothing of it back; later requests are stored."""
     s, ix, _ = _journaled(tmp_path, n_appended=2)
-    storemod.clear(tmp_path)
+    store_info.clear(tmp_path)
     ix.add_request([4, 4])
     assert s.save(ix) and s.problem is None
     assert _files(tmp_path) == [] and ix.history_requests == 0 and ix.corpus_tokens == 0
@@ -499,13 +503,13 @@ def _in_sync(s: SuffixStore, ix: SuffixIndex) -> None:
     says, and the journal's records are the index's last requests."""
     synced = s._synced
     assert synced is not None and synced.history() is ix.history and synced.added == ix.history_added
-    assert storemod._identity(os.stat(s.path)) == synced.snapshot
+    assert store_files._identity(os.stat(s.path)) == synced.snapshot
     if synced.journal is None:
         assert not s.journal_path.exists() and synced.journal_tokens == 0
         return
     st = os.stat(s.journal_path)
     assert (st.st_dev, st.st_ino) == synced.journal and st.st_size == synced.journal_end
-    records, end = storemod._parse_journal(
+    records, end = store_files._parse_journal(
         s.journal_path.read_bytes(), FP, "default", synced.snapshot_id, 1000
     )
     assert end == st.st_size and synced.journal_tokens == sum(r.size for r in records)
@@ -525,7 +529,7 @@ def test_a_save_after_another_writers_append_reads_only_its_new_records(tmp_path
     ix_b = b.load()
     snapshot = os.stat(a.path)
     on_disk = [list(range(100, 300))]
-    head = len(storemod._journal_header(FP, "default", "0" * 16))
+    head = len(store_files._journal_header(FP, "default", "0" * 16))
     rng = np.random.default_rng(3)
     for _ in range(6):
         for s, ix in ((a, ix_a), (b, ix_b)):
@@ -553,7 +557,7 @@ def test_interleaved_saves_of_two_writers_keep_every_request_in_disk_order(tmp_p
     snapshots now and then, a corpus set): a fresh load holds every request of both in the order they
     reached the files, and equals the last saver's index; a store loads the files whole only after the
     other wrote a snapshot."""
-    monkeypatch.setattr(storemod, "JOURNAL_MIN_TOKENS", 300)  # a new snapshot every ten requests or so
+    monkeypatch.setattr(store_files, "JOURNAL_MIN_TOKENS", 300)  # a new snapshot every ten requests or so
     stores = [_Counting(tmp_path, FP, n_vocab=1000) for _ in range(2)]
     indexes = [s.load() for s in stores]
     pending: list[list[list[int]]] = [[], []]
@@ -570,13 +574,13 @@ def test_interleaved_saves_of_two_writers_keep_every_request_in_disk_order(tmp_p
             pending[w].append(request)
         if step % 37 == 36:
             ix.set_corpus([rng.integers(0, 1000, 30).tolist()])  # `localspec index`: a new snapshot
-        before = storemod._identity(os.stat(s.path)) if s.path.exists() else None
+        before = store_files._identity(os.stat(s.path)) if s.path.exists() else None
         assert s.save(ix) and s.problem is None
         on_disk += pending[w]
         pending[w] = []
         loads[w] += stale[w]
         stale[w] = False
-        if storemod._identity(os.stat(s.path)) != before:
+        if store_files._identity(os.stat(s.path)) != before:
             stale[1 - w] = True
             snapshots += 1
         assert s.loads == loads[w], step
@@ -606,7 +610,7 @@ def test_files_another_writer_rewrote_are_loaded_whole(tmp_path, change):
         assert a.save(ix_a) and not a.journal_path.exists()
         want = [list(range(50)), [1, 1, 1], [2, 2]]
     elif change == "journal-replaced":  # the same bytes and a record more, under another inode
-        data = a.journal_path.read_bytes() + storemod._record(np.array([2, 2]))
+        data = a.journal_path.read_bytes() + store_files._record(np.array([2, 2]))
         tmp = tmp_path / "swap"
         tmp.write_bytes(data)
         os.chmod(tmp, 0o600)
@@ -666,7 +670,7 @@ def test_a_damaged_record_another_writer_appended_is_handled_as_at_load(tmp_path
 
 def _save_many(directory: str, who: int, n: int, start, out) -> None:
     """One of two processes saving at once (:func:`test_two_processes_saving_at_once_lose_nothing`)."""
-    storemod.JOURNAL_MIN_TOKENS = 400  # snapshots under contention too, every ten requests or so
+    store_files.JOURNAL_MIN_TOKENS = 400  # snapshots under contention too, every ten requests or so
     s = SuffixStore(directory, FP, n_vocab=1000)
     ix = s.load()
     start.wait()
@@ -717,7 +721,7 @@ def test_a_save_waits_a_bounded_time_for_a_held_lock_then_skips(tmp_path, monkey
     requests the skipped ones did not."""
     import fcntl
 
-    monkeypatch.setattr(storemod, "LOCK_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(store_lock, "LOCK_WAIT_SECONDS", 0.5)
     s = SuffixStore(tmp_path, FP, n_vocab=1000)
     ix = s.load()
     ix.add_request([1, 2, 3])
@@ -754,15 +758,15 @@ def test_clear_waits_for_a_save_in_flight_and_deletes_what_it_wrote(tmp_path):
     ix = s.load()
     ix.add_request([1, 2, 3])
     assert s.save(ix)
-    fd = storemod._take_lock(s.lock_path, 1.0)  # a save in flight
+    fd = store_lock._take_lock(s.lock_path, 1.0)  # a save in flight
     assert fd is not None
     result: list[list[Path]] = []
-    clearing = threading.Thread(target=lambda: result.append(storemod.clear(tmp_path)))
+    clearing = threading.Thread(target=lambda: result.append(store_info.clear(tmp_path)))
     clearing.start()
     time.sleep(0.3)
     assert clearing.is_alive() and s.path.exists(), "clear waits for the save"
     s.journal_path.write_bytes(b"written by the save in flight")
-    storemod._release_lock(s.lock_path, fd)
+    store_lock._release_lock(s.lock_path, fd)
     clearing.join(5)
     assert not clearing.is_alive()
     assert s.journal_path in result[0] and _files(tmp_path) == []
@@ -772,7 +776,7 @@ def test_clear_waits_for_a_save_in_flight_and_deletes_what_it_wrote(tmp_path):
 def test_clear_refuses_a_store_locked_past_the_wait_naming_it(tmp_path, monkeypatch):
     import fcntl
 
-    monkeypatch.setattr(storemod, "LOCK_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(store_lock, "LOCK_WAIT_SECONDS", 0.2)
     s = SuffixStore(tmp_path, FP, n_vocab=1000)
     ix = s.load()
     ix.add_request([1, 2, 3])
@@ -781,12 +785,12 @@ def test_clear_refuses_a_store_locked_past_the_wait_naming_it(tmp_path, monkeypa
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # a stuck process
         with pytest.raises(CacheError) as err:
-            storemod.clear(tmp_path)
+            store_info.clear(tmp_path)
         assert s.path.name in str(err.value) and err.value.hint and "stop" in err.value.hint
         assert s.path.exists()
     finally:
         os.close(fd)
-    assert s.path in storemod.clear(tmp_path) and _files(tmp_path) == []
+    assert s.path in store_info.clear(tmp_path) and _files(tmp_path) == []
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="no fcntl: saves go on unlocked")
@@ -819,7 +823,7 @@ def test_lock_file_is_0600_never_followed_and_not_a_store(tmp_path, caplog):
     s.lock_path.write_bytes(b"")
     (info,) = list_stores(tmp_path)
     assert info.path == s.path and info.problem is None
-    assert s.lock_path in storemod.clear(tmp_path) and _files(tmp_path) == []
+    assert s.lock_path in store_info.clear(tmp_path) and _files(tmp_path) == []
 
 
 def test_version_1_store_is_ignored_with_a_clear_reason(tmp_path):
@@ -837,10 +841,12 @@ def test_version_1_store_is_ignored_with_a_clear_reason(tmp_path):
 _WRITER = textwrap.dedent(
     """
     import sys, numpy as np
-    from localspec.suffix import store
+    from localspec.suffix import store_files
     from localspec.suffix.store import SuffixStore
-    from localspec.suffix.drafter import CARRIED_TRIALS, SuffixDrafter, SuffixIndex, cells_from
-    store.JOURNAL_MIN_TOKENS = 2000  # a new 15 MB snapshot every 20 saves, appends to the journal between
+    from localspec.suffix.calibration import CARRIED_TRIALS, cells_from
+    from localspec.suffix.drafter import SuffixDrafter
+    from localspec.suffix.index import SuffixIndex
+    store_files.JOURNAL_MIN_TOKENS = 2000  # a new snapshot every 20 saves, appends to the journal between
     s = SuffixStore(sys.argv[1], sys.argv[2])
     rng = np.random.default_rng(0)
     ix = SuffixIndex()
@@ -943,10 +949,12 @@ def test_list_and_clear(tmp_path):
     assert good.fingerprint == FP and good.history_requests == 20 and good.history_tokens == 6000
     assert good.corpus_documents == 3 and good.size_bytes > 0 and good.problem is None
     assert infos["junk.lsstore"].problem
-    assert good.size_bytes == good.path.stat().st_size + storemod.calibration_path(good.path).stat().st_size
-    gone = storemod.clear(tmp_path)
+    assert (
+        good.size_bytes == good.path.stat().st_size + store_files.calibration_path(good.path).stat().st_size
+    )
+    gone = store_info.clear(tmp_path)
     assert len(gone) == 4 and list_stores(tmp_path) == [] and not list(tmp_path.iterdir())
-    assert storemod.clear(tmp_path / "none") == []
+    assert store_info.clear(tmp_path / "none") == []
 
 
 CELLS = [("history", 4, True, 0, 3, 12.0, 11.0), ("prompt", 0, False, 2, 0, 40.0, 9.0)]
@@ -1015,7 +1023,7 @@ def test_the_largest_token_table_a_drafter_carries_fits_a_calibration_file(tmp_p
     assert len(carried) == suffix.CARRIED_TOKENS  # the prompt's table alone carries on
     s = SuffixStore(tmp_path, FP, n_vocab=n_vocab)
     assert s.save(_index(), CELLS, big)  # even every source's (as a file may hold) fits
-    assert s.calibration_path.stat().st_size < storemod.MAX_CALIBRATION_BYTES
+    assert s.calibration_path.stat().st_size < store_files.MAX_CALIBRATION_BYTES
     again = SuffixStore(tmp_path, FP, n_vocab=n_vocab)
     again.load()
     assert again.problem is None and len(again.tokens) == len(big)
@@ -1031,7 +1039,7 @@ def test_a_running_drafter_forgets_its_calibration_when_the_cache_is_cleared(tmp
     kept = SuffixStore(tmp_path, FP)
     kept.load()
     assert kept.calibration == [CELLS[1]]
-    storemod.clear(tmp_path)
+    store_info.clear(tmp_path)
     drafter.begin([5, 6])
     drafter.finish([5, 6, 7])
     assert drafter.calibration == {} and drafter.index.forgotten == 1 and _files(tmp_path) == []
@@ -1063,7 +1071,7 @@ def test_carried_calibration_is_the_prompts_scaled_down_to_a_few_trials_keeping_
 
 
 def _calibration_file(**changes) -> bytes:
-    doc = {"format": storemod.CALIBRATION_FORMAT, "version": 1, "fingerprint": FP, "namespace": "default"}
+    doc = {"format": store_files.CALIBRATION_FORMAT, "version": 1, "fingerprint": FP, "namespace": "default"}
     return json.dumps(doc | {"cells": []} | changes).replace('"NaN"', "NaN").encode()
 
 
@@ -1077,7 +1085,7 @@ def _calibration_file(**changes) -> bytes:
         _calibration_file(fingerprint=OTHER),
         _calibration_file(namespace="x"),
         _calibration_file(cells={}),
-        b" " * (storemod.MAX_CALIBRATION_BYTES + 1),
+        b" " * (store_files.MAX_CALIBRATION_BYTES + 1),
     ]
     + [
         _calibration_file(cells=[cell])
@@ -1168,15 +1176,15 @@ def test_read_corpus_skips_what_is_not_text(tmp_path):
     (src / "big.txt").write_text("x" * 2000)
     (src / "link.py").symlink_to(tmp_path / "outside.py")
     (tmp_path / "outside.py").write_text("secret = 1\n")
-    scan = storemod.read_corpus(src, max_file_bytes=1000)
+    scan = corpus.read_corpus(src, max_file_bytes=1000)
     assert [p for p, _ in scan.files] == ["notes.md", os.path.join("pkg", "a.py")]
     assert scan.skipped["binary"] == 1 and scan.skipped["not UTF-8 text"] == 1
     assert scan.skipped["symlink or special file"] == 1 and scan.skipped["hidden or build folder"] == 2
-    assert storemod.read_corpus(src, max_files=1).stopped
+    assert corpus.read_corpus(src, max_files=1).stopped
     with pytest.raises(CacheError):
-        storemod.read_corpus(tmp_path / "missing")
+        corpus.read_corpus(tmp_path / "missing")
     with pytest.raises(CacheError):
-        storemod.read_corpus(src / "notes.md")
+        corpus.read_corpus(src / "notes.md")
 
 
 def test_index_info_clear_commands(tmp_path):
@@ -1248,8 +1256,8 @@ def _flip_middle(path: Path) -> None:
     """Two bytes flipped in the middle of the payload (of the file, for a store of some size): the header,
     checksummed apart, stays intact."""
     data = bytearray(path.read_bytes())
-    _, _, n, _ = storemod._PREAMBLE.unpack_from(data)
-    mid = (storemod._aligned(storemod._PREAMBLE.size + n) + len(data)) // 2
+    _, _, n, _ = store_files._PREAMBLE.unpack_from(data)
+    mid = (store_files._aligned(store_files._PREAMBLE.size + n) + len(data)) // 2
     data[mid] ^= 0xFF
     data[mid + 1] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -1316,7 +1324,7 @@ def test_list_stores_checks_what_a_load_checks(tmp_path):
     os.replace(moved.path, tmp_path / moved.path.name.replace("-a.", "-b."))
     s, _, requests = _journaled(tmp_path / "j")
     raw = bytearray(s.journal_path.read_bytes())
-    raw[storemod._PREAMBLE.size + 2] ^= 0x01  # the journal's header
+    raw[store_files._PREAMBLE.size + 2] ^= 0x01  # the journal's header
     s.journal_path.write_bytes(bytes(raw))
     infos = {i.path.name: i for i in list_stores(tmp_path)}
     assert infos[bad.path.name].problem == "its history index points outside its tokens"
@@ -1330,13 +1338,15 @@ def test_the_embedded_targets_store_in_the_default_folder_is_indexed_again_by_th
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
-    fp = storemod._embedded_fingerprint()
+    fp = store_info._embedded_fingerprint()
     assert fp
-    info = storemod.StoreInfo(store_path(storemod.default_dir(), fp), 1, fingerprint=fp, namespace="default")
+    info = store_info.StoreInfo(
+        store_path(store_files.default_dir(), fp), 1, fingerprint=fp, namespace="default"
+    )
     info.corpus_root = str(tmp_path / "my proj")
-    assert storemod.reindex_command(info) == f"localspec index '{tmp_path / 'my proj'}'"
+    assert store_info.reindex_command(info) == f"localspec index '{tmp_path / 'my proj'}'"
     info.namespace = "key-0123456789abcdef"
-    assert storemod.reindex_command(info).endswith(" --namespace key-0123456789abcdef")
+    assert store_info.reindex_command(info).endswith(" --namespace key-0123456789abcdef")
 
 
 def test_cache_info_and_index_on_a_damaged_store(tmp_path):

@@ -13,7 +13,7 @@ import localspec
 from localspec.decoding.costs import MachineCosts, linear_costs
 from localspec.decoding.routing import route
 from localspec.settings import LOOKUP_N_MAX, STRATEGIES
-from localspec.suffix.store import list_stores
+from localspec.suffix.store_info import list_stores
 
 CODE = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n\ndef fact(n):"
 

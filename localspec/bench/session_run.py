@@ -35,7 +35,7 @@ from typing import Any
 from localspec.bench.report import NOISE_MARGIN
 from localspec.bench.sessions import SessionWorkload, corpus_files, load_session_workload, run_session
 from localspec.settings import DraftSettings
-from localspec.suffix.drafter import TOKEN_WEIGHT, Cell, TokenCell
+from localspec.suffix.calibration import TOKEN_WEIGHT, Cell, TokenCell
 
 BASELINE = DraftSettings(strategy="none")
 

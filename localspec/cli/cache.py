@@ -15,6 +15,7 @@ from localspec import constants
 from localspec.decoding import costs as costsmod
 from localspec.errors import CacheError, LocalspecError, ModelNotFoundError
 from localspec.llama import build as llama_build
+from localspec.suffix import corpus, store_files, store_info
 from localspec.suffix import store as storemod
 from localspec.units import format_bytes
 
@@ -34,8 +35,8 @@ def info(directory: str | None) -> None:
     Each store is checked as a run's load checks it (its checksums and structure: about 66 ms for a
     million tokens), so one the next run would ignore is shown as unusable, with what it held and what to do.
     """
-    where = Path(directory) if directory else storemod.default_dir()
-    stores = storemod.list_stores(where)
+    where = Path(directory) if directory else store_files.default_dir()
+    stores = store_info.list_stores(where)
     if not stores:
         click.echo(f"No suffix cache in {where}.")
     for s in stores:
@@ -53,8 +54,8 @@ def info(directory: str | None) -> None:
             )
         if s.problem:
             click.echo(
-                f"  -> the next run ignores it: {storemod.what_is_lost(s)}; its next save replaces the file "
-                f"(`{_clear_command(directory)}` deletes it now)"
+                f"  -> the next run ignores it: {store_info.what_is_lost(s)}; its next save replaces the "
+                f"file (`{_clear_command(directory)}` deletes it now)"
             )
         elif s.journal_problem:
             click.echo(
@@ -144,8 +145,8 @@ def clear(yes: bool, directory: str | None, costs: bool) -> None:
                 "the next load of a quantized model with this build runs the check again."
             )
         return
-    where = Path(directory) if directory else storemod.default_dir()
-    stores = storemod.list_stores(where)
+    where = Path(directory) if directory else store_files.default_dir()
+    stores = store_info.list_stores(where)
     if not stores:
         click.echo(f"No suffix cache in {where}.")
         return
@@ -162,7 +163,7 @@ def clear(yes: bool, directory: str | None, costs: bool) -> None:
     if not sure:
         click.echo("Nothing deleted.")
         return
-    gone = storemod.clear(where)
+    gone = store_info.clear(where)
     click.echo(
         f"Deleted {len(gone)} file(s) from {where}. A localspec server or web UI that is running forgets "
         "what it held, its corpus too, at the end of its next request (restart it to index --corpus again)."
@@ -172,7 +173,7 @@ def clear(yes: bool, directory: str | None, costs: bool) -> None:
 def _check_namespace(value: str) -> str:
     """``--namespace`` as a store file name takes it (a usage error otherwise)."""
     try:
-        storemod.store_path(".", "0" * 16, value)
+        store_files.store_path(".", "0" * 16, value)
     except CacheError as exc:
         raise click.BadParameter(f"{exc.message}: {exc.hint}", param_hint="'--namespace'") from None
     return value
@@ -192,14 +193,14 @@ def _check_namespace(value: str) -> str:
 @click.option(
     "--max-files",
     type=click.IntRange(1, 100_000),
-    default=storemod.MAX_CORPUS_FILES,
+    default=corpus.MAX_CORPUS_FILES,
     show_default=True,
     help="Stop after this many files.",
 )
 @click.option(
     "--max-mb",
     type=click.IntRange(1, 1000),
-    default=storemod.MAX_CORPUS_BYTES // 1_000_000,
+    default=corpus.MAX_CORPUS_BYTES // 1_000_000,
     show_default=True,
     help="Stop after this many megabytes of text.",
 )
@@ -221,7 +222,7 @@ def index(
     vocab = fingerprint(read_metadata(model))
     if not vocab.fingerprint:
         raise CacheError(f"{model} has no vocabulary", hint="pass the target model the corpus is for")
-    scan = storemod.read_corpus(folder, max_files=max_files, max_bytes=max_mb * 1_000_000)
+    scan = corpus.read_corpus(folder, max_files=max_files, max_bytes=max_mb * 1_000_000)
     if not scan.files:
         why = ", ".join(f"{n} {k}" for k, n in sorted(scan.skipped.items())) or "it is empty"
         raise CacheError(

@@ -61,7 +61,7 @@ def serve(
     """
     from localspec import constants
     from localspec.serve.app import ServeOptions, exposure_line, serve
-    from localspec.suffix.store import namespace_for_key
+    from localspec.suffix.store_files import namespace_for_key
 
     preset, target = model["preset"], model["target"]
     aliases = (preset,) if preset else ((constants.EMBEDDED_PRESET,) if target is None else ())
