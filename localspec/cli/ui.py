@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import click
 
 from localspec.cli.options import shared_options
+from localspec.cli.window import check_window_possible, open_window
 from localspec.serve.exposure import check_exposure
 
 DEFAULT_PORT = 7860
@@ -112,6 +113,12 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     help="Allow a non-local --host or --share WITHOUT a login (only on a network you trust).",
 )
 @click.option("--no-browser", is_flag=True, help="Do not open the page in the default browser.")
+@click.option(
+    "--window",
+    is_flag=True,
+    help="Show the page in a native desktop window instead of a browser; closing it stops the server "
+    '(needs the "desktop" extra: pip install "localspec[desktop]").',
+)
 @shared_options("threads")
 def ui(
     host: str,
@@ -120,6 +127,7 @@ def ui(
     auth: str | None,
     insecure_no_auth: bool,
     no_browser: bool,
+    window: bool,
     threads: int | None,
 ) -> None:
     """Open the web UI: pick a pair, watch the draft's tokens, compare speed and memory, bench."""
@@ -131,16 +139,37 @@ def ui(
         insecure_no_auth=insecure_no_auth,
         public_link=share,
     )
+    webview = check_window_possible() if window else None  # before anything starts: one line if not
     port = choose_port(host, port)
-    open_browser, why_not = should_open_browser(no_browser)
+    open_browser, why_not = should_open_browser(no_browser or window)
     from localspec.ui.app import launch
 
     url_host = f"[{host}]" if ":" in host else host
+    url = f"http://{url_host}:{port}"
     click.echo(exposure)
-    click.echo(f"localspec UI on http://{url_host}:{port}  (Ctrl+C to stop)")
+    if webview is not None:
+        click.echo(f"localspec UI on {url}, in a window (close it to stop)")
+        launch(host=host, port=port, share=share, auth=credentials, block=False, n_threads=threads)
+        open_window(webview, _local_url(host, port), on_closed=_stop_servers)
+        click.echo("window closed: server stopped")
+        return
+    click.echo(f"localspec UI on {url}  (Ctrl+C to stop)")
     if not open_browser:
         click.echo(f"(not opening a browser: {why_not})")
     launch(host=host, port=port, share=share, auth=credentials, open_browser=open_browser, n_threads=threads)
+
+
+def _local_url(host: str, port: int) -> str:
+    """The address the window opens: the server's own, or loopback when it listens on every address."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+
+def _stop_servers() -> None:
+    import gradio
+
+    gradio.close_all()
 
 
 COMMANDS = [ui]
