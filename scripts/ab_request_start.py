@@ -13,7 +13,8 @@ generation tokens/s over the target alone's:
 - ``all kept``: what it did before 2026-12-01 (a request started from everything the process had learnt);
 - ``prompt kept``: history and corpus cells afresh per request, the prompt's cells kept unscaled.
 
-The other two replace ``SuffixDrafter.begin`` for their runs only; published in docs/bench.md.
+The other two replace ``SuffixDrafter.begin`` for their runs only; published in
+docs/archive/bench-notebook.md.
 """
 
 from __future__ import annotations

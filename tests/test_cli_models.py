@@ -123,7 +123,8 @@ def test_pair_ranking(tmp_path):
 
 
 def test_scan_shows_the_shipped_pairs_file_names_whole(tmp_path):
-    """docs/models.md shows the Qwen pair's names whole: the FILE column drops `.gguf`, so they fit."""
+    """docs/models-and-pairing.md shows the Qwen pair's names whole: the FILE column drops `.gguf`, so they
+    fit."""
     d = tmp_path / "m"
     d.mkdir()
     names = ["qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]

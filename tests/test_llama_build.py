@@ -1,6 +1,7 @@
 """The AMX check: a llama.cpp build whose AMX kernels crash here gets a clear error, not a dead process.
 
-The crash itself needs an AMX build on a machine where it crashes (docs/bench.md: this project's Xeon VM);
+The crash itself needs an AMX build on a machine where it crashes (docs/archive/bench-notebook.md: an Intel
+Xeon with AMX);
 here the child process is real and its outcome is chosen: killed by a signal, exited, succeeded.
 """
 
