@@ -766,14 +766,14 @@ def test_bench_help_shows_the_ranges():
 def no_model_loads(monkeypatch):
     """Every way `bench` reaches a model raises, so a refusal that came late shows as exit 1, not 2."""
     import localspec
-    from localspec.pipeline import api
+    from localspec.pipeline import loading
 
     def no_load(*a, **k):
         raise AssertionError("a model was loaded for an invalid option")
 
     for module, name in [
         (localspec, "load"),
-        (api, "load"),
+        (loading, "load"),
         (bench, "open_pipeline"),
         (bench, "benchmark"),
         (tune, "open_pipeline"),

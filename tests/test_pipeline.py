@@ -477,8 +477,8 @@ def test_the_pipeline_says_where_each_model_runs(embedded_pipe, monkeypatch):
     assert r.stats.placement == embedded_pipe.placement
     assert f"runs on target {expected}, draft {expected}" in r.stats.summary_line()
     seen = []
-    monkeypatch.setattr("localspec.pipeline.api.supports_gpu_offload", lambda: True)
-    monkeypatch.setattr("localspec.pipeline.api.Model", lambda path, **kw: seen.append(kw) or _raise())
+    monkeypatch.setattr("localspec.pipeline.pipeline.supports_gpu_offload", lambda: True)
+    monkeypatch.setattr("localspec.pipeline.pipeline.Model", lambda path, **kw: seen.append(kw) or _raise())
     with pytest.raises(_Stop):
         localspec.load(n_threads=2)
     with pytest.raises(_Stop):
@@ -584,17 +584,17 @@ def test_chat_checks_its_messages_as_the_server_does(embedded_pipe):
 
 
 def test_the_one_line_api_loads_again_when_its_pipeline_was_closed():
-    from localspec.pipeline import api
+    from localspec.pipeline import loading
 
     first = localspec.generate("def f():", max_tokens=4, n_ctx=512)
-    (pipe,) = api._CACHE.values()
+    (pipe,) = loading._CACHE.values()
     pipe.close()  # e.g. a library that closes what it was handed
     assert pipe.closed
     again = localspec.generate("def f():", max_tokens=4, n_ctx=512)
     assert str(again) == str(first)
-    for p in api._CACHE.values():
+    for p in loading._CACHE.values():
         p.close()
-    api._CACHE.clear()
+    loading._CACHE.clear()
 
 
 @pytest.mark.parametrize("name", ["target", "draft", "preset"])

@@ -193,7 +193,7 @@ def open_pipeline(
     n_max: int | None = None,
     p_min: float | None = None,
 ) -> Any:
-    from localspec.pipeline.api import load
+    from localspec.pipeline.loading import load
 
     return load(
         target=target,

@@ -1,0 +1,282 @@
+"""``load()`` and ``generate()``: what to run resolved, checked and loaded into a :class:`Pipeline`.
+
+Resolving what to run happens here: a preset (downloaded on first use), explicit paths, or the embedded
+pair; the draft as a path, ``"ngram"``, ``"none"`` or ``None`` (automatic pairing: the best compatible
+draft the scanner finds). A pair is checked from the GGUF headers before anything loads.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+
+from localspec import constants
+from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
+from localspec.gguf.pairing import check_pair
+from localspec.pipeline.pipeline import Pipeline
+from localspec.pipeline.results import GenerationResult
+from localspec.settings import LOOKUP_N_MAX, MODEL_STRATEGIES, SUFFIX_STRATEGIES, DraftSettings
+
+
+def _check_file(path: str | os.PathLike, role: str) -> Path:
+    """``path`` when it names a regular file; else what it is instead (``Path.is_file`` says False for a
+    folder or a symlink loop, and raises for a name too long for the file system)."""
+    p = Path(path).expanduser()
+    scan_hint = "check the path, or run `localspec scan` to list the GGUF models on this machine"
+    try:
+        mode = p.stat().st_mode
+    except OSError as exc:
+        problem = {
+            errno.ENOENT: "no such file",
+            errno.ENOTDIR: "no such file (a part of the path is not a folder)",
+            errno.ELOOP: "is a symlink loop (a link that points back to itself)",
+            errno.ENAMETOOLONG: "the path is too long for this file system",
+        }.get(exc.errno or 0, f"cannot be read ({exc.strerror or exc})")
+        raise ModelNotFoundError(f"{role} model {_short(p)}: {problem}", hint=scan_hint) from None
+    if stat.S_ISDIR(mode):
+        raise ModelNotFoundError(
+            f"{role} model {_short(p)} is a folder, not a GGUF file",
+            hint=f"give the .gguf file inside it (`localspec scan {_short(p)}` lists them)",
+        )
+    if not stat.S_ISREG(mode):
+        raise ModelNotFoundError(
+            f"{role} model {_short(p)} is not a regular file (a FIFO, socket or device)", hint=scan_hint
+        )
+    return p
+
+
+def _short(p: Path) -> str:
+    """A path for a message: a very long one shortened in the middle."""
+    text = str(p)
+    return text if len(text) <= 200 else f"{text[:90]}...{text[-90:]}"
+
+
+def _auto_draft(target: Path) -> tuple[Path | None, str]:
+    """The best compatible draft the scanner finds for ``target``, or None, with the reason."""
+    if target.resolve() == constants.EMBEDDED_TARGET.resolve():
+        return constants.EMBEDDED_DRAFT, "embedded pair: its own draft"
+    try:
+        from localspec.gguf.scan import find_drafts
+
+        ranked = [r for r in find_drafts(target) if r.fits]
+    except (LocalspecError, OSError) as exc:
+        return None, f"automatic pairing failed ({exc}); running the target alone"
+    if not ranked:
+        folders = [str(d) for d in constants.default_scan_dirs()] + [f"{target.parent} (the target's)"]
+        return None, (
+            f"no compatible draft found in {', '.join(folders)}; running the target alone: "
+            "n-gram lookup needs no draft model (--draft ngram, or draft='ngram' in Python)"
+        )
+    best = ranked[0]
+    return Path(best.model.path), f"automatic pairing picked {Path(best.model.path).name}: {best.why}"
+
+
+def _preset_settings(ds: object) -> DraftSettings:
+    """A preset's ``[draft]`` table as :class:`DraftSettings` (same field names), validated."""
+    if isinstance(ds, DraftSettings):
+        return ds
+    return DraftSettings(
+        **{f.name: getattr(ds, f.name) for f in fields(DraftSettings) if hasattr(ds, f.name)}
+    )
+
+
+def load(
+    target: str | os.PathLike | None = None,
+    draft: str | os.PathLike | None = None,
+    preset: str | None = None,
+    *,
+    n_ctx: int | None = None,
+    n_threads: int | None = None,
+    n_gpu_layers: int | None = None,
+    draft_n_threads: int | None = None,
+    draft_n_gpu_layers: int | None = None,
+    strategy: str | None = None,
+    n_max: int | None = None,
+    n_min: int | None = None,
+    p_min: float | None = None,
+    adaptive: bool | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    suffix_store: bool = True,
+    corpus: str | os.PathLike | None = None,
+    store_namespace: str = "default",
+) -> Pipeline:
+    """Load a target and a draft (or a model-free drafter) into a reusable :class:`Pipeline`.
+
+    The draft settings come from the preset (its ``[draft]`` table, strategy included), then ``draft``,
+    then the explicit arguments, each overriding the one before. A draft model is loaded only when the
+    resulting strategy uses it.
+
+    Args:
+        target: the target GGUF; None (and no ``preset``): the embedded pair.
+        draft: a draft GGUF, ``"ngram"`` or ``"none"`` (a strategy without a draft model), or ``"auto"``
+            / None: the preset's draft, else automatic pairing (the best compatible draft the scanner
+            finds).
+        preset: a preset name (downloaded on first use); not with ``target``.
+        n_ctx: the context; None: the preset's, else the default. Lowered to the target's trained
+            context when it asks for more.
+        n_threads: CPU threads of the target (None: the default for this machine).
+        n_gpu_layers: layers of the target on a GPU; None: all when llama.cpp can offload, else none.
+        draft_n_threads: CPU threads of the draft (None: the target's).
+        draft_n_gpu_layers: layers of the draft on a GPU, as ``n_gpu_layers``.
+        strategy: the drafting strategy (see :class:`DraftSettings`).
+        n_max: the longest draft.
+        n_min: the draft model drafts at least this many tokens before ``p_min`` may stop it.
+        p_min: the draft model's top probability below which its draft stops.
+        adaptive: let the adaptive controller pick the draft model's lengths.
+        progress: called as ``progress(what, done, total)`` while a preset downloads.
+        suffix_store: for the ``suffix``/``model+suffix``/``auto`` strategies, keep what earlier
+            requests wrote in a store on disk (per target vocabulary and ``store_namespace``, mode 0600) so
+            a new process drafts from it too; False keeps it in memory for this pipeline only.
+        corpus: a folder whose text files the suffix cache drafts from (tokenized once at the first
+            suffix generation).
+        store_namespace: the store's namespace (1-64 letters, digits, ``.``, ``_`` or ``-``).
+
+    Returns:
+        The loaded :class:`Pipeline` (close it, or use it as a context manager, to free the models).
+
+    Raises:
+        SettingsError: an empty ``target``/``draft``/``preset``, or settings out of range.
+        ValueError: both ``preset`` and ``target``.
+        ModelNotFoundError: a model file that is missing, a folder, or not a regular file.
+        LocalspecError: any other reason the pair cannot load (an incompatible pair, an unknown preset,
+            a failed download, a namespace no file can be named by, ...), with a hint.
+    """
+    settings = DraftSettings()
+    note = ""
+    for name, value in (("target", target), ("draft", draft), ("preset", preset)):
+        if isinstance(value, str) and not value.strip():  # Path("") is ".", the current folder
+            raise SettingsError(
+                f"{name} is an empty string",
+                hint="give a path" + (", 'ngram', 'none' or 'auto'" if name == "draft" else "")
+                if name != "preset"
+                else "give a preset name (`localspec presets` lists them)",
+            )
+    if preset is None and target is None:  # the embedded pair, with its preset's draft settings
+        preset = constants.EMBEDDED_PRESET
+    preset_draft: Path | None = None
+    if preset is not None:
+        if target is not None:
+            raise ValueError("give either preset= or target=, not both")
+        from localspec.hub.download import ensure_preset
+
+        pair = ensure_preset(preset, progress=progress, check=False)  # checked once, below
+        settings = _preset_settings(pair.preset.draft)
+        if settings.uses_model and pair.draft is None:  # a preset without a draft model cannot use one
+            settings = settings.with_overrides(strategy="ngram" if "ngram" in settings.strategy else "none")
+        target_path = Path(pair.target)
+        preset_draft = pair.draft
+        if n_ctx is None:
+            n_ctx = pair.preset.n_ctx
+        note = "embedded default pair" if preset == constants.EMBEDDED_PRESET else f"preset {preset}"
+    else:
+        assert target is not None
+        target_path = _check_file(target, "target")
+    if not target_path.is_file():
+        raise ModelNotFoundError(
+            f"target model {target_path}: no such file",
+            hint="reinstall localspec, or name a model with target=PATH",
+        )
+
+    draft_path: Path | None = None
+    if draft is not None and str(draft) == "auto":  # the word every command's --draft takes
+        draft = None
+    if draft is not None and str(draft) in ("none", "ngram"):
+        settings = settings.with_overrides(strategy=str(draft))
+        note = note or ("target alone" if draft == "none" else "n-gram prompt lookup, no draft model")
+    elif draft is not None:
+        draft_path = _check_file(draft, "draft")
+        if not settings.may_use_model:
+            settings = settings.with_overrides(strategy="model")
+        note = note or f"draft {draft_path.name}"
+    elif preset is not None:
+        draft_path = preset_draft
+    elif (strategy or settings.strategy) in (*MODEL_STRATEGIES, "auto"):  # auto may choose the model
+        draft_path, note = _auto_draft(target_path)
+        if draft_path is None and strategy is None:
+            settings = settings.with_overrides(strategy="none")
+    if n_max is None and strategy in SUFFIX_STRATEGIES and not settings.uses_suffix:
+        n_max = LOOKUP_N_MAX  # the suffix cache sizes its own drafts; n_max only bounds one pass
+    settings = settings.with_overrides(
+        strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive
+    )
+    if not settings.may_use_model and draft_path is not None:
+        note += f" (strategy {settings.strategy}: draft model not loaded)"
+        draft_path = None  # a strategy without the draft model must not pay for loading it
+    if not note:
+        note = (
+            "target alone" if not settings.is_speculative else f"strategy {settings.strategy}, no draft model"
+        )
+
+    info = check_pair(target_path, draft_path, label=f"preset '{preset}'" if preset else "")
+    info.note = note + "".join(f"; warning: {w}" for w in info.warnings)  # (a swapped pair, say)
+    return Pipeline(
+        info,
+        n_ctx=constants.DEFAULT_N_CTX if n_ctx is None else n_ctx,
+        n_threads=n_threads,
+        n_gpu_layers=n_gpu_layers,
+        draft_n_threads=draft_n_threads,
+        draft_n_gpu_layers=draft_n_gpu_layers,
+        settings=settings,
+        suffix_store=suffix_store,
+        corpus=corpus,
+        store_namespace=store_namespace,
+    )
+
+
+_LOAD_KEYS = {
+    "n_ctx",
+    "n_threads",
+    "n_gpu_layers",
+    "draft_n_threads",
+    "draft_n_gpu_layers",
+    "progress",
+    "suffix_store",
+    "corpus",
+    "store_namespace",
+}
+_CACHE: dict[tuple, Pipeline] = {}
+
+
+def generate(
+    prompt: str,
+    *,
+    target: str | os.PathLike | None = None,
+    draft: str | os.PathLike | None = None,
+    preset: str | None = None,
+    max_tokens: int = constants.DEFAULT_MAX_TOKENS,
+    temperature: float = 0.0,
+    **opts,
+) -> GenerationResult:
+    """Generate text in one line. The loaded pipeline is kept for the next call with the same models.
+
+    Args:
+        prompt: the text to continue.
+        target: as for :func:`load`.
+        draft: as for :func:`load`.
+        preset: as for :func:`load`.
+        max_tokens: the most tokens to generate.
+        temperature: 0 for greedy decoding, else sampling.
+        **opts: :func:`load`'s keyword arguments (``n_ctx``, ``n_threads``, ``suffix_store``, ...) and
+            :meth:`Pipeline.stream_tokens`'s (``strategy``, ``stop``, ``seed``, ``grammar``, ...).
+
+    Returns:
+        The text, a :class:`GenerationResult` carrying its stats and tokens.
+
+    Raises:
+        LocalspecError: what :func:`load` or :meth:`Pipeline.stream_tokens` raises (bad arguments, a
+            prompt that does not fit the context, a model that does not load).
+    """
+    load_kw = {k: opts.pop(k) for k in list(opts) if k in _LOAD_KEYS}
+    key = (str(target), str(draft), preset, tuple(sorted((k, str(v)) for k, v in load_kw.items())))
+    pipe = _CACHE.get(key)
+    if pipe is None or pipe.closed:  # (a caller may have closed the one it was handed)
+        for old in _CACHE.values():  # one pair in memory at a time
+            old.close()
+        _CACHE.clear()
+        pipe = load(target, draft, preset, **load_kw)
+        _CACHE[key] = pipe
+    return pipe.generate(prompt, max_tokens=max_tokens, temperature=temperature, **opts)
