@@ -260,7 +260,7 @@ class Pipeline:
 
     def costs_pending(self, strategy: str | None = None) -> bool:
         """True when a generation with ``strategy`` (default: the pipeline's) will first measure this
-        machine's costs (:meth:`machine_costs`: 20-30 s for a 1.5B model on two CPU cores): the suffix
+        machine's costs (:meth:`machine_costs`, which takes seconds on a CPU): the suffix
         cache and ``auto`` need them, and they are neither loaded nor stored yet. A caller that shows
         progress (the web UI) says so and calls :meth:`machine_costs` itself first."""
         if (strategy or self.settings.strategy) not in SUFFIX_STRATEGIES or self._costs is not None:
