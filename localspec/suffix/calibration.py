@@ -80,22 +80,23 @@ WATCHES_PER_KIND = 8
 #: cell scaled down to at most this many trials (its acceptance kept): enough to draft at once where copies
 #: ran before, few enough that this request's own evidence soon outweighs it.
 CARRIED_TRIALS = 64
-#: Only these sources' cells are carried: how far a copy of the request's own prompt runs (an editor's
-#: file, the earlier turns of a chat) is a property of the model and the kind of work, and carries over;
-#: how closely a new request follows earlier ones or the corpus is not, and is learnt afresh (carrying it
-#: made the repository workload slower, within one process as across processes: docs/bench.md). So
+#: Only these sources' cells are carried: how far a copy of the request's own prompt runs (an editor's file,
+#: the earlier turns of a chat) is a property of the model and the kind of work, and carries over; how closely
+#: a new request follows earlier ones or the corpus is not, and is learnt afresh (carrying it made the
+#: repository workload slower, within one process as across processes: docs/archive/bench-notebook.md). So
 #: :meth:`localspec.suffix.drafter.SuffixDrafter.begin` starts every request from this carry, and the
 #: drafter's token table (see :data:`TOKEN_WEIGHT`) is carried for these sources alone, too.
 CARRIED_SOURCES = ("prompt",)
 _CELL_SOURCES = tuple(s for s in SOURCES if s != "model")  # what the suffix index proposes from
 
-#: Pseudo-trials at its source's rate before a token's own acceptance counts (see :class:`TokenHazard`):
-#: of the weights replayed on the recorded sessions (docs/bench.md), 4 is the one that loses nowhere.
+#: Pseudo-trials at its source's rate before a token's own acceptance counts (see :class:`TokenHazard`): of
+#: the weights replayed on the recorded sessions (docs/archive/bench-notebook.md), 4 is the one that loses
+#: nowhere.
 TOKEN_WEIGHT = 4.0
 #: A request starts from the token table the last one left, for :data:`CARRIED_SOURCES` only (the other
-#: sources' tables are learnt afresh in every request, as their calibration is: carrying the history's
-#: table too made the conversation sessions slower, docs/bench.md), the counts scaled down together to at
-#: most this many trials in all (their rates kept), and only the :data:`CARRIED_TOKENS` most-reached
+#: sources' tables are learnt afresh in every request, as their calibration is: carrying the history's table
+#: too made the conversation sessions slower, docs/archive/bench-notebook.md), the counts scaled down together
+#: to at most this many trials in all (their rates kept), and only the :data:`CARRIED_TOKENS` most-reached
 #: tokens: the table forgets old work gradually, and a server and a new process per request start alike.
 TOKEN_TRIALS = 1 << 14
 CARRIED_TOKENS = 4096

@@ -17,7 +17,7 @@ from localspec.suffix.hashing import LEVELS, MIN_MATCH
 SMOOTHING = 1.0
 #: A draft must promise this much more than the target alone (expected tokens per unit of cost) to be
 #: proposed: the confidences are estimates, and where a 2-token pass costs two single passes a marginal
-#: bet loses more often than the estimate says (docs/bench.md).
+#: bet loses more often than the estimate says (docs/archive/bench-notebook.md).
 DRAFT_MARGIN = 0.1
 #: Drafts never run past this many tokens, whatever the caller allows.
 MAX_DRAFT = 64

@@ -21,8 +21,9 @@ from localspec.suffix.confidence import _PRIORS, MAX_DRAFT, SMOOTHING, _unanimou
 from localspec.suffix.group import MAX_HITS, SourceGroup
 from localspec.suffix.hashing import _SALT, LEVELS, MIN_MATCH, _build, _int32_bytes, _Query, _tail_keys
 
-#: How far back a match of the longest level is followed (:attr:`Match.extent`): a proposal after a
-#: 64-token match is a copy under way, and runs longer than one after a 16-token match (docs/bench.md).
+#: How far back a match of the longest level is followed (:attr:`Match.extent`): a proposal after a 64-token
+#: match is a copy under way, and runs longer than one after a 16-token match
+#: (docs/archive/bench-notebook.md).
 EXTENTS: tuple[int, ...] = (32, 64)
 #: Live-request candidates whose match length is measured in Python; more in numpy.
 _PY_LIVE = 48
