@@ -11,6 +11,7 @@ Its modules, each importing only those listed before it:
 - ``corpus``: reading a folder's text files for the corpus.
 - ``store_files``: the store's files: their paths, formats, checks and crash-safe writes.
 - ``store_lock``: the advisory lock that saves (and clears) of one store take turns under.
+- ``store_sync``: what a store knows the files hold for its index, and what another writer appended since.
 - ``store_info``: ``localspec cache info`` and ``clear``: each store checked as a load checks it.
 - ``store``: :class:`SuffixStore`, the persisted index shared by several writers.
 - ``cache``: :class:`SuffixCache`, the suffix cache of one loaded target (what a pipeline holds).

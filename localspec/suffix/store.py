@@ -24,8 +24,9 @@ of the files always gives the index the last writer holds. The protocol, per sav
    saves go on unlocked. ``localspec cache clear`` deletes a store's files under the same lock, so a save
    in flight finishes first and its files go too.
 2. **Know what the files hold.** After every load and write a store notes what the files hold for its
-   index (:class:`_Synced`): the snapshot's identity (device, inode, size, mtime), how many bytes of the
-   journal are complete records it knows, and the index's request counters at that point.
+   index (:class:`~localspec.suffix.store_sync._Synced`): the snapshot's identity (device, inode, size,
+   mtime), how many bytes of the journal are complete records it knows, and the index's request counters
+   at that point.
 3. **Take in what another writer saved** (:meth:`SuffixStore._take_in`):
 
    - the files are as this store left them (two ``stat`` calls): nothing to do;
@@ -55,11 +56,8 @@ import contextlib
 import logging
 import os
 import time
-import weakref
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -85,7 +83,6 @@ from localspec.suffix.store_files import (
     _parse_calibration,
     _parse_header,
     _parse_journal,
-    _parse_records,
     _payload,
     _read,
     _record,
@@ -109,6 +106,7 @@ from localspec.suffix.store_info import (
     what_is_lost,
 )
 from localspec.suffix.store_lock import LOCK_WAIT_SECONDS, _Busy, _NoLock, _release_lock, _take_lock
+from localspec.suffix.store_sync import _read_appended, _Synced, _synced
 
 __all__ = [  # (what this module held before the split, for its importers)
     "SuffixStore",
@@ -132,45 +130,6 @@ __all__ = [  # (what this module held before the split, for its importers)
 ]
 
 log = logging.getLogger(__name__)
-
-
-class _Appended(NamedTuple):
-    """Records another writer appended to the journal (:meth:`SuffixStore._appended`)."""
-
-    records: list[np.ndarray]
-    journal: tuple[int, int]  # the journal's device and inode
-    end: int  # where its complete records end
-
-
-@dataclass
-class _Synced:
-    """What the files on disk hold, as this store last wrote or loaded them."""
-
-    history: Callable[[], object | None]  # weak references: the index's groups at that time
-    corpus: Callable[[], object | None]
-    corpus_root: str
-    added: int  # the history's added / dropped counters the files account for
-    dropped: int
-    snapshot_id: str
-    snapshot: _Identity | None  # None: there was no snapshot (this index started empty, or was cleared)
-    snapshot_tokens: int
-    journal: tuple[int, int] | None = None  # device and inode of our journal; None: there is none yet
-    journal_end: int = 0  # its bytes that are ours (complete records)
-    journal_tokens: int = 0
-
-
-def _nothing_on_disk(index: SuffixIndex) -> _Synced:
-    """In sync with no files at all: ``index`` (empty, or forgotten after a clear) was never saved."""
-    return _Synced(
-        weakref.ref(index.history),
-        weakref.ref(index.corpus),
-        "",
-        index.history_added,
-        index.history_dropped,
-        "",
-        None,
-        0,
-    )
 
 
 class SuffixStore:
@@ -227,7 +186,7 @@ class SuffixStore:
         try:
             data, st = _read(self.path)
         except FileNotFoundError:
-            self._synced = _nothing_on_disk(fresh)
+            self._synced = _synced(fresh)
             return fresh
         except OSError as exc:
             return self._ignore(
@@ -250,16 +209,7 @@ class SuffixStore:
             return self._ignore(held, fresh)
         self.corpus_root = str(header.get("corpus_root", ""))
         index = SuffixIndex.from_state(arrays, max_history_tokens=self.max_tokens, n_vocab=self.n_vocab)
-        synced = _Synced(
-            weakref.ref(index.history),
-            weakref.ref(index.corpus),
-            self.corpus_root,
-            index.history_added,
-            index.history_dropped,
-            snapshot_id,
-            _identity(st),
-            index.history_tokens,
-        )
+        synced = _synced(index, self.corpus_root, snapshot_id, _identity(st))
         # a journal is never larger than a share of its snapshot: one far larger is not replayed
         self._replay(index, synced, _journal_cap(max(self.max_tokens, int(header.get("history_tokens", 0)))))
         # requests evicted while loading (a smaller cap than the writer's): the next save writes it all
@@ -455,7 +405,7 @@ class SuffixStore:
         (:meth:`SuffixIndex.forget`); the next request starts the store again."""
         index.forget()
         self.corpus_root, self.calibration, self.tokens = "", [], []
-        self._synced = _nothing_on_disk(index)
+        self._synced = _synced(index)
         log.info("suffix cache %s was cleared; this process forgot what it held too", self.path)
 
     def _reload(self, index: SuffixIndex, s: _Synced) -> None:
@@ -492,7 +442,8 @@ class SuffixStore:
         them: the order the journal holds them in once :meth:`_append` wrote them."""
         if index.history_dropped != s.dropped or index.history_added < s.added:
             return False  # evicted since: the save writes a snapshot anyway, which costs more than a reload
-        appended = self._appended(s)
+        cap = _journal_cap(max(self.max_tokens, s.snapshot_tokens))
+        appended = _read_appended(self.journal_path, s, cap, self.fingerprint, self.namespace, self.n_vocab)
         if appended is None:
             return False
         ours = [np.array(a) for a in index.history_since(s.added)]  # copies: buf is reused below
@@ -515,41 +466,6 @@ class SuffixStore:
             len(ours),
         )
         return True
-
-    def _appended(self, s: _Synced) -> _Appended | None:
-        """The complete records after the part of the journal this store knows (the whole journal when it
-        knew none: the other writer started it after this store's snapshot, and its header must name that
-        snapshot), checked as at load; None unless the journal is simply longer, ending in a complete
-        record: a journal that is another file, shorter than this store's part of it, larger than a store
-        of this size writes, or ending in a torn or damaged record goes to the full reload."""
-        try:
-            fd = os.open(self.journal_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            return None
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if st.st_size > _journal_cap(max(self.max_tokens, s.snapshot_tokens)):
-                return None
-            if s.journal is None:
-                start = 0
-            elif (st.st_dev, st.st_ino) == s.journal and st.st_size > s.journal_end:
-                start = s.journal_end  # always the end of a complete record, or of the header
-            else:
-                return None  # replaced (a new inode) or truncated
-            fh.seek(start)
-            data = fh.read()
-        try:
-            if start == 0:
-                records, end = _parse_journal(
-                    data, self.fingerprint, self.namespace, s.snapshot_id, self.n_vocab
-                )
-            else:
-                records, end = _parse_records(data, 0, self.n_vocab)
-        except (_Bad, _Stale):
-            return None
-        if end != len(data):
-            return None  # a torn or damaged record: the reload keeps the complete ones
-        return _Appended(records, (st.st_dev, st.st_ino), start + end)
 
     def _journal_moved(self, s: _Synced) -> bool:
         """True when the journal is not the one this store last wrote or loaded (another writer appended
@@ -630,16 +546,7 @@ class SuffixStore:
         # the previous snapshot's id and is ignored)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.journal_path)
-        self._synced = _Synced(
-            weakref.ref(index.history),
-            weakref.ref(index.corpus),
-            self.corpus_root,
-            index.history_added,
-            index.history_dropped,
-            snapshot_id,
-            _identity(st),
-            index.history_tokens,
-        )
+        self._synced = _synced(index, self.corpus_root, snapshot_id, _identity(st))
 
     def _replace(self, path: Path, chunks: list[bytes | memoryview]) -> os.stat_result:
         """Write one of this store's files whole and atomically (:func:`_replace_file`)."""
