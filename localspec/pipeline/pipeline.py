@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import os
-import statistics
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,11 @@ from localspec.llama.runtime import Model, check_load_settings, default_gpu_laye
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.chat_format import ChatFormat
 from localspec.pipeline.checks import _checked_stop, _checked_text, _checked_tokens
+from localspec.pipeline.compare import compare
 from localspec.pipeline.results import GenerationResult, _collect
 from localspec.pipeline.tool_calls import ChatResponse, ToolUse, chat_messages, tool_use
 from localspec.settings import (
     LOOKUP_N_MAX,
-    REPEATS_RANGE,
     SUFFIX_STRATEGIES,
     DraftSettings,
 )
@@ -567,9 +566,8 @@ class Pipeline:
         """``messages`` rendered with the target's own chat template: (prompt tokens, stop strings).
 
         ``tools`` (OpenAI's shape, checked by :func:`localspec.pipeline.tool_calls.check_tools`) are
-        rendered by the
-        template too; ``reply_prefix`` is the start of the assistant's reply, written after the
-        template's generation prompt as the caller's text (what ``tool_choice`` forces, see
+        rendered by the template too; ``reply_prefix`` is the start of the assistant's reply, written
+        after the template's generation prompt as the caller's text (what ``tool_choice`` forces, see
         :func:`localspec.pipeline.tool_calls.reply_prefix`)."""
         template = self.chat_template
         if not template:
@@ -594,44 +592,7 @@ class Pipeline:
         of each side (within :data:`~localspec.settings.REPEATS_RANGE`); the speedup is the ratio of
         their medians.
         """
-        low, high = REPEATS_RANGE
-        if isinstance(repeats, bool) or not isinstance(repeats, int) or not low <= repeats <= high:
-            raise SettingsError(
-                f"repeats must be a whole number from {low} to {high}, got {repeats!r:.40}",
-                hint="e.g. repeats=3 (each repeat runs both sides once more)",
-            )
-        kwargs.pop("baseline", None)
-        strategy = kwargs.get("strategy")
-        if (strategy if strategy is not None else self.settings.strategy) == "none":
-            raise SettingsError(
-                "nothing to compare: this runs the target alone, which is the other side already",
-                hint="load a draft, or pass strategy='ngram' (or 'suffix') to compare prompt lookup",
-            )
-        max_tokens = kwargs.get("max_tokens", constants.DEFAULT_MAX_TOKENS)
-        counted = isinstance(max_tokens, int) and not isinstance(max_tokens, bool)  # (else the run says)
-        if counted:
-            self._check_fits(len(self.tokenize(prompt)), max_tokens)  # the request's, not the warm-up's
-        if warmup:
-            short = {**kwargs, "max_tokens": min(8, max_tokens) if counted else max_tokens}
-            self.generate(prompt, baseline=True, **short)
-            self.generate(prompt, **short)
-        base_runs, spec_runs = [], []
-        for _ in range(repeats):
-            base_runs.append(self.generate(prompt, baseline=True, **kwargs))
-            spec_runs.append(self.generate(prompt, **kwargs))
-        b_tps = [r.stats.tokens_per_second for r in base_runs]
-        s_tps = [r.stats.tokens_per_second for r in spec_runs]
-        speedup = statistics.median(s_tps) / statistics.median(b_tps) if statistics.median(b_tps) else 0.0
-        spec = spec_runs[-1]
-        spec.stats.speedup = speedup
-        return Comparison(
-            baseline=base_runs[-1],
-            speculative=spec,
-            speedup=speedup,
-            baseline_tps=b_tps,
-            speculative_tps=s_tps,
-            same_text=str(base_runs[-1]) == str(spec),
-        )
+        return compare(self, prompt, repeats=repeats, warmup=warmup, **kwargs)
 
 
 def _blend(old: float | None, new: float) -> float:
