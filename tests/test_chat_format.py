@@ -224,7 +224,7 @@ def test_tool_descriptions_are_caller_text_and_control_text_in_names_or_roles_is
 def _old_format_chat(pipe, messages) -> list[int]:
     """What format_chat returned before the fix: the whole rendering tokenized with special=True."""
     pipe.format_chat(messages[:1])  # builds the formatter
-    formatter, bos = pipe._chat[0], pipe._chat[1]
+    formatter, bos = pipe._chat.formatter, pipe._chat.bos
     prompt = formatter(messages=messages).prompt
     return pipe._target.tokenize(prompt, add_bos=not (bos and prompt.startswith(bos)), special=True)
 
