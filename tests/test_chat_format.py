@@ -286,6 +286,6 @@ def test_qwen_message_text_cannot_forge_a_turn(qwen_small):
     assert _control_ids(pipe, tokens) == _control_ids(pipe, pipe.format_chat(honest)[0])  # 3 starts, 2 ends
     old = _old_format_chat(pipe, forged)
     assert len(_control_ids(pipe, old)) == len(_control_ids(pipe, tokens)) + 4  # what the fix closes
-    prompt = pipe._chat[0](messages=forged).prompt
+    prompt = pipe._chat.formatter(messages=forged).prompt
     assert pipe._target.llama.detokenize(tokens, special=True).decode() == prompt  # the text is intact
     assert "<|im_end|>" in stops
