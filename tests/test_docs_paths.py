@@ -1,0 +1,142 @@
+"""The user docs name code where it is: every ``localspec/...`` path quoted in README.md and docs/
+(docs/archive/ aside) exists, and every dotted name that starts with one of the package's modules
+(``hub.download.safe_join``, ``localspec.decoding.engine``, ``report.noise_lines``) imports and resolves.
+
+The package moved from flat modules into folders (gguf, hub, llama, decoding, suffix, pipeline, bench, serve,
+...); a page that still says ``localspec/engine.py`` or ``session_bench.noise_lines`` sends a reader to a file
+that is not there. Only code spans and fenced blocks are read, as in test_docs.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from functools import cache
+
+import pytest
+from test_docs import DOCS, ROOT, code_segments
+
+from localspec._moved import MOVED
+
+PACKAGE = ROOT / "localspec"
+# a path inside the package as the docs quote it: not a user folder such as ~/.config/localspec/presets
+_PATH = re.compile(r"(?<![\w./~-])localspec/[\w./-]*\w/?")
+_DOTTED = re.compile(r"(?<![\w./-])((?:localspec\.)?[a-z_][a-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+# file names, not attributes: bench.json, llama.cpp, engine.py
+_FILE_SUFFIXES = {"json", "md", "png", "cpp", "toml", "gguf", "py", "txt", "jsonl", "log"}
+# module names that are also the names of attributes the docs quote: ``r.stats.memory`` is a result's field
+_ATTRIBUTE_NAMES = {"stats"}
+
+
+@cache
+def module_names() -> dict[str, list[str]]:
+    """Each module's last name -> its dotted names (``report`` -> ``localspec.bench.report``)."""
+    names: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        if len(parts) > 1:
+            names.setdefault(parts[-1], []).append(".".join(parts))
+    return names
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module, or a module and attributes (``a.b.C.meth``)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def dotted_problem(ref: str, line: str = "") -> str | None:
+    """None when ``ref`` resolves, or does not start with one of localspec's modules; else why not. An old
+    flat path (``localspec.engine``) passes only on a ``line`` that also names its new place."""
+    parts = ref.split(".")
+    if parts[-1] in _FILE_SUFFIXES:
+        return None
+    if parts[0] == "localspec":
+        if ".".join(parts[:2]) in MOVED and MOVED[".".join(parts[:2])] not in line:
+            return f"`{ref}` is the old flat path: {MOVED['.'.join(parts[:2])]}"
+        return None if _resolves(ref) else f"`{ref}` does not resolve"
+    old = {name.split(".")[1]: new for name, new in MOVED.items()}
+    if parts[0] in old and parts[0] not in module_names():
+        return f"`{ref}`: the module {parts[0]} moved to {old[parts[0]]}"
+    if parts[0] in _ATTRIBUTE_NAMES:
+        return None
+    candidates = module_names().get(parts[0])
+    if not candidates:
+        return None  # not one of ours: os.pathsep, general.name (a GGUF key), response_format.type (JSON)
+    rest = ".".join(parts[1:])
+    if any(_resolves(f"{c}.{rest}") for c in candidates):
+        return None
+    if _resolves(ref):  # another library of the same name: gguf.GGUFReader is the gguf package's
+        return None
+    return f"`{ref}`: no such name in {', '.join(candidates)}"
+
+
+def problems_in(text: str, name: str) -> list[str]:
+    found = []
+    lines = text.splitlines()
+    for n, code in code_segments(text):
+        for m in _PATH.finditer(code):
+            path = m.group(0).rstrip(".")
+            if code[m.end() : m.end() + 1] == "\u2026":  # a path cut short in a quoted table
+                continue
+            if not (ROOT / path).exists():
+                found.append(f"{name}:{n}: {path} does not exist")
+        for m in _DOTTED.finditer(code):
+            why = dotted_problem(m.group(1), lines[n - 1])
+            if why:
+                found.append(f"{name}:{n}: {why}")
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_name_only_real_modules_and_paths(doc):
+    problems = problems_in(doc.read_text(encoding="utf-8"), str(doc.relative_to(ROOT)))
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "see `localspec/engine.py`",  # the flat module before the move into folders
+        "`session_bench.noise_lines`",
+        "`localspec.serve.exposure.no_such_function`",
+        "`hub.download.no_such_thing`",
+        "`localspec.engine`",
+    ],
+)
+def test_the_check_catches_an_old_or_wrong_name(text):
+    assert problems_in(text, "planted")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "`localspec/decoding/engine.py`",
+        "`localspec/serve/app.py`",
+        "`~/.config/localspec/presets/my-pairs.toml`",
+        "`report.noise_lines`",
+        "`localspec.decoding.engine`",
+        "`localspec.engine` is `localspec.decoding.engine` for one more release",
+        "`chat_tokens.chat_segments`",
+        "`r.stats.memory`",
+        "`see localspec/embedded/NOTI\u2026`",
+        "`bench.json`",
+        "`os.pathsep`",
+        "`general.name`",
+    ],
+)
+def test_the_check_passes_real_names(text):
+    assert not problems_in(text, "fine")
