@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import re
 from functools import cache
+from pathlib import Path
 
 import pytest
 from test_docs import DOCS, ROOT, code_segments
@@ -140,3 +141,49 @@ def test_the_check_catches_an_old_or_wrong_name(text):
 )
 def test_the_check_passes_real_names(text):
     assert not problems_in(text, "fine")
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_FENCED = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+
+
+def heading_anchors(text: str) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    text = _FENCED.sub("", text)
+    return {
+        re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        for m in re.finditer(r"^#+\s+(.*)$", text, re.M)
+    }
+
+
+def link_problems(path: Path, root: Path = ROOT) -> list[str]:
+    """Relative links in ``path`` whose file, or whose #anchor in a Markdown file, does not exist (pages
+    named relative to ``root``)."""
+    found = []
+    text = _FENCED.sub("", path.read_text(encoding="utf-8"))
+    for m in _LINK.finditer(text):
+        link = m.group(1)
+        if re.match(r"^[a-z]+:", link):
+            continue  # https:, mailto:
+        file, _, anchor = link.partition("#")
+        target = (path.parent / file).resolve() if file else path
+        if not target.exists():
+            found.append(f"{path.relative_to(root)}: {link}: no such file")
+        elif anchor and target.suffix == ".md" and anchor not in heading_anchors(target.read_text("utf-8")):
+            found.append(f"{path.relative_to(root)}: {link}: no such heading in {target.name}")
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_between_pages_resolve(doc):
+    problems = link_problems(doc)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_link_check_catches_a_missing_page_and_heading(tmp_path):
+    (tmp_path / "b.md").write_text("# Title\n\n## A big target: `--wide-target`\n", encoding="utf-8")
+    page = tmp_path / "a.md"
+    page.write_text("[x](b.md#a-big-target---wide-target) [y](https://example.org/z)\n", encoding="utf-8")
+    assert not link_problems(page, tmp_path)
+    page.write_text("[x](b.md#gone) [y](c.md)\n", encoding="utf-8")
+    assert len(link_problems(page, tmp_path)) == 2
