@@ -181,3 +181,8 @@ class GrammarError(LocalspecError, ValueError):
     def __init__(self, message: str, *, param: str, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.param = param
+
+
+class RpcError(LocalspecError, ConnectionError):
+    """llama.cpp's RPC backend cannot use an rpc-server: a wrong address, a server that does not answer or
+    speaks another protocol version, one that stopped mid-generation, or a build without RPC."""

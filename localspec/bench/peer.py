@@ -38,6 +38,8 @@ from localspec.settings import DraftSettings
 SERVER = "llama-server"
 LOOKUP_CREATE = "llama-lookup-create"
 QUANTIZE = "llama-quantize"
+#: llama.cpp's RPC server (``tools/rpc``; the cmake target and the program are named so).
+RPC_SERVER = "ggml-rpc-server"
 #: The strategies llama.cpp's own speculative decoding has an equivalent for.
 PEER_STRATEGIES: tuple[str, ...] = ("model", "ngram")
 CMAKE_FLAGS = [
@@ -181,31 +183,39 @@ def build_server(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> 
     found = server_binary()
     if found:
         return found
+    say = log or (lambda _m: None)
+    build, logfile = _configured(say)
+    say(f"building {SERVER} with {jobs} jobs (several minutes, once) ...")
+    _run(["cmake", "--build", str(build), "--target", SERVER, "-j", str(jobs)], logfile)
+    found = server_binary()
+    if not found:
+        raise BenchError(f"{SERVER} was not produced by the build", hint=f"see the log {logfile}")
+    return found
+
+
+def _configured(say: Callable[[str], None]) -> tuple[Path, Path]:
+    """The vendored llama.cpp source downloaded, extracted and configured (each step once); returns the
+    build folder and the build log."""
     version = installed_version()
     root = peer_dir(version)
     root.mkdir(parents=True, exist_ok=True)
     logfile = root / "build.log"
-    say = log or (lambda _m: None)
     sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
-    if not sdists:
+    src = root / "src"
+    if not sdists and not (src / "CMakeLists.txt").is_file():
         say(f"downloading the llama-cpp-python {version} source (sdist) ...")
         pip = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps"]
         _run([*pip, f"llama-cpp-python=={version}", "-d", str(root)], logfile)
         sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
-    src = root / "src"
     if not (src / "CMakeLists.txt").is_file():
         say("extracting vendor/llama.cpp ...")
         _extract_vendor(sdists[-1], src)
     flags = build_flags()
     build = build_dir(version, flags)
-    say(f"configuring llama.cpp (log: {logfile}) ...")
-    _run(["cmake", "-S", str(src), "-B", str(build), *flags], logfile)
-    say(f"building {SERVER} with {jobs} jobs (several minutes, once) ...")
-    _run(["cmake", "--build", str(build), "--target", SERVER, "-j", str(jobs)], logfile)
-    found = server_binary(version)
-    if not found:
-        raise BenchError(f"{SERVER} was not produced by the build", hint=f"see the log {logfile}")
-    return found
+    if not (build / "CMakeCache.txt").is_file():
+        say(f"configuring llama.cpp (log: {logfile}) ...")
+        _run(["cmake", "-S", str(src), "-B", str(build), *flags], logfile)
+    return build, logfile
 
 
 def lookup_create_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
@@ -218,17 +228,28 @@ def quantize_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) 
     return _extra_binary(QUANTIZE, ["-DLLAMA_BUILD_TOOLS=ON"], jobs=jobs, log=log)
 
 
+def rpc_server_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
+    """Build llama.cpp's ``rpc-server`` (``tools/rpc``: serves this machine's CPU, or GPU with a GPU build,
+    to another machine's llama.cpp over TCP) in the peer's build folder, once; it needs no llama-server."""
+    return _extra_binary(RPC_SERVER, ["-DLLAMA_BUILD_TOOLS=ON", "-DGGML_RPC=ON"], jobs=jobs, log=log)
+
+
+def built_rpc_server() -> Path | None:
+    """The built ``rpc-server`` for the installed llama-cpp-python, or None when not built yet."""
+    path = build_dir() / "bin" / RPC_SERVER
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
 def _extra_binary(name: str, configure: list[str], *, jobs: int, log: Callable[[str], None] | None) -> Path:
-    """Build one more llama.cpp program in the peer's build folder (after the server), once."""
-    build_server(jobs=jobs, log=log)
-    root = peer_dir()
+    """Build one more llama.cpp program in the peer's build folder, once."""
     build = build_dir()
     path = build / "bin" / name
     if path.is_file() and os.access(path, os.X_OK):
         return path
-    logfile = root / "build.log"
-    (log or (lambda _m: None))(f"building {name} (once) ...")
-    _run(["cmake", "-S", str(root / "src"), "-B", str(build), *configure], logfile)
+    say = log or (lambda _m: None)
+    build, logfile = _configured(say)
+    say(f"building {name} (once) ...")
+    _run(["cmake", "-S", str(peer_dir() / "src"), "-B", str(build), *configure], logfile)
     _run(["cmake", "--build", str(build), "--target", name, "-j", str(jobs)], logfile)
     if not path.is_file():
         raise BenchError(f"{name} was not produced by the build", hint=f"see the log {logfile}")

@@ -23,10 +23,10 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import llama_cpp
 import numpy as np
@@ -37,8 +37,10 @@ from localspec.errors import (
     GGUFError,
     LocalspecError,
     ModelNotFoundError,
+    RpcError,
     SettingsError,
 )
+from localspec.llama import rpc
 from localspec.llama.build import check_amx
 from localspec.settings import N_CTX_RANGE, max_threads
 
@@ -78,6 +80,40 @@ def default_gpu_layers(requested: int | None, *, offload: bool) -> int:
     return -1 if offload else 0
 
 
+T = TypeVar("T")
+#: llama.cpp objects of models whose RPC server was lost: never freed (that would talk to the dead server
+#: again, on whichever thread collected them), kept here so the garbage collector never tries.
+_LOST: list[Any] = []
+
+
+def rpc_placement(said_lines: list[str], names: dict[str, str], n_layer: int) -> str:
+    """Where llama.cpp put each repeating layer of an RPC-backed model, from its load log
+    (``layer 3 assigned to device RPC1``): ``RPC 127.0.0.1:50052 14/28 layers, ...; CPU 0/28``.
+
+    Args:
+        said_lines: the load's log lines (:class:`Said`).
+        names: ggml device name -> what to call it (``RPC0`` -> ``127.0.0.1:50052``).
+        n_layer: the model's repeating layers (the output layer, numbered ``n_layer``, is not counted).
+
+    Returns:
+        The summary; ``RPC over ...`` without counts when the log was not captured (LOCALSPEC_VERBOSE).
+    """
+    counts: dict[str, int] = {}
+    for line in said_lines:
+        head, sep, device = line.partition(" assigned to device ")
+        words = head.split()
+        if sep and len(words) >= 2 and words[-2] == "layer" and words[-1].isdigit():
+            if int(words[-1]) < n_layer:
+                name = device.split(",")[0].strip()
+                counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return "RPC over " + ", ".join(names.values())
+    parts = [f"{names.get(name, name)} {n}/{n_layer}" for name, n in counts.items() if name in names]
+    local = sum(n for name, n in counts.items() if name not in names)
+    text = "RPC " + ", ".join(parts) + " layers"
+    return text + (f"; this machine {local}/{n_layer}" if local else "")
+
+
 def placement(n_gpu_layers: int, n_layer: int, *, offload: bool) -> str:
     """Where a model runs, for people: ``CPU``, ``GPU (all layers)`` or ``GPU 10/28 layers, rest CPU``."""
     if not offload or n_gpu_layers == 0:
@@ -102,32 +138,64 @@ class Model:
         n_threads: int,
         n_gpu_layers: int = 0,
         n_batch: int = 512,
+        rpc_servers: Sequence[rpc.Endpoint] = (),
+        tensor_split: Sequence[float] | None = None,
     ) -> None:
+        """Load the model.
+
+        Args:
+            path: the GGUF file.
+            n_ctx: the context asked for (llama.cpp rounds it up).
+            n_threads: CPU threads.
+            n_gpu_layers: layers offloaded to the GPU or, with ``rpc_servers``, to the servers (-1: all).
+            n_batch: the batch asked for (llama.cpp caps it at ``n_ctx``).
+            rpc_servers: llama.cpp rpc-servers that hold the offloaded layers (:mod:`localspec.llama.rpc`);
+                every llama.cpp call then runs on the model's :class:`rpc.Guard`.
+            tensor_split: each server's share of the offloaded layers (default: by free memory).
+
+        Raises:
+            RpcError: a server that does not answer, or one lost while loading.
+        """
         self.path = Path(path)
         check_load_settings(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, what=self.path.name)
         self._batch: Any = None
         self._llama: llama_cpp.Llama | None = None
+        self.rpc_servers = list(rpc_servers)
+        self._guard: rpc.Guard | None = None
+        self._rpc_placement = ""
         if not self.path.is_file():
             raise ModelNotFoundError(
                 f"{self.path}: no such model file",
                 hint="check the path, or run `localspec scan` to list the models on this machine",
             )
-        check_amx(self.path, n_threads=n_threads, n_gpu_layers=n_gpu_layers)  # a crash there kills us
+        devices = None
+        if self.rpc_servers:  # the layers on the servers: the local CPU's AMX kernels are not the question
+            devices = rpc.devices(self.rpc_servers)
+            self._guard = rpc.Guard(self.rpc_servers, self.path.name)
+        else:
+            check_amx(self.path, n_threads=n_threads, n_gpu_layers=n_gpu_layers)  # a crash there kills us
         said = Said()
+
+        def load() -> llama_cpp.Llama:
+            return llama_cpp.Llama(
+                model_path=str(self.path),
+                n_ctx=n_ctx,
+                n_batch=n_batch,
+                n_ubatch=n_batch,
+                n_threads=n_threads,
+                n_threads_batch=n_threads,
+                n_gpu_layers=n_gpu_layers,
+                tensor_split=list(tensor_split) if tensor_split else None,
+                logits_all=False,
+                verbose=constants.verbose(),  # LOCALSPEC_VERBOSE: its load log, on stderr
+            )
+
         try:
-            with _interrupt_after() as interrupted, _quiet_stderr() as said:
-                self._llama = llama_cpp.Llama(
-                    model_path=str(self.path),
-                    n_ctx=n_ctx,
-                    n_batch=n_batch,
-                    n_ubatch=n_batch,
-                    n_threads=n_threads,
-                    n_threads_batch=n_threads,
-                    n_gpu_layers=n_gpu_layers,
-                    logits_all=False,
-                    verbose=constants.verbose(),  # LOCALSPEC_VERBOSE: its load log, on stderr
-                )
+            with _interrupt_after() as interrupted, _quiet_stderr() as said, rpc.load_devices(devices):
+                self._llama = self._call(load)
         except (ValueError, RuntimeError, OSError) as exc:
+            if isinstance(exc, LocalspecError):  # an RpcError: already says which server and what to do
+                raise
             # llama.cpp's own reason (an architecture this build does not know, a tensor out of bounds)
             why = next((e for e in reversed(said.errors) if "error loading model" in e), None)
             why = why or (said.errors[-1] if said.errors else str(exc))
@@ -150,6 +218,9 @@ class Model:
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.model))
         self.n_gpu_layers = n_gpu_layers
         self.n_layer = int(llama_cpp.llama_model_n_layer(self.model))
+        if devices is not None:
+            names = dict(zip(rpc.device_names(devices), map(str, self._device_servers(devices)), strict=True))
+            self._rpc_placement = rpc_placement(said.lines, names, self.n_layer)
         # llama.cpp's own numbers: it rounds n_ctx up and caps the batch at the n_ctx asked for.
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
         self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
@@ -166,6 +237,24 @@ class Model:
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
         )
 
+    def _device_servers(self, devices: list[int]) -> list[rpc.Endpoint]:
+        """The server of each device (an rpc-server may offer several)."""
+        out: list[rpc.Endpoint] = []
+        for server in self.rpc_servers:
+            out += [server] * len(rpc.devices([server]))
+        return out[: len(devices)]
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """``fn()``: on the RPC guard's thread for a model with layers on rpc-servers, else here."""
+        if self._guard is None:
+            return fn()
+        try:
+            return self._guard.call(fn)
+        except RpcError:
+            if self._guard.broken and self._llama is not None:
+                _LOST.append(self._llama)  # never collected: freeing it would talk to the lost server
+            raise
+
     # Facts ------------------------------------------------------------------------------------
     @property
     def max_draft(self) -> int:
@@ -179,7 +268,9 @@ class Model:
 
     @property
     def placement(self) -> str:
-        """Where this model runs: ``CPU``, ``GPU (all layers)``, or a split."""
+        """Where this model runs: ``CPU``, ``GPU (all layers)``, a split, or its layers over rpc-servers."""
+        if self._rpc_placement:
+            return self._rpc_placement
         return placement(self.n_gpu_layers, self.n_layer, offload=supports_gpu_offload())
 
     @property
@@ -253,7 +344,7 @@ class Model:
     def truncate(self, n: int) -> None:
         """Forget every cached token from position ``n`` on."""
         if n < len(self.tokens):
-            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, n, -1):
+            if not self._call(lambda: llama_cpp.llama_memory_seq_rm(self.memory, 0, n, -1)):
                 raise LocalspecError(
                     f"{self.path.name}: llama.cpp cannot roll back part of this model's memory",
                     hint="recurrent or hybrid models cannot be targets or drafts for speculative decoding",
@@ -303,7 +394,7 @@ class Model:
         for start in range(0, len(head), self.n_batch):
             self._decode_chunk(head[start : start + self.n_batch], 0)
         self._decode_chunk(tokens[len(head) :], outputs)
-        ptr = llama_cpp.llama_get_logits(self.ctx)
+        ptr = self._call(lambda: llama_cpp.llama_get_logits(self.ctx))
         return np.ctypeslib.as_array(ptr, shape=(outputs, self.n_vocab))
 
     def _check_room(self, tokens: list[int]) -> None:
@@ -320,6 +411,9 @@ class Model:
         if self.closed:
             raise LocalspecError(f"{self.path.name}: this model was closed", hint="load it again")
         assert len(chunk) <= self.n_batch  # the one rule llama.cpp aborts the process on
+        self._call(lambda: self._decode_now(chunk, outputs))
+
+    def _decode_now(self, chunk: list[int], outputs: int) -> None:
         self._fill(chunk, len(self.tokens), outputs)
         rc = llama_cpp.llama_decode(self.ctx, self._batch)
         if rc != 0:
@@ -349,12 +443,19 @@ class Model:
         return self._llama is None
 
     def close(self) -> None:
+        """Free the model (a model whose RPC server was lost is only let go of: see :data:`_LOST`)."""
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
-        if self._llama is not None:
-            self._llama.close()
-            self._llama = None
+        if self._llama is None:
+            return
+        llama, self._llama = self._llama, None
+        try:
+            if self._guard is not None and self._guard.broken:
+                raise RpcError("lost")
+            self._call(llama.close)
+        except RpcError:
+            _LOST.append(llama)
 
 
 @contextlib.contextmanager
