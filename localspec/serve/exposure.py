@@ -61,3 +61,36 @@ def check_exposure(
         hint=f"keep the default 127.0.0.1, or give {auth_flag}, or pass --insecure-no-auth if this network "
         "is trusted",
     )
+
+
+def check_rpc_exposure(host: str, port: int, *, insecure_expose: bool = False) -> str:
+    """The rule for llama.cpp's rpc-server, which has no credentials to give: loopback by default; any other
+    address only with ``insecure_expose`` (``--insecure-expose``), and then a warning saying what it means.
+
+    Args:
+        host: the address it would listen on.
+        port: its port (named in the warning and the tunnel hint).
+        insecure_expose: the user's explicit opt-in to an address other machines reach.
+
+    Returns:
+        The one line to print at start.
+
+    Raises:
+        ExposureError: a non-loopback ``host`` without ``insecure_expose``.
+    """
+    if is_loopback(host):
+        return f"the RPC server listens on {host}:{port}: only this machine can reach it."
+    if insecure_expose:
+        return (
+            f"WARNING: the RPC server listens on {host}:{port} (--insecure-expose). llama.cpp's RPC has NO "
+            "authentication and no encryption: anyone who can reach this port can run computations on "
+            "this machine and read or change the model weights it holds. Use it only on a network you "
+            "trust, and stop it when done."
+        )
+    raise ExposureError(
+        f"refusing to expose llama.cpp's RPC server on {host}: it has no authentication at all, so anyone "
+        "who could reach the port could use this machine",
+        hint=f"keep the default 127.0.0.1 and reach it through an SSH tunnel (on the main machine: ssh -N -L "
+        f"{port}:127.0.0.1:{port} THIS-HOST, then --rpc 127.0.0.1:{port}), or pass --insecure-expose on a "
+        "network you trust",
+    )
