@@ -63,6 +63,7 @@ COMMAND_MODULES = {
     "index": "cache",
     "pair": "models",
     "presets": "hub",
+    "rpc-server": "rpc",
     "run": "run",
     "scan": "models",
     "serve": "serve",
