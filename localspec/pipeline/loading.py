@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
 
@@ -103,6 +103,8 @@ def load(
     suffix_store: bool = True,
     corpus: str | os.PathLike | None = None,
     store_namespace: str = "default",
+    rpc: str | Sequence[str] | None = None,
+    tensor_split: Sequence[float] | None = None,
 ) -> Pipeline:
     """Load a target and a draft (or a model-free drafter) into a reusable :class:`Pipeline`.
 
@@ -134,6 +136,10 @@ def load(
         corpus: a folder whose text files the suffix cache drafts from (tokenized once at the first
             suffix generation).
         store_namespace: the store's namespace (1-64 letters, digits, ``.``, ``_`` or ``-``).
+        rpc: llama.cpp rpc-servers (``"HOST:PORT,..."`` or a list) that hold the target's layers; the
+            draft stays on this machine (docs/rpc.md). ``n_gpu_layers`` then counts layers on the servers
+            (default all).
+        tensor_split: each RPC device's share of those layers (default: by their free memory).
 
     Returns:
         The loaded :class:`Pipeline` (close it, or use it as a context manager, to free the models).
@@ -142,6 +148,7 @@ def load(
         SettingsError: an empty ``target``/``draft``/``preset``, or settings out of range.
         ValueError: both ``preset`` and ``target``.
         ModelNotFoundError: a model file that is missing, a folder, or not a regular file.
+        RpcError: an rpc-server that does not answer (said within seconds), or a build without RPC.
         LocalspecError: any other reason the pair cannot load (an incompatible pair, an unknown preset,
             a failed download, a namespace no file can be named by, ...), with a hint.
     """
@@ -224,10 +231,14 @@ def load(
         suffix_store=suffix_store,
         corpus=corpus,
         store_namespace=store_namespace,
+        rpc=rpc,
+        tensor_split=tensor_split,
     )
 
 
 _LOAD_KEYS = {
+    "rpc",
+    "tensor_split",
     "n_ctx",
     "n_threads",
     "n_gpu_layers",

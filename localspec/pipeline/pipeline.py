@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from localspec.decoding.routing import Route, route
 from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
 from localspec.gguf.pairing import PairInfo
+from localspec.llama.rpc import parse_endpoints
 from localspec.llama.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.chat_format import ChatFormat
@@ -48,6 +49,8 @@ class Pipeline:
     ``n_gpu_layers``/``draft_n_gpu_layers`` None means all layers when llama.cpp can offload to a GPU,
     else none; :attr:`placement` says where each model runs. ``n_ctx`` from 16 up (:class:`SettingsError`
     below), lowered to the target's trained context when it asks for more; :attr:`n_ctx` is the result.
+    ``rpc`` (``HOST:PORT`` items) puts the target's layers on llama.cpp rpc-servers (all of them unless
+    ``n_gpu_layers`` keeps some here; ``tensor_split`` shares them out), the draft stays local.
     """
 
     def __init__(
@@ -63,8 +66,11 @@ class Pipeline:
         suffix_store: bool = True,
         corpus: str | os.PathLike | None = None,
         store_namespace: str = "default",
+        rpc: str | Sequence[str] | None = None,
+        tensor_split: Sequence[float] | None = None,
     ) -> None:
         self.info = info
+        servers = parse_endpoints(rpc) if rpc else []  # the target's layers there (llama/rpc.py)
         store_path(".", "0" * 16, store_namespace)  # a namespace no file can be named by: refused now
         corpus_folder = Path(corpus).expanduser() if corpus else None
         self._costs: MachineCosts | None = None
@@ -94,7 +100,7 @@ class Pipeline:
         # what the measured costs depend on: threads, and GPU layers of the target and the draft
         self._load_facts = (
             threads,
-            default_gpu_layers(n_gpu_layers, offload=offload),
+            default_gpu_layers(n_gpu_layers, offload=offload or bool(servers)),  # over RPC: all layers
             default_gpu_layers(draft_n_gpu_layers, offload=offload) if info.draft_path else 0,
         )
         mem = MemoryReport(rss_baseline_bytes=rss_bytes())
@@ -102,7 +108,9 @@ class Pipeline:
             info.target_path,
             n_ctx=n_ctx,
             n_threads=threads,
-            n_gpu_layers=default_gpu_layers(n_gpu_layers, offload=offload),
+            n_gpu_layers=self._load_facts[1],
+            rpc_servers=servers,
+            tensor_split=tensor_split,
         )
         mem.rss_after_target_bytes = rss_bytes()
         mem.target_weights_bytes = self._target.weights_bytes
