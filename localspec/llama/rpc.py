@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import math
 import os
 import queue
 import re
@@ -48,6 +49,7 @@ HELLO_TIMEOUT_S = 5.0
 PROTO_MAJOR, PROTO_MINOR = 7, 0
 _CMD_HELLO = 14  # RPC_CMD_HELLO, fixed across versions
 _CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE: the capabilities a client offers (none: plain TCP)
+_DEVICE_GPU, _DEVICE_IGPU = 1, 2  # enum ggml_backend_dev_type
 
 T = TypeVar("T")
 
@@ -204,6 +206,7 @@ def _ggml() -> Any:
         ("ggml_backend_reg_dev_count", ctypes.c_size_t, [ctypes.c_void_p]),
         ("ggml_backend_reg_dev_get", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]),
         ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
+        ("ggml_backend_dev_by_type", ctypes.c_void_p, [ctypes.c_int]),
         ("ggml_set_abort_callback", ctypes.c_void_p, [ctypes.c_void_p]),
     ):
         fn = getattr(libggml, name)
@@ -257,10 +260,39 @@ def _add_server(endpoint: Endpoint) -> list[int]:
     return [ggml.ggml_backend_reg_dev_get(server_reg, i) for i in range(count)]
 
 
+def has_local_gpu() -> bool:
+    """True when ggml's registry holds a GPU of this machine (a discrete or integrated one)."""
+    ggml = _ggml()
+    return any(ggml.ggml_backend_dev_by_type(kind) for kind in (_DEVICE_GPU, _DEVICE_IGPU))
+
+
 def device_names(devs: list[int]) -> list[str]:
     """ggml's names of ``devs`` (``RPC0``, ``RPC1``...: what llama.cpp's load log calls them)."""
     ggml = _ggml()
     return [(ggml.ggml_backend_dev_name(d) or b"?").decode() for d in devs]
+
+
+def check_tensor_split(split: list[float], devices: list[str]) -> None:
+    """Refuse a ``tensor_split`` llama.cpp would misread: one share per device, each finite and 0 or more,
+    not all 0.
+
+    Args:
+        split: the shares, in the order of ``devices``.
+        devices: what each device is called (for the message).
+
+    Raises:
+        SettingsError: a share count that is not the device count, or a share that is not a number >= 0.
+    """
+    if len(split) != len(devices):
+        raise SettingsError(
+            f"--tensor-split gives {len(split)} shares for {len(devices)} devices ({', '.join(devices)})",
+            hint="give one share per RPC device, in the order of --rpc, e.g. 3,1",
+        )
+    if not all(math.isfinite(x) and x >= 0 for x in split) or not any(split):
+        raise SettingsError(
+            f"--tensor-split {','.join(map(str, split))}: shares must be numbers of 0 or more, not all 0",
+            hint="e.g. 3,1 puts three quarters of the layers on the first server",
+        )
 
 
 _load_lock = threading.Lock()

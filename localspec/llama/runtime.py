@@ -68,8 +68,14 @@ def check_load_settings(*, n_ctx: int, n_threads: int, n_gpu_layers: int, what: 
 
 
 def supports_gpu_offload() -> bool:
-    """True when this llama-cpp-python build can offload layers to a GPU (CUDA, Metal, Vulkan...)."""
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    """True when this llama-cpp-python build can offload layers to a GPU here (CUDA, Metal, Vulkan...).
+
+    llama.cpp's own ``llama_supports_gpu_offload`` is also true for a CPU build with the RPC backend, whose
+    offloaded layers can only go to rpc-servers: then a local GPU device is looked for in ggml's registry.
+    """
+    if not llama_cpp.llama_supports_gpu_offload():
+        return False
+    return not rpc.supported() or rpc.has_local_gpu()
 
 
 def default_gpu_layers(requested: int | None, *, offload: bool) -> int:
@@ -168,9 +174,13 @@ class Model:
                 f"{self.path}: no such model file",
                 hint="check the path, or run `localspec scan` to list the models on this machine",
             )
-        devices = None
+        devices, labels = None, {}
         if self.rpc_servers:  # the layers on the servers: the local CPU's AMX kernels are not the question
             devices = rpc.devices(self.rpc_servers)
+            servers = map(str, self._device_servers(devices))
+            labels = dict(zip(rpc.device_names(devices), servers, strict=True))  # RPC0 -> host:port
+            if tensor_split:
+                rpc.check_tensor_split(list(tensor_split), [f"{n} {e}" for n, e in labels.items()])
             self._guard = rpc.Guard(self.rpc_servers, self.path.name)
         else:
             check_amx(self.path, n_threads=n_threads, n_gpu_layers=n_gpu_layers)  # a crash there kills us
@@ -219,8 +229,7 @@ class Model:
         self.n_gpu_layers = n_gpu_layers
         self.n_layer = int(llama_cpp.llama_model_n_layer(self.model))
         if devices is not None:
-            names = dict(zip(rpc.device_names(devices), map(str, self._device_servers(devices)), strict=True))
-            self._rpc_placement = rpc_placement(said.lines, names, self.n_layer)
+            self._rpc_placement = rpc_placement(said.lines, labels, self.n_layer)
         # llama.cpp's own numbers: it rounds n_ctx up and caps the batch at the n_ctx asked for.
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
         self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
