@@ -192,7 +192,11 @@ def open_pipeline(
     n_ctx: int | None = None,
     n_max: int | None = None,
     p_min: float | None = None,
+    rpc: str | None = None,
+    tensor_split: Sequence[float] | None = None,
 ) -> Any:
+    """The pipeline a bench measures (``rpc``: the target's layers on those rpc-servers); never the user's
+    suffix store."""
     from localspec.pipeline.loading import load
 
     return load(
@@ -204,6 +208,8 @@ def open_pipeline(
         n_max=n_max,
         p_min=p_min,
         suffix_store=False,  # the bench never reads or writes the user's suffix store
+        rpc=rpc,
+        tensor_split=tensor_split,
     )
 
 
@@ -217,6 +223,7 @@ def pair_info(pipe: Any) -> dict[str, Any]:
         "n_ctx": pipe.n_ctx,
         "n_max": pipe.options.n_max,
         "p_min": pipe.options.p_min,
+        "placement": pipe.placement,
     }
 
 
@@ -240,11 +247,27 @@ def benchmark(
     adaptive: bool = False,
     warmup: bool = True,
     progress: Callable[[str], None] | None = None,
+    rpc: str | None = None,
+    tensor_split: Sequence[float] | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmark and return the report dict (see ``localspec.bench.report`` to print and write it)."""
+    """Run the benchmark and return the report dict (see ``localspec.bench.report`` to print and write it).
+
+    ``rpc``/``tensor_split``: the target's layers on llama.cpp rpc-servers (each setting, the target alone
+    included, then pays their round trips); the draft stays here.
+    """
     wl = load_workloads(workloads, prompts_file, limit)
     threads = threads or constants.default_threads()
-    pipe = open_pipeline(target, draft, preset, threads=threads, n_ctx=n_ctx, n_max=n_max, p_min=p_min)
+    pipe = open_pipeline(
+        target,
+        draft,
+        preset,
+        threads=threads,
+        n_ctx=n_ctx,
+        n_max=n_max,
+        p_min=p_min,
+        rpc=rpc,
+        tensor_split=tensor_split,
+    )
     servers: dict[str, Any] = {}
     try:
         strategies = list(strategies or default_strategies(pipe))
@@ -298,6 +321,7 @@ def benchmark(
             "adaptive": adaptive,
             "workloads": [w.name for w in wl],
             "prompts": {w.name: len(w.prompts) for w in wl},
+            "rpc": rpc,
         }
         runs = [{**r, "stats": {**r["stats"], "text": (r["stats"].get("text") or "")[:300]}} for r in records]
         report: dict[str, Any] = {

@@ -215,7 +215,7 @@ _P_LO, _P_HI = P_MIN_RANGE
     type=click.Choice(SPECULATIVE_STRATEGIES),
     help="Strategies to measure (default: model and ngram with a draft, else ngram).",
 )
-@shared_options("n_max", "p_min")
+@shared_options("n_max", "p_min", "rpc", "tensor_split")
 @click.option(
     "--adaptive",
     is_flag=True,
@@ -292,6 +292,8 @@ def bench(
     strategies,
     n_max,
     p_min,
+    rpc,
+    tensor_split,
     adaptive,
     peer,
     wide_target,
@@ -319,6 +321,13 @@ def bench(
         raise click.UsageError("--save-preset needs --tune")
     if peer and tune:
         raise click.UsageError("--peer compares fixed settings; run it without --tune")
+    if rpc and (peer or tune or wide_target):
+        raise click.UsageError(
+            "--rpc measures localspec's strategies over the servers; run it without --peer, --tune and "
+            "--wide-target (an rpc-server serves one client at a time)"
+        )
+    if tensor_split and not rpc:
+        raise click.UsageError("--tensor-split shares the target's layers among --rpc servers: add --rpc")
     ctx = click.get_current_context()
     for name in ("tune_n_max", "tune_p_min"):
         if not tune and ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
@@ -355,6 +364,8 @@ def bench(
             quiet or as_json,
             peer,
             as_json,
+            rpc,
+            tensor_split,
         )
         return
     names = _split(workloads) or None
@@ -406,6 +417,8 @@ def bench(
             peer=peer,
             adaptive=adaptive,
             warmup=not no_warmup,
+            rpc=rpc,
+            tensor_split=tensor_split,
         )
     if wide_note:
         result["wide_target"] = wide_note
@@ -449,7 +462,20 @@ def _wide_pair(target, draft, preset, wide_type, threads, progress) -> tuple[str
 
 
 def _bench_sessions(
-    names, target, draft, preset, threads, n_ctx, repeats, max_tokens, out_dir, quiet, peer, as_json
+    names,
+    target,
+    draft,
+    preset,
+    threads,
+    n_ctx,
+    repeats,
+    max_tokens,
+    out_dir,
+    quiet,
+    peer,
+    as_json,
+    rpc=None,
+    tensor_split=None,
 ) -> None:
     import localspec
     from localspec.bench.peer import SESSION_MODES
@@ -468,6 +494,8 @@ def _bench_sessions(
         n_threads=threads,
         n_ctx=n_ctx,
         suffix_store=False,  # the bench never reads or writes the user's store
+        rpc=rpc,
+        tensor_split=tensor_split,
     ) as pipe:
         setup = None
         if peer:

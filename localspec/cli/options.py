@@ -74,6 +74,37 @@ _GPU_LAYERS_HELP = (
     "offload, else 0)."
 )
 
+
+def _check_rpc(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--rpc``: the servers parsed now, so a malformed list is a usage error before anything loads."""
+    if value is None:
+        return None
+    from localspec.errors import SettingsError
+    from localspec.llama.rpc import parse_endpoints
+
+    try:
+        return ",".join(map(str, parse_endpoints(value)))
+    except SettingsError as exc:
+        raise click.BadParameter(f"{exc.message}; {exc.hint}") from None
+
+
+class Shares(click.ParamType):
+    """``--tensor-split 3,1``: comma-separated shares, each a finite number of 0 or more."""
+
+    name = "shares"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[float]:
+        if isinstance(value, list):
+            return value
+        try:
+            shares = [float(x) for x in str(value).split(",")]
+        except ValueError:
+            self.fail(f"{value!r} is not comma-separated numbers (e.g. 3,1)", param, ctx)
+        if not all(math.isfinite(x) and x >= 0 for x in shares) or not any(shares):
+            self.fail(f"{value!r}: each share is a number of 0 or more, not all 0 (e.g. 3,1)", param, ctx)
+        return shares
+
+
 _OPTIONS: dict[str, Callable[[Any], Any]] = {
     "target": click.option(
         "--target", "-t", type=click.Path(dir_okay=False), help="Target GGUF (default: embedded pair)."
@@ -139,6 +170,20 @@ _OPTIONS: dict[str, Callable[[Any], Any]] = {
     "draft_gpu_layers": click.option(
         "--draft-gpu-layers", type=click.IntRange(min=-1), help="Draft " + _GPU_LAYERS_HELP
     ),
+    "rpc": click.option(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        callback=_check_rpc,
+        help="Put the target's layers on llama.cpp rpc-servers (`localspec rpc-server` on each); the draft "
+        "stays here. --gpu-layers then counts the layers on the servers (default: all). docs/rpc.md",
+    ),
+    "tensor_split": click.option(
+        "--tensor-split",
+        type=Shares(),
+        metavar="N0,N1,...",
+        help="With --rpc: each server's share of the target's layers, in --rpc order (default: by free "
+        "memory).",
+    ),
 }
 
 
@@ -188,6 +233,8 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
             f"--corpus feeds the suffix cache, and --strategy {opts['strategy']} does not use it: "
             f"use --strategy {' or '.join(settings.SUFFIX_STRATEGIES)}, or drop --corpus"
         )
+    if opts.get("tensor_split") and not opts.get("rpc"):
+        raise click.UsageError("--tensor-split shares the target's layers among --rpc servers: add --rpc")
     # GPU layers only when given: None lets the library decide (all layers on a GPU build of llama.cpp).
     gpu = {"n_gpu_layers": opts["gpu_layers"], "draft_n_gpu_layers": opts["draft_gpu_layers"]}
     pipe = localspec.load(
@@ -205,6 +252,8 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
         corpus=opts["corpus"],
         suffix_store=not opts["no_store"],
         store_namespace=store_namespace,
+        rpc=opts.get("rpc"),
+        tensor_split=opts.get("tensor_split"),
         **{k: v for k, v in gpu.items() if v is not None},
     )
     pipe.notify = lambda line: click.echo(f"localspec: {line}", err=True)
