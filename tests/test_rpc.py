@@ -1,0 +1,288 @@
+"""The target over llama.cpp's RPC backend: addresses, the handshake, the exposure rule, the delaying proxy,
+and (with two rpc-servers on loopback, built once from the vendored llama.cpp) lossless greedy text, a
+wrong address said within seconds, and a server killed mid-generation ending that request with an error."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import llama_cpp
+import pytest
+from click.testing import CliRunner
+
+import localspec
+from localspec.bench.rpc_local import DelayProxy, free_port, local_servers
+from localspec.errors import RpcError, SettingsError
+from localspec.llama import rpc
+from localspec.llama.runtime import rpc_placement, supports_gpu_offload
+from localspec.serve.exposure import ExposureError, check_rpc_exposure
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# Addresses, shares, placement ---------------------------------------------------------------------------
+def test_endpoints_parse_and_bad_ones_say_what_to_write():
+    assert rpc.parse_endpoints("127.0.0.1:50052, host-b:7000") == [
+        rpc.Endpoint("127.0.0.1", 50052),
+        rpc.Endpoint("host-b", 7000),
+    ]
+    assert rpc.parse_endpoints(["10.0.0.2:1"]) == [rpc.Endpoint("10.0.0.2", 1)]
+    for bad, words in [
+        ("", "names no server"),
+        ("127.0.0.1", "not HOST:PORT"),
+        ("[::1]:50052", "IPv6"),
+        ("127.0.0.1:0", "1-65535"),
+        ("127.0.0.1:http", "1-65535"),
+        ("a:1,a:1", "named twice"),
+        ("a:1,,b:2", "names no server"),
+    ]:
+        with pytest.raises(SettingsError) as err:
+            rpc.parse_endpoints(bad)
+        assert words in str(err.value), bad
+
+
+def test_tensor_split_needs_one_share_per_device():
+    rpc.check_tensor_split([3, 1], ["RPC0 a:1", "RPC1 b:2"])
+    with pytest.raises(SettingsError, match="2 shares for 3 devices"):
+        rpc.check_tensor_split([1, 1], ["RPC0 a:1", "RPC1 b:2", "RPC2 c:3"])
+    for bad in ([0, 0], [1, -1], [1, float("nan")]):
+        with pytest.raises(SettingsError, match="0 or more"):
+            rpc.check_tensor_split(bad, ["RPC0 a:1", "RPC1 b:2"])
+
+
+def test_placement_counts_the_layers_llama_cpp_assigned():
+    log = [
+        f"load_tensors: layer {i:3d} assigned to device {'CPU' if i < 2 else 'RPC0' if i < 20 else 'RPC1'}, "
+        "is_swa = 0"
+        for i in range(29)
+    ]  # layer 28 is the output layer: not counted
+    names = {"RPC0": "127.0.0.1:50052", "RPC1": "10.0.0.2:50052"}
+    assert rpc_placement(log, names, 28) == (
+        "RPC 127.0.0.1:50052 18/28, 10.0.0.2:50052 8/28 layers; this machine 2/28"
+    )
+    assert rpc_placement([], names, 28) == "RPC over 127.0.0.1:50052, 10.0.0.2:50052"
+
+
+def test_a_cpu_build_with_rpc_is_not_a_gpu_offload():
+    """llama.cpp says it can offload whenever it has the RPC backend; localspec asks for a local GPU, so a
+    CPU machine's models are placed (and reported) on the CPU."""
+    if llama_cpp.llama_supports_rpc() and not rpc.has_local_gpu():
+        assert llama_cpp.llama_supports_gpu_offload() and not supports_gpu_offload()
+    else:
+        assert supports_gpu_offload() == bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def test_a_build_without_rpc_says_how_to_rebuild(monkeypatch):
+    monkeypatch.setattr(llama_cpp, "llama_supports_rpc", lambda: False)
+    with pytest.raises(RpcError) as err:
+        localspec.load(draft="none", n_threads=1, n_ctx=256, rpc="127.0.0.1:50052")
+    assert "-DGGML_RPC=ON" in str(err.value) and "pip install" in str(err.value)
+
+
+# The handshake ------------------------------------------------------------------------------------------
+def _one_shot_server(reply: bytes | None) -> tuple[socket.socket, int]:
+    """A loopback listener that answers its first connection with ``reply`` (None: never answers)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.recv(64)
+        if reply is not None:
+            conn.sendall(reply)
+        time.sleep(3)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, listener.getsockname()[1]
+
+
+def test_a_wrong_address_is_said_within_seconds():
+    port = free_port()
+    start = time.monotonic()
+    with pytest.raises(RpcError) as err:
+        rpc.hello(rpc.Endpoint("127.0.0.1", port))
+    assert time.monotonic() - start < 5
+    assert f"127.0.0.1:{port}" in str(err.value) and "localspec rpc-server" in str(err.value)
+
+
+def test_a_silent_server_and_a_stranger_are_told_apart():
+    listener, port = _one_shot_server(None)
+    with listener, pytest.raises(RpcError, match="no answer within 0.5 s"):
+        rpc.hello(rpc.Endpoint("127.0.0.1", port), timeout=0.5)
+    listener, port = _one_shot_server(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    with listener, pytest.raises(RpcError, match="not llama.cpp's rpc-server"):
+        rpc.hello(rpc.Endpoint("127.0.0.1", port))
+    old = (28).to_bytes(8, "little") + bytes([3, 0, 0, 0]) + bytes(24)  # a protocol 3.0.0 server's answer
+    listener, port = _one_shot_server(old)
+    with listener, pytest.raises(RpcError, match="protocol 3.0.0"):
+        rpc.hello(rpc.Endpoint("127.0.0.1", port))
+
+
+# Exposure -----------------------------------------------------------------------------------------------
+def test_rpc_server_binds_loopback_unless_told_plainly():
+    assert "only this machine" in check_rpc_exposure("127.0.0.1", 50052)
+    with pytest.raises(ExposureError) as err:
+        check_rpc_exposure("0.0.0.0", 50052)
+    assert "no authentication" in str(err.value) and "ssh -N -L 50052" in str(err.value)
+    assert "NO authentication" in check_rpc_exposure("0.0.0.0", 50052, insecure_expose=True)
+    from localspec.cli import main
+
+    result = CliRunner().invoke(main, ["rpc-server", "--host", "192.168.1.5"])
+    assert result.exit_code == 1 and "--insecure-expose" in result.output
+
+
+def test_run_refuses_a_malformed_rpc_list_before_loading():
+    from localspec.cli import main
+
+    result = CliRunner().invoke(main, ["run", "--rpc", "nohost", "x"])
+    assert result.exit_code == 2 and "HOST:PORT" in result.output
+    result = CliRunner().invoke(main, ["run", "--tensor-split", "1,1", "x"])
+    assert result.exit_code == 2 and "add --rpc" in result.output
+
+
+# The delaying proxy -------------------------------------------------------------------------------------
+def test_the_proxy_adds_the_round_trip_and_keeps_every_byte_in_order():
+    upstream = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        conn, _ = upstream.accept()
+        while data := conn.recv(65536):
+            conn.sendall(data)
+        conn.close()
+
+    threading.Thread(target=echo, daemon=True).start()
+    with upstream, DelayProxy(rpc.Endpoint("127.0.0.1", upstream.getsockname()[1]), 40) as proxy:
+        with socket.create_connection((proxy.endpoint.host, proxy.endpoint.port)) as c:
+            payload = os.urandom(3_000_000)
+            start = time.monotonic()
+            threading.Thread(target=c.sendall, args=(payload,), daemon=True).start()
+            got = b""
+            while len(got) < len(payload):
+                got += c.recv(1 << 20)
+            assert got == payload
+            start = time.monotonic()
+            c.sendall(b"x")
+            assert c.recv(1) == b"x"
+            assert 0.040 <= time.monotonic() - start < 0.5
+
+
+# Two rpc-servers on loopback ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rpc_binary():
+    """llama.cpp's rpc-server, built once from the vendored source into the peer's build cache (the user's
+    real one, or LOCALSPEC_PEER_DIR: a build cache, not state; CI keeps it between runs)."""
+    if not llama_cpp.llama_supports_rpc():
+        pytest.skip("this llama-cpp-python has no RPC backend (CI builds it with -DGGML_RPC=ON)")
+    from localspec.bench.peer import rpc_server_binary
+
+    saved = os.environ.get("LOCALSPEC_PEER_DIR")
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser()
+    os.environ["LOCALSPEC_PEER_DIR"] = saved or str(cache / "localspec" / "peer")
+    try:
+        return rpc_server_binary()
+    finally:
+        if saved is None:
+            os.environ.pop("LOCALSPEC_PEER_DIR", None)
+
+
+@pytest.fixture(scope="module")
+def two_servers(rpc_binary):
+    with local_servers(rpc_binary, 2) as servers:
+        yield ",".join(str(s.endpoint) for s in servers)
+
+
+def test_greedy_text_over_rpc_equals_the_local_run(two_servers):
+    prompts = ["def fibonacci(n):", "The capital of France is"]
+    with localspec.load(n_threads=1, n_ctx=512) as local:
+        expected = {
+            (p, s): str(local.generate(p, max_tokens=40, strategy=s))
+            for p in prompts
+            for s in ("none", "model", "ngram")
+        }
+    with localspec.load(n_threads=1, n_ctx=512, rpc=two_servers) as pipe:
+        a, b = two_servers.split(",")
+        assert pipe.placement["target"].startswith(f"RPC {a} ") and f", {b} " in pipe.placement["target"]
+        assert pipe.placement["draft"] == "CPU"
+        for (prompt, strategy), text in expected.items():
+            assert str(pipe.generate(prompt, max_tokens=40, strategy=strategy)) == text, (prompt, strategy)
+
+
+def test_tensor_split_moves_the_layers(two_servers):
+    with localspec.load(draft="none", n_threads=1, n_ctx=256, rpc=two_servers, tensor_split=[0, 1]) as pipe:
+        a, b = two_servers.split(",")
+        assert a not in pipe.placement["target"] and f"{b} 4/4" in pipe.placement["target"]
+
+
+def test_a_wrong_server_among_good_ones_is_named(two_servers):
+    wrong = f"127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(RpcError, match=f"RPC server {wrong}: nothing listens there"):
+        localspec.load(n_threads=1, n_ctx=256, rpc=f"{two_servers},{wrong}")
+    assert time.monotonic() - start < 10
+
+
+_DIES_MID_GENERATION = textwrap.dedent(
+    """
+    import os, sys, time
+    import localspec
+    from localspec.bench.rpc_local import local_servers
+    from localspec.errors import RpcError
+    with local_servers(sys.argv[1], 2) as servers:
+        pipe = localspec.load(n_threads=1, n_ctx=512, rpc=[str(s.endpoint) for s in servers])
+        got = 0
+        try:
+            for _ in pipe.stream("def fibonacci(n):", max_tokens=200, strategy="model"):
+                got += 1
+                if got == 5:
+                    servers[1].proc.kill()
+        except RpcError as exc:
+            print("ERROR", got, exc)
+        start = time.monotonic()
+        try:
+            pipe.generate("again", max_tokens=4)
+        except RpcError as exc:
+            print("AGAIN", round(time.monotonic() - start, 1), exc.hint)
+        pipe.close()
+    print("EXIT CLEAN")
+    """
+)
+
+
+def test_a_server_killed_mid_generation_ends_the_request_with_an_error(rpc_binary):
+    """In a child process: after a lost server llama.cpp cannot reconnect in that process."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DIES_MID_GENERATION, str(rpc_binary)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, done.stderr[-2000:]
+    error = next(line for line in out.splitlines() if line.startswith("ERROR"))
+    assert 5 <= int(error.split()[1]) < 200 and "stopped" in error and "127.0.0.1:" in error
+    again = next(line for line in out.splitlines() if line.startswith("AGAIN"))
+    assert float(again.split()[1]) < 5 and "restart" in again
+    assert "EXIT CLEAN" in out and "Traceback" not in done.stderr
+
+
+def test_run_over_rpc_with_a_dead_server_exits_with_one_message(rpc_binary):
+    with local_servers(rpc_binary, 1) as servers:
+        address = str(servers[0].endpoint)
+        servers[0].stop()
+        done = subprocess.run(
+            [sys.executable, "-m", "localspec", "run", "--rpc", address, "--threads", "1", "x"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1 and "nothing listens there" in done.stderr and "Traceback" not in done.stderr
