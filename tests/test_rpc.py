@@ -286,3 +286,92 @@ def test_run_over_rpc_with_a_dead_server_exits_with_one_message(rpc_binary):
             check=False,
         )
     assert done.returncode == 1 and "nothing listens there" in done.stderr and "Traceback" not in done.stderr
+
+
+# localspec export ---------------------------------------------------------------------------------------
+def _flags(argv: list[str]) -> set[str]:
+    return {a for a in argv if a.startswith("-")}
+
+
+def test_exported_llama_server_flags_exist_in_the_peer_build(rpc_binary, tmp_path):
+    """Every flag an export emits is one the vendored llama.cpp registers (common/arg.cpp), and, where
+    the peer's llama-server is built, one its --help lists."""
+    from localspec.bench import peer
+    from localspec.hub.export import llama_server
+    from localspec.settings import DraftSettings
+
+    target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    emitted: set[str] = set()
+    for strategy in ("model", "ngram", "suffix", "model+ngram", "auto", "none"):
+        out = llama_server(
+            DraftSettings(strategy=strategy, n_max=6, p_min=0.6),
+            target,
+            draft,
+            n_ctx=2048,
+            threads=2,
+            rpc="127.0.0.1:50052,127.0.0.1:50053",
+        )
+        emitted |= _flags(out.argv)
+        assert out.argv[out.argv.index("--rpc") + 1] == "127.0.0.1:50052,127.0.0.1:50053"
+    model = llama_server(
+        DraftSettings(strategy="model", n_max=6, p_min=0.6), target, draft, n_ctx=2048, threads=2
+    )
+    assert model.argv[model.argv.index("--spec-draft-n-max") + 1] == "6"
+    assert model.argv[model.argv.index("--spec-draft-p-min") + 1] == "0.6"
+    source = (rpc_binary.parents[2] / "src" / "common" / "arg.cpp").read_text(encoding="utf-8")
+    assert not [f for f in emitted if f'"{f}"' not in source]
+    server = rpc_binary.parent / peer.SERVER
+    if server.is_file():
+        helptext = subprocess.run([str(server), "--help"], capture_output=True, text=True, timeout=60).stdout
+        assert not [f for f in emitted if f not in helptext]
+
+
+def test_vllm_export_carries_the_method_and_length_and_says_what_it_cannot():
+    import json
+
+    from localspec.hub.export import vllm
+    from localspec.settings import DraftSettings
+
+    def config(strategy: str, draft: Path | None = Path("d.gguf"), **kw) -> tuple[dict, list[str]]:
+        out = vllm(DraftSettings(strategy=strategy, n_max=5), Path("t.gguf"), draft, n_ctx=4096, **kw)
+        assert json.loads(out.argv[out.argv.index("--speculative-config") + 1]) == out.speculative
+        return out.speculative, out.notes
+
+    assert config("model")[0] == {"method": "draft_model", "model": "d.gguf", "num_speculative_tokens": 5}
+    assert config("ngram")[0] == {
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
+    assert config("suffix", None)[0] == {"method": "suffix", "num_speculative_tokens": 5}
+    spec, notes = config("model+suffix", rpc="127.0.0.1:50052")
+    assert spec["method"] == "draft_model" and any("one method" in n for n in notes)
+    assert any("--tensor-parallel-size" in n for n in notes)
+    with pytest.raises(SettingsError, match="needs a draft model"):
+        config("model", None)
+
+
+def test_export_command_prints_one_command_line(tmp_path):
+    from localspec.cli import main
+    from localspec.constants import EMBEDDED_DRAFT, EMBEDDED_TARGET
+
+    result = CliRunner().invoke(
+        main,
+        [
+            "export",
+            str(EMBEDDED_TARGET),
+            "--draft",
+            str(EMBEDDED_DRAFT),
+            "--to",
+            "llama-server",
+            "--n-max",
+            "7",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    line = result.stdout.strip()
+    assert line.startswith("llama-server --model ") and "--spec-draft-n-max 7" in line
+    result = CliRunner().invoke(main, ["export", "tiny-embedded", "--to", "vllm", "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"num_speculative_tokens"' in result.stdout

@@ -59,6 +59,7 @@ COMMAND_MODULES = {
     "bench": "bench",
     "cache": "cache",
     "download": "hub",
+    "export": "export",
     "find-draft": "hub",
     "index": "cache",
     "pair": "models",

@@ -1,0 +1,149 @@
+"""A pair's drafting settings as a serving engine's configuration: llama-server flags or vLLM's
+``speculative_config`` (``localspec export``, docs/export.md).
+
+The settings are a preset's ``[draft]`` table, which ``localspec bench --tune --save-preset NAME`` fills with
+what it measured on this machine, so the measured length and p_min travel with the pair. What an engine
+cannot express (the suffix cache in llama-server, a combination in vLLM, the adaptive length, ``--rpc`` in
+vLLM) is said in :attr:`Export.notes`, with the nearest setting used instead; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localspec.errors import SettingsError
+from localspec.settings import DraftSettings
+
+ENGINES = ("llama-server", "vllm")
+#: localspec's n-gram lookup matches the last 4, then 3, then 2 tokens of the context.
+NGRAM_LOOKUP = (2, 4)
+
+
+@dataclass
+class Export:
+    """One engine's configuration: the command line, the speculative part alone, and what differs."""
+
+    engine: str
+    argv: list[str]
+    speculative: dict[str, object] | list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def command(self) -> str:
+        """The command line, quoted for a POSIX shell."""
+        return shlex.join(self.argv)
+
+
+def _method(settings: DraftSettings, draft: Path | None, notes: list[str]) -> str:
+    """The one drafting method both engines have that stands for ``settings``: model, ngram or none."""
+    strategy = settings.strategy
+    if strategy == "none":
+        return "none"
+    if strategy == "auto":
+        notes.append("auto picks a strategy per request in localspec; an engine takes one setting")
+        return "model" if draft else "ngram"
+    if "model" in strategy:
+        if draft is None:
+            raise SettingsError(f"strategy {strategy} needs a draft model", hint="give --draft PATH")
+        return "model"
+    return "ngram" if strategy == "ngram" else "suffix"
+
+
+def llama_server(
+    settings: DraftSettings,
+    target: Path,
+    draft: Path | None,
+    *,
+    n_ctx: int,
+    threads: int,
+    rpc: str | None = None,
+) -> Export:
+    """llama-server's flags for the pair and ``settings`` (the same draft length, p_min, threads, context).
+
+    Args:
+        settings: the drafting settings (a preset's ``[draft]``, or overridden).
+        target: the target GGUF.
+        draft: the draft GGUF, if any.
+        n_ctx: the context.
+        threads: CPU threads (the draft's too).
+        rpc: ``HOST:PORT,...`` rpc-servers for the target's layers (``--rpc``, all layers there).
+
+    Returns:
+        The :class:`Export`; ``speculative`` holds the drafting flags alone.
+    """
+    notes: list[str] = []
+    method = _method(settings, draft, notes)
+    k = settings.n_max
+    argv = ["llama-server", "--model", str(target), "-c", str(n_ctx), "--threads", str(threads)]
+    if rpc:
+        argv += ["--rpc", rpc, "-ngl", "999"]
+    spec: list[str] = []
+    if method == "model":
+        assert draft is not None
+        spec += ["--spec-type", "draft-simple", "--model-draft", str(draft), "--spec-draft-n-max", str(k)]
+        spec += ["--spec-draft-n-min", str(settings.n_min), "--spec-draft-p-min", f"{settings.p_min:g}"]
+        spec += ["--spec-draft-threads", str(threads)]
+        if rpc:
+            spec += ["--spec-draft-ngl", "0"]
+            notes.append("--spec-draft-ngl 0 keeps the draft on this machine's CPU, as localspec does")
+        if "+" in settings.strategy:
+            notes.append(f"{settings.strategy}: llama-server drafts with the model alone here")
+    elif method in ("ngram", "suffix"):
+        if method == "suffix":
+            notes.append("llama-server has no suffix cache: n-gram lookup in the context is the nearest")
+        spec += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(min(3, k))]
+        spec += ["--spec-ngram-simple-size-m", str(k)]
+    if settings.adaptive:
+        notes.append(f"llama-server drafts a fixed length; localspec's adaptive length goes up to {k}")
+    return Export("llama-server", argv + spec, spec, notes)
+
+
+def vllm(
+    settings: DraftSettings, target: Path, draft: Path | None, *, n_ctx: int, rpc: str | None = None
+) -> Export:
+    """``vllm serve`` with the ``speculative_config`` that stands for ``settings``.
+
+    Args:
+        settings: the drafting settings.
+        target: the target (a GGUF here; a Hugging Face repository id serves better in vLLM).
+        draft: the draft, if any.
+        n_ctx: the context (``--max-model-len``).
+        rpc: llama.cpp's rpc-servers: not carried (vLLM spreads a model its own way); said in the notes.
+
+    Returns:
+        The :class:`Export`; ``speculative`` is the ``speculative_config`` dict.
+    """
+    notes = [
+        "vLLM's GGUF loading is experimental: pass --tokenizer with the original Hugging Face repository, "
+        "or serve the original (non-GGUF) weights of the same models"
+    ]
+    method = _method(settings, draft, notes)
+    k = settings.n_max
+    config: dict[str, object] = {}
+    if method == "model":
+        config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
+        if "+" in settings.strategy:
+            notes.append(f"{settings.strategy}: vLLM takes one method; the draft model is kept")
+    elif method == "ngram":
+        low, high = NGRAM_LOOKUP
+        config = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": low,
+            "prompt_lookup_max": high,
+        }
+    elif method == "suffix":
+        config = {"method": "suffix", "num_speculative_tokens": k}
+    if settings.adaptive:
+        notes.append(f"vLLM drafts a fixed length; localspec's adaptive length goes up to {k}")
+    if rpc:
+        notes.append(
+            "--rpc is llama.cpp's: vLLM spreads a model over GPUs and machines with --tensor-parallel-size "
+            "and --pipeline-parallel-size (a Ray cluster) instead"
+        )
+    argv = ["vllm", "serve", str(target), "--max-model-len", str(n_ctx)]
+    if config:
+        argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    return Export("vllm", argv, config, notes)
