@@ -6,7 +6,8 @@ with the CPU features the installed llama-cpp-python was built with (:func:`buil
 the same kernels. ``PeerServer`` runs one server per setting (target alone, draft model,
 n-gram lookup); ``peer_runner`` sends one ``/completion`` request per prompt and returns stats dicts shaped
 like ``GenerationStats.as_dict()`` (from ``timings``: ``predicted_*``, ``draft_n``, ``draft_n_accepted``).
-Never used by the test suite in CI.
+The servers are never used by the test suite in CI; llama.cpp's ``rpc-server`` (:func:`rpc_server_binary`,
+built without llama-server) is, by tests/test_rpc.py, from the same cached build folder.
 """
 
 from __future__ import annotations
