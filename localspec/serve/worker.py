@@ -19,7 +19,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from localspec.errors import LocalspecError
+from localspec.errors import LocalspecError, RpcError
 from localspec.pipeline.tool_calls import NO_TOOLS, ToolUse
 from localspec.serve.metrics import Metrics
 from localspec.serve.schemas import APIError, from_localspec
@@ -139,7 +139,8 @@ class Worker:
                     break
         except LocalspecError as exc:
             outcome = "error"
-            job.emit("error", from_localspec(exc))
+            # an rpc-server lost mid-generation is the server's state, not a bad request: 503
+            job.emit("error", from_localspec(exc, 503) if isinstance(exc, RpcError) else from_localspec(exc))
         except ValueError as exc:
             outcome = "error"
             job.emit("error", APIError(400, str(exc)))
