@@ -152,3 +152,37 @@ def test_a_free_drafter_always_asks_for_the_full_length():
     pair = SimulatedPair(a=0.2, c=None, hit=0.3)
     _, chosen = speedup(pair, n_max=4, rounds=200, ctl=ctl)
     assert set(chosen) == {4}
+
+
+def _alone_round(ctl: AdaptiveLength, seconds: float) -> None:
+    ctl.update(0, 0, 0, draft_evals=0, draft_seconds=0.0, first_seconds=0.0, fed=0, verify_seconds=seconds)
+
+
+def test_warm_up_timings_of_the_target_alone_do_not_stay_its_cost():
+    # Measured with Qwen 1.5B F32 on 2 cores: the first passes after loading took 126-130 ms, the steady
+    # one 84 ms; a cost stuck at the warm-up value made the predicted speedup 1.5x too high.
+    ctl = AdaptiveLength(4)
+    for seconds in (1.30, 1.26):
+        _alone_round(ctl, seconds)
+    assert ctl.verify[1] == pytest.approx(1.26)
+    _alone_round(ctl, 0.84)
+    assert ctl.verify[1] == pytest.approx(0.84)  # the fastest of the latest: a load only slows a pass
+    for seconds in (1.5, 1.4):
+        _alone_round(ctl, seconds)
+    assert ctl.verify[1] == pytest.approx(0.84)
+    _alone_round(ctl, 1.3)
+    assert ctl.verify[1] == pytest.approx(1.3)  # the machine got slower for good: it follows
+
+
+def test_later_generations_time_the_target_alone_again_once_in_a_while():
+    from localspec.decoding.adaptive import ALONE_REFRESH
+
+    pair = SimulatedPair(a=0.9, c=0.1, s=0.05)
+    ctl = AdaptiveLength(4)
+    alone_rounds = []
+    for _ in range(12):
+        ctl.new_generation()
+        _, chosen = speedup(pair, rounds=40, ctl=ctl)
+        alone_rounds.append(sum(k == 0 for k in chosen))
+    assert alone_rounds[0] >= 2  # the first generation times it twice
+    assert 0 < sum(alone_rounds[1:]) <= 11 * 40 / ALONE_REFRESH + 1  # then once per ALONE_REFRESH rounds

@@ -48,7 +48,8 @@ CARRY_OVER = 5  # a new generation weighs what the last ones saw like 5 rounds
 NORMAL_FEED = 2  # a first draft call that fed more tokens than this was catching up after a pause
 PROBE_BUDGET = 0.05  # mid-generation probes only while catching up costs less per token than this
 ALONE_ROUNDS = (1, 5)  # rounds that run the target alone to time it (more than once: the first is often slow)
-ALONE_KEPT = 5  # the target-alone timings kept; their lower median is the cost of a plain step
+ALONE_KEPT = 3  # the target-alone timings kept; their minimum is the cost of a plain step
+ALONE_REFRESH = 96  # rounds after which the next generation times the target alone again (in its third round)
 
 
 class AdaptiveLength:
@@ -74,7 +75,9 @@ class AdaptiveLength:
         self._asked = dict.fromkeys(range(self.n_max + 1), 0)
         self.verify: dict[int, float] = {}  # seconds of a verify pass, by width
         self._alone: list[float] = []  # the latest timings of a one-row pass (the target alone)
+        self._alone_at = 0  # the round of the latest of them
         self.rounds = 0
+        self._gen_rounds = 0  # rounds of the current generation
         self._idle = 0
         self._probe_every = PROBE_FIRST
         self._probe_start = False
@@ -161,6 +164,7 @@ class AdaptiveLength:
     def new_generation(self) -> None:
         """Start another generation on the same models: costs carry over, acceptance only as a prior."""
         self._idle = 0
+        self._gen_rounds = 0
         self._probe_start = True  # the draft has just read the prompt: no catching up to pay for
         self._behind = 0
         self._forget(CARRY_OVER)
@@ -176,7 +180,7 @@ class AdaptiveLength:
             return self.n_max
         if self.rounds == 0 or self.n_max == 0:
             return min(2, self.n_max)  # measure a draft call, a further one and a wider verify first
-        if self.rounds in ALONE_ROUNDS and len(self._alone) < len(ALONE_ROUNDS):
+        if self._times_alone():
             return 0  # the target alone, to know what a round without a draft costs
         rates = self.rates(optimistic=True)
         if rates is None:
@@ -196,6 +200,14 @@ class AdaptiveLength:
         self._idle = 0
         self._probe_every *= 2
         return max(range(floor, self.n_max + 1), key=rates.__getitem__)
+
+    def _times_alone(self) -> bool:
+        """Is this round one that times the target alone? Twice early in the first generation; later once
+        per generation whose latest such timing is :data:`ALONE_REFRESH` rounds old (the first timings,
+        taken while the machine warms up to the models, can be a third slower than the steady cost)."""
+        if len(self._alone) < len(ALONE_ROUNDS):
+            return self.rounds in ALONE_ROUNDS
+        return self._gen_rounds == 2 and self.rounds - self._alone_at >= ALONE_REFRESH
 
     def stop_rule(self) -> GainStop | None:
         """This round's expected-gain stopping rule for a draft model; None while its costs are unmeasured
@@ -249,6 +261,7 @@ class AdaptiveLength:
         if confidence and draft_evals:  # a draft model's tokens (lookups carry no calibrated confidence)
             self.calibration.record_round(confidence[:drafted], accepted)
         self.rounds += 1
+        self._gen_rounds += 1
         self._behind = 0 if draft_evals else self._behind + accepted + 1
         for i in range(asked):
             w = self._weight(self._seen, i)
@@ -274,9 +287,10 @@ class AdaptiveLength:
             self.step_s = _ema(self.step_s, (draft_seconds - first_seconds) / (draft_evals - 1), d)
         width = drafted + 1
         self.verify[width] = _ema(self.verify.get(width), verify_seconds, d)
-        if width == 1:  # a load only slows a pass down: the lower median of the latest, not their average
+        if width == 1:  # a load or a cold start only slows a pass down: the fastest of the latest
             self._alone = [*self._alone[-(ALONE_KEPT - 1) :], verify_seconds]
-            self.verify[1] = sorted(self._alone)[(len(self._alone) - 1) // 2]
+            self._alone_at = self.rounds
+            self.verify[1] = min(self._alone)
 
     def _weight(self, counts, key) -> float:
         """Weight of the n-th observation: 1/n for the first ones (a plain mean), then 1 - decay."""
