@@ -24,13 +24,17 @@ import sys
 from pathlib import Path
 
 from localspec.bench import peer as peer_mod
+from localspec.bench.arithmetic import summarise
 from localspec.bench.report import machine_info
 from localspec.bench.single import engine_runner, open_pipeline, render, run_interleaved
 from localspec.bench.wide_target import wide_target
 from localspec.bench.workloads import BIG_TARGET_WORKLOADS, select_workloads
 from localspec.settings import BASELINE, DraftSettings
 
+#: drafts every position (no p_min): the best-length ceiling is computed from its per-position acceptance
+UNSTOPPED = DraftSettings(strategy="model", n_max=8, p_min=0.0)
 OURS = [
+    UNSTOPPED,
     DraftSettings(strategy="model", n_max=4, p_min=0.75),
     DraftSettings(strategy="model", n_max=8, p_min=0.75),
     DraftSettings(strategy="model", n_max=8, p_min=0.75, adaptive=True),
@@ -85,10 +89,55 @@ def summary(records: list[dict], workload: str, ours: list[str], peers: list[str
     return out
 
 
+def ceilings(records: list[dict], workloads: list, configs: list[DraftSettings]) -> dict[str, dict]:
+    """Per workload: the ceiling at the best fixed length that the measured acceptance and costs allow, and
+    each setting's share of it.
+
+    P(the first i+1 drafts are all accepted) comes from the draft model drafting every position
+    (:data:`UNSTOPPED`, pooled over its runs), the draft cost ``c`` from the same runs, the verify cost
+    V(b) = 1 + s (b - 1) from ``localspec bench``'s fit over every setting's passes; the ceiling is
+    max over k of (1 + sum of the first k reach probabilities) / (k c + V(k + 1))."""
+    cells, slope = summarise(workloads, configs, records)
+    out: dict[str, dict] = {}
+    for w in workloads:
+        runs = [
+            r["stats"]
+            for r in records
+            if r["workload"] == w.name and r["config"] == UNSTOPPED.label and r["repeat"] >= 0
+        ]
+        cell = next((c for c in cells if c.workload == w.name and c.config == UNSTOPPED.label), None)
+        drafting = sum((s.get("drafted_by_position") or [0])[0] for s in runs)
+        if cell is None or not drafting or not 0 < slope:
+            continue
+        accepted = [0] * UNSTOPPED.n_max
+        for s in runs:
+            for i, n in enumerate((s.get("accepted_by_position") or [])[: UNSTOPPED.n_max]):
+                accepted[i] += n
+        reach = [a / drafting for a in accepted]
+        by_k = {
+            k: (1.0 + sum(reach[:k])) / (k * cell.c + 1.0 + slope * k) for k in range(1, UNSTOPPED.n_max + 1)
+        }
+        best_k = max(by_k, key=by_k.__getitem__)
+        share = {c.config: c.speedup / by_k[best_k] for c in cells if c.workload == w.name}
+        out[w.name] = {
+            "ceiling": by_k[best_k],
+            "best_k": best_k,
+            "reach": reach,
+            "c": cell.c,
+            "slope": slope,
+            "share": share,
+        }
+    return out
+
+
 def _all(ours: list[str], peers: list[str]) -> list[tuple[str, str]]:
     return [("localspec", c) for c in ["none", *ours]] + [
         ("llama.cpp", c) for c in (["none", *peers] if peers else [])
     ]
+
+
+def _ceiling_text(share: float) -> str:
+    return f"  {share:.0%} of the ceiling"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "draft": args.draft,
         "settings": vars(args),
         "workloads": {w.name: summary(records, w.name, ours, peers) for w in wl},
+        "ceilings": ceilings(records, wl, OURS),
         "records": records,
     }
     out = Path(args.out)
@@ -161,9 +211,18 @@ def main(argv: list[str] | None = None) -> int:
         for key, sp in s["speedup"].items():
             config = key.split(": ", 1)[1]
             pred = s["predicted"].get(config) if key.startswith("localspec") else None
+            share = result["ceilings"].get(name, {}).get("share", {}).get(config)
             print(
                 f"  {key:42s} {sp:5.2f}x  {s['tps'][key]:6.2f} tok/s"
                 + (f"  predicted {pred:.2f}x" if pred else "")
+                + (_ceiling_text(share) if share and key.startswith("localspec") else "")
+            )
+        ceil = result["ceilings"].get(name)
+        if ceil:
+            reach = " ".join(f"{r:.2f}" for r in ceil["reach"])
+            print(
+                f"  ceiling at the best fixed length: {ceil['ceiling']:.2f}x (k={ceil['best_k']}; "
+                f"c {ceil['c']:.2f}, V(b) = 1 + {ceil['slope']:.3f} (b-1), P(first i accepted) {reach})"
             )
         if "ours_over_peer" in s:
             best = f"ours best ({s['best_ours']}) / llama.cpp best ({s['best_peer']})"
