@@ -602,6 +602,21 @@ def test_preset_facts_use_the_one_byte_formatter_and_the_hubs_cache_check(monkey
     assert "· cached ·" in pairs.preset_choices([hubbed])[0][0]
 
 
+def test_preset_facts_say_the_drafts_memory_share_from_the_files_here():
+    from localspec.ui import pairs
+
+    from localspec.hub import presets
+    from localspec.units import format_bytes
+
+    p = presets.get_preset(constants.EMBEDDED_PRESET)
+    target, draft = p.target.path.stat().st_size, p.draft_model.path.stat().st_size
+    html = pairs.preset_info_html(p.name)
+    assert f"{format_bytes(draft)} of weights, {draft / target:.0%} of the target&#x27;s" in html
+    missing = replace(p, draft_model=replace(p.draft_model, path=p.draft_model.path.with_name("gone.gguf")))
+    assert pairs.draft_share_text(missing).startswith("known once downloaded")
+    assert pairs.draft_share_text(replace(p, draft_model=None)).startswith("none")
+
+
 @pytest.mark.browser
 def test_browser_stop_in_another_tab_leaves_this_run_alone(ui):
     page, _ = ui

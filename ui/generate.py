@@ -84,7 +84,9 @@ class Runs(Controls):
                     "the prompt is empty", hint="type something to continue in the prompt box"
                 )
             opts = self.gen_opts(v)  # every value checked before anything is loaded
-            yield {err: "", out: tokens_html([], prefix=prefix, status="loading the pair...")}
+            spec = self.spec(v)
+            status = "starting..." if self.holder.loaded(spec) else spec.loading_text()
+            yield {err: "", out: tokens_html([], prefix=prefix, status=status)}
             pipe = self._pipe(v, progress)
             messages = history + [{"role": "user", "content": prompt}] if is_chat else None
             yield self.fit_max_tokens(opts, self.prompt_tokens(pipe, prompt, messages))
@@ -171,6 +173,9 @@ class Runs(Controls):
             if not prompt.strip():
                 raise LocalspecError("the prompt is empty", hint="type a prompt, then press Compare")
             opts = self.gen_opts(v)
+            spec = self.spec(v)
+            if not self.holder.loaded(spec):
+                progress(0.0, desc=spec.loading_text())  # with a value: Gradio shows the words with a bar
             pipe = self._pipe(v, progress)
             fit = self.fit_max_tokens(opts, self.prompt_tokens(pipe, prompt, None))
             progress(None, desc="target alone, then with the draft")

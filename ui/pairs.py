@@ -65,6 +65,7 @@ def preset_info_html(name: str | None) -> str:
         ("Draft", draft),
         ("Download", "none needed" if not p.download_bytes else format_bytes(p.download_bytes)),
         ("RAM needed", format_bytes(p.ram_bytes)),
+        ("Draft's memory", draft_share_text(p)),
         ("On this machine", "yes, ready" if cached else "not yet: press Download"),
         (
             "Draft settings",
@@ -81,6 +82,20 @@ def preset_info_html(name: str | None) -> str:
     desc = f'<div class="ls-note">{esc(p.description)}</div>' if p.description else ""
     state = "ls-cached" if cached else "ls-missing"
     return f'<div id="ls-preset-facts" class="{state}">{desc}<table class="ls-kv">{cells}</table></div>'
+
+
+def draft_share_text(preset: Any) -> str:
+    """The draft model's weights as a share of the target's, from the files on this machine: the memory a
+    draft costs, said next to what it buys (Compare measures both, with the KV caches)."""
+    if preset.draft_model is None:
+        return "none: no draft model to hold"
+    target, draft = hub.cached_bytes(preset.target), hub.cached_bytes(preset.draft_model)
+    if not target or draft is None:
+        return "known once downloaded; Compare shows it next to the speedup"
+    return (
+        f"{format_bytes(draft)} of weights, {draft / target:.0%} of the target's; "
+        "Compare shows it next to the speedup"
+    )
 
 
 def download(name: str, progress: Any = None) -> Any:

@@ -14,7 +14,10 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from localspec.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,21 @@ class PairSpec:
             kw["draft"] = self.draft
         return kw
 
+    def loading_text(self) -> str:
+        """What the page says while this pair loads: the files and their sizes (a 7B+ target takes a while
+        to read from disk the first time)."""
+        if self.preset:
+            return f"loading preset {self.preset}..."
+        parts = []
+        for what, path in (("target", self.target), ("draft", self.draft)):
+            try:
+                size = Path(path).stat().st_size if path else None
+            except OSError:
+                size = None
+            if size:
+                parts.append(f"{what} {Path(path).name}, {format_bytes(size)}")  # type: ignore[arg-type]
+        return f"loading the pair ({'; '.join(parts)})..." if parts else "loading the pair..."
+
     def label(self) -> str:
         if self.preset:
             return f"preset {self.preset}"
@@ -68,6 +86,10 @@ class PipelineHolder:
     _requested: dict[str, int] = field(default_factory=dict)
     _started: dict[str, int] = field(default_factory=dict)
     _cancelled: dict[str, int] = field(default_factory=dict)
+
+    def loaded(self, spec: PairSpec) -> bool:
+        """Whether ``spec`` is the pipeline held now (nothing to load)."""
+        return self.pipe is not None and self.spec == spec
 
     def get(self, spec: PairSpec, progress: Callable[[str, int, int], None] | None = None) -> Any:
         """The pipeline for ``spec``: reused if loaded, else the old one is closed and a new one loaded."""

@@ -603,6 +603,18 @@ def ensure_preset(name: str, *, progress: Progress | None = None, check: bool = 
     return pair
 
 
+def cached_bytes(ref: ModelRef | None) -> int | None:
+    """Bytes of a model's files on this machine (all shards); None when they are not all here (cache
+    lookups only, no network)."""
+    if ref is None:
+        return None
+    try:
+        paths = [ref.path] if ref.is_local and ref.path else resolve_cached(ref)
+        return sum(p.stat().st_size for p in paths if p is not None) if paths else None
+    except (DownloadError, OSError):
+        return None
+
+
 def is_cached(preset: Preset) -> bool:
     """Whether every file of the preset is on this machine (cache lookups only, no network)."""
     for ref in (preset.target, preset.draft_model):
