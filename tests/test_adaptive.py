@@ -186,3 +186,22 @@ def test_later_generations_time_the_target_alone_again_once_in_a_while():
         alone_rounds.append(sum(k == 0 for k in chosen))
     assert alone_rounds[0] >= 2  # the first generation times it twice
     assert 0 < sum(alone_rounds[1:]) <= 11 * 40 / ALONE_REFRESH + 1  # then once per ALONE_REFRESH rounds
+
+
+def test_one_slow_pass_does_not_make_every_longer_draft_look_dear():
+    # Seen with the F16 Qwen target: after one slow early pass the expected-gain rule refused every first
+    # draft token, so no width-2 pass was measured again and a workload worth 1.5x ran at 1.0x.
+    ctl = AdaptiveLength(8)
+    ctl.verify = {1: 1.0, 2: 3.0, 3: 1.3, 5: 1.5}
+    assert ctl.verify_seconds(2) == pytest.approx(1.3)  # never more than a wider pass was measured to cost
+    assert ctl.verify_seconds(4) == pytest.approx(1.4)
+    assert ctl.verify_seconds(1) == pytest.approx(1.0)
+
+
+def test_a_probe_round_drafts_at_least_one_token_under_the_gain_rule():
+    ctl = AdaptiveLength(4, gain_stop=True)
+    ctl.first_s = ctl.step_s = 0.2
+    ctl.verify = {1: 1.0, 2: 5.0}  # a width-2 pass measured absurdly dear: the rule would refuse every token
+    assert ctl.stop_rule().n_min == 0
+    ctl._probing = True
+    assert ctl.stop_rule().n_min == 1  # a probe keeps one, so the width-2 pass is measured again

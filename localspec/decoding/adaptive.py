@@ -81,6 +81,7 @@ class AdaptiveLength:
         self._idle = 0
         self._probe_every = PROBE_FIRST
         self._probe_start = False
+        self._probing = False  # this round is a probe: its draft keeps at least one token
 
     # ------------------------------------------------------------------------------------ model
     def expected_tokens(self, k: int, optimistic: bool = False) -> float:
@@ -121,7 +122,16 @@ class AdaptiveLength:
         return v + catch_up + self.first_s + max(0.0, calls - 1.0) * (self.step_s or self.first_s)
 
     def verify_seconds(self, width: float) -> float | None:
-        """Measured verify cost at ``width`` rows, interpolated between measured widths."""
+        """Measured verify cost at ``width`` rows, interpolated between measured widths, and never more than
+        a wider pass was measured to cost (one slow pass at a width drafts rarely reach, seen at 3x the
+        steady cost, would otherwise make every longer draft look dear until that width is measured again)."""
+        v = self._interpolated(width)
+        if v is None:
+            return None
+        wider = [t for w, t in self.verify.items() if w >= width]
+        return min(v, *wider) if wider else v
+
+    def _interpolated(self, width: float) -> float | None:
         if not self.verify:
             return None
         known = sorted(self.verify)
@@ -176,6 +186,7 @@ class AdaptiveLength:
     def choose(self) -> int:
         """The draft length for the next round."""
         start, self._probe_start = self._probe_start, False
+        self._probing = False
         if self.free:
             return self.n_max
         if self.rounds == 0 or self.n_max == 0:
@@ -194,11 +205,13 @@ class AdaptiveLength:
             return self.n_max if self.stop_rule() is not None else best
         self._idle += 1
         if start:
+            self._probing = True
             return max(range(floor, self.n_max + 1), key=rates.__getitem__)
         if self._idle < self._probe_every or self._probe_every > PROBE_MAX or not self._probe_affordable():
             return 0
         self._idle = 0
         self._probe_every *= 2
+        self._probing = True
         return max(range(floor, self.n_max + 1), key=rates.__getitem__)
 
     def _times_alone(self) -> bool:
@@ -224,7 +237,9 @@ class AdaptiveLength:
             verify_seconds=verify_seconds,
             first_seconds=self.first_s,
             step_seconds=self.step_s or self.first_s,
-            n_min=self.n_min,
+            # a probe drafts at least one token whatever the costs say: a rule that refused every token
+            # would never measure again the verify pass that made it refuse
+            n_min=max(self.n_min, 1) if self._probing else self.n_min,
             model_tokens=self.expected_tokens(self.n_max) - 1.0,
         )
 
