@@ -16,6 +16,7 @@ from localspec.errors import LocalspecError
 from .common import Room, friendly, progress_adapter, session_key
 from .controls import Controls
 from .render import chat_prefix_html, empty_panel_html, result_panel_html, tokens_html
+from .session import PairSpec
 
 REFRESH_SECONDS = 0.08  # how often the streaming output is pushed to the page
 
@@ -55,8 +56,7 @@ def noise_caution(cmp: Any) -> str:
 class Runs(Controls):
     """The handlers that run the pair: Run, Compare, and the Stop of a browser session."""
 
-    def _pipe(self, v: dict[str, Any], progress: Any) -> Any:
-        spec = self.spec(v)
+    def _pipe(self, spec: PairSpec, progress: Any) -> Any:
         pipe = self.holder.get(spec, progress_adapter(progress))
         self.loaded_room = (spec, Room.of(pipe))
         return pipe
@@ -87,7 +87,7 @@ class Runs(Controls):
             spec = self.spec(v)
             status = "starting..." if self.holder.loaded(spec) else spec.loading_text()
             yield {err: "", out: tokens_html([], prefix=prefix, status=status)}
-            pipe = self._pipe(v, progress)
+            pipe = self._pipe(spec, progress)
             messages = history + [{"role": "user", "content": prompt}] if is_chat else None
             yield self.fit_max_tokens(opts, self.prompt_tokens(pipe, prompt, messages))
             if pipe.costs_pending(opts["strategy"]):
@@ -176,7 +176,7 @@ class Runs(Controls):
             spec = self.spec(v)
             if not self.holder.loaded(spec):
                 progress(0.0, desc=spec.loading_text())  # with a value: Gradio shows the words with a bar
-            pipe = self._pipe(v, progress)
+            pipe = self._pipe(spec, progress)
             fit = self.fit_max_tokens(opts, self.prompt_tokens(pipe, prompt, None))
             progress(None, desc="target alone, then with the draft")
             with self.holder.busy():

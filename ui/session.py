@@ -55,13 +55,14 @@ class PairSpec:
         if self.preset:
             return f"loading preset {self.preset}..."
         parts = []
-        for what, path in (("target", self.target), ("draft", self.draft)):
+        for what, name in (("target", self.target), ("draft", self.draft)):
+            path = Path(name or "")
             try:
-                size = Path(path).stat().st_size if path else None
+                size = path.stat().st_size if path.is_file() else 0  # not "ngram", "none" or missing
             except OSError:
-                size = None
+                size = 0
             if size:
-                parts.append(f"{what} {Path(path).name}, {format_bytes(size)}")  # type: ignore[arg-type]
+                parts.append(f"{what} {path.name}, {format_bytes(size)}")
         return f"loading the pair ({'; '.join(parts)})..." if parts else "loading the pair..."
 
     def label(self) -> str:
