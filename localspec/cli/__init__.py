@@ -58,6 +58,7 @@ _NOT_A_BUG = {
 COMMAND_MODULES = {
     "bench": "bench",
     "cache": "cache",
+    "doctor": "doctor",
     "download": "hub",
     "export": "export",
     "find-draft": "hub",

@@ -1,5 +1,7 @@
 """What the installed llama.cpp build does on this CPU: the x86 features it uses, the cmake flags that
-rebuild it, and whether its AMX kernels survive here.
+rebuild it, and whether its AMX kernels survive here. :func:`check_build` puts the whole build (features,
+GPU backends and devices from ggml's registry, the RPC backend) against this machine for ``localspec
+doctor``, with the rebuild that closes each gap.
 
 llama.cpp built for a CPU with AMX (``-march=native`` on an Intel Xeon of the Sapphire Rapids kind and
 later, what a plain ``pip install llama-cpp-python`` does there) moves the weights of quantized models
@@ -16,16 +18,20 @@ float models (F32/F16/BF16, which AMX does not take in this llama.cpp), are neve
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localspec import constants
 from localspec.errors import BuildError
@@ -74,7 +80,12 @@ def cpu_flags(system_info: str, *, without: frozenset[str] = frozenset()) -> lis
     """cmake flags that build llama.cpp with exactly the x86 features named in ``system_info`` (the
     installed llama-cpp-python's ``llama_print_system_info()``) less ``without``; [] when it names none
     (not x86: a native build there matches the wheel's default)."""
-    present = features_of(system_info) - without
+    return flags_for_features(features_of(system_info) - without)
+
+
+def flags_for_features(present: set[str] | frozenset[str]) -> list[str]:
+    """cmake flags that build llama.cpp with exactly the x86 features ``present`` (names as
+    :data:`CPU_FEATURES` spells them); [] when they name none of AVX, AVX2, SSE3 (not x86)."""
     if not present & {"AVX", "AVX2", "SSE3"}:
         return []
     flags = ["-DGGML_NATIVE=OFF"]
@@ -83,12 +94,20 @@ def cpu_flags(system_info: str, *, without: frozenset[str] = frozenset()) -> lis
     return flags
 
 
+def cpuinfo_flags(cpuinfo: str) -> set[str]:
+    """The x86 flags of the first CPU in ``cpuinfo`` (the text of ``/proc/cpuinfo``); empty off x86."""
+    lines = (line for line in cpuinfo.splitlines() if line.startswith("flags") and ":" in line)
+    return set(next((line.split(":", 1)[1].split() for line in lines), []))
+
+
 def unused_cpu_features(system_info: str, cpuinfo: str) -> list[str]:
     """The features this CPU has (``cpuinfo``: the text of ``/proc/cpuinfo``) that the llama.cpp build
     described by ``system_info`` does not use, AMX never included; [] off x86 or when nothing is missing."""
-    lines = (line for line in cpuinfo.splitlines() if line.startswith("flags") and ":" in line)
-    has = set(next((line.split(":", 1)[1].split() for line in lines), []))
-    used = features_of(system_info)
+    return _unused(features_of(system_info), cpuinfo_flags(cpuinfo))
+
+
+def _unused(used: set[str], has: set[str]) -> list[str]:
+    """The features of :data:`CPU_FEATURES` the CPU ``has`` (its flags) and the build does not ``use``."""
     return [
         name
         for name, (flag, _) in CPU_FEATURES.items()
@@ -96,15 +115,350 @@ def unused_cpu_features(system_info: str, cpuinfo: str) -> list[str]:
     ]
 
 
+# The whole build (``localspec doctor``) ------------------------------------------------------------------
+#: GPU backends as ggml's registry names them, and the cmake option that builds each.
+GPU_BACKENDS: dict[str, str] = {
+    "CUDA": "-DGGML_CUDA=on",
+    "ROCm": "-DGGML_HIP=on",
+    "MTL": "-DGGML_METAL=on",
+    "Vulkan": "-DGGML_VULKAN=on",
+    "SYCL": "-DGGML_SYCL=on",
+    "MUSA": "-DGGML_MUSA=on",
+    "OpenCL": "-DGGML_OPENCL=on",
+    "CANN": "-DGGML_CANN=on",
+}
+#: The cmake option that builds llama.cpp's RPC backend (``--rpc``, ``localspec rpc-server``).
+RPC_FLAG = "-DGGML_RPC=ON"
+#: ``enum ggml_backend_dev_type``, in order.
+DEVICE_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device in ggml's registry: ``CUDA0``, ``CPU``..., its kind (:data:`DEVICE_KINDS`) and memory."""
+
+    name: str
+    description: str
+    kind: str
+    memory_bytes: int = 0  # 0: not known
+
+
+@dataclass(frozen=True)
+class BuildFacts:
+    """What the installed llama-cpp-python is: :func:`installed_build` reads it; a test writes one by hand.
+
+    ``system_info`` is ``llama_print_system_info()`` (``CPU : AVX2 = 1 | ...``); ``backends`` the names in
+    ggml's backend registry (``CPU``, ``CUDA``, ``RPC``...), where a backend built without features to
+    report (RPC) shows, unlike in ``system_info``.
+    """
+
+    version: str
+    system_info: str
+    backends: tuple[str, ...]
+    devices: tuple[Device, ...] = ()
+    ggml_version: str = ""  # llama.cpp's ggml version and commit, when it says
+
+    @property
+    def rpc(self) -> bool:
+        """Whether llama.cpp's RPC backend is built (what ``llama_supports_rpc()`` asks)."""
+        return "RPC" in self.backends
+
+    @property
+    def gpu_backends(self) -> list[str]:
+        return [b for b in self.backends if b in GPU_BACKENDS]
+
+    def flags(self, *, features: set[str] | None = None, add: tuple[str, ...] = ()) -> list[str]:
+        """cmake flags that rebuild this build: its CPU features (or ``features``), GPU backends and RPC,
+        plus ``add``."""
+        cpu = features if features is not None else features_of(self.system_info)
+        kept = [GPU_BACKENDS[b] for b in self.gpu_backends] + ([RPC_FLAG] if self.rpc else [])
+        return [*flags_for_features(cpu), *kept, *(f for f in add if f not in kept)]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing :func:`check_build` looked at.
+
+    ``state``: ``ok``; ``note`` (works, worth knowing); ``gap`` (works, and a rebuild would give this
+    machine something it can use); ``problem`` (something localspec uses does not work here). ``flags``:
+    the cmake flags of the rebuild that closes a gap or fixes a problem (``fix`` is its command).
+    """
+
+    topic: str
+    state: str
+    text: str
+    flags: tuple[str, ...] = ()
+    version: str = ""
+
+    @property
+    def fix(self) -> str | None:
+        return rebuild_command(list(self.flags), self.version) if self.flags else None
+
+
+def check_build(
+    build: BuildFacts,
+    cpuinfo: str,
+    *,
+    pinned: str | None = None,
+    amx_crashes: int = 0,
+    gpus_seen: tuple[str, ...] = (),
+) -> list[Finding]:
+    """What works in ``build`` on this machine, what is missing, and the rebuild for each gap.
+
+    Args:
+        build: the installed build (:func:`installed_build`).
+        cpuinfo: the text of ``/proc/cpuinfo`` ("" where there is none: the CPU is then not compared).
+        pinned: the llama-cpp-python version localspec requires, if known.
+        amx_crashes: how many of the AMX check's kept verdicts are crashes (:func:`amx_crash_count`).
+        gpus_seen: GPU backends this machine's hardware could use (:func:`gpus_seen`).
+
+    Returns:
+        The findings, in the order a report shows them: version, CPU features, AMX, GPU, RPC.
+    """
+    version = pinned or build.version
+    out = []
+    if pinned and build.version != pinned:
+        out.append(
+            Finding(
+                "llama-cpp-python",
+                "problem",
+                f"{build.version} is installed; localspec is built against {pinned}",
+                tuple(build.flags()),
+                pinned,
+            )
+        )
+    out += _cpu_findings(build, cpuinfo_flags(cpuinfo), version)
+    out += _amx_findings(build, cpuinfo_flags(cpuinfo), amx_crashes, version)
+    out += _gpu_findings(build, gpus_seen, version)
+    if build.rpc:
+        out.append(Finding("RPC", "ok", "built: `--rpc` and `localspec rpc-server` work"))
+    else:
+        out.append(
+            Finding(
+                "RPC",
+                "gap",
+                "not built: `--rpc` and `localspec rpc-server` need it",
+                tuple(build.flags(add=(RPC_FLAG,))),
+                version,
+            )
+        )
+    return out
+
+
+def _cpu_findings(build: BuildFacts, has: set[str], version: str) -> list[Finding]:
+    """The build's x86 features against the CPU's (nothing to say off x86 or without ``/proc/cpuinfo``)."""
+    used = features_of(build.system_info)
+    if not has or not flags_for_features(used):
+        return []
+    lacking = [n for n, (flag, _) in CPU_FEATURES.items() if n in used and flag not in has]
+    if lacking:
+        return [
+            Finding(
+                "CPU features",
+                "problem",
+                f"the build uses {', '.join(lacking)}, which this CPU lacks: llama.cpp stops at an illegal "
+                "instruction",
+                tuple(build.flags(features=used - set(lacking))),
+                version,
+            )
+        ]
+    unused = _unused(used, has)
+    if unused:
+        return [
+            Finding(
+                "CPU features",
+                "gap",
+                f"this CPU has {', '.join(unused)}, which the build does not use: wide verify passes cost "
+                "more (1.3-1.5x on an AVX-512 CPU with an AVX2 build)",
+                tuple(build.flags(features=used | set(unused))),
+                version,
+            )
+        ]
+    return [
+        Finding(
+            "CPU features",
+            "ok",
+            "the build uses every feature of this CPU that llama.cpp can use (AMX aside)",
+        )
+    ]
+
+
+def _amx_findings(build: BuildFacts, has: set[str], crashes: int, version: str) -> list[Finding]:
+    used = features_of(build.system_info)
+    if "AMX_INT8" not in used:
+        if "amx_int8" in has:
+            return [
+                Finding("AMX", "ok", "this CPU has AMX, the build does not use it (never advised: see below)")
+            ]
+        return []
+    without = tuple(build.flags(features=used - NOT_ADVISED))
+    if crashes:
+        return [
+            Finding(
+                "AMX",
+                "problem",
+                f"llama.cpp's AMX kernels crashed in {crashes} test decode(s) on this machine (llama.cpp "
+                "issue 20824): rebuild without AMX",
+                without,
+                version,
+            )
+        ]
+    return [
+        Finding(
+            "AMX",
+            "note",
+            "the build uses AMX, whose kernels crash on some machines (llama.cpp issue 20824): each "
+            "quantized model is first tried once in a child process; if it crashes, rebuild without AMX",
+            without,
+            version,
+        )
+    ]
+
+
+def _gpu_findings(build: BuildFacts, seen: tuple[str, ...], version: str) -> list[Finding]:
+    out = []
+    gpus = [d for d in build.devices if d.kind in ("gpu", "igpu")]
+    for backend in build.gpu_backends:
+        found = [d for d in gpus if d.name.startswith(backend)]
+        if found:
+            names = ", ".join(f"{d.name} ({d.description})" for d in found)
+            out.append(Finding(f"GPU: {backend}", "ok", f"built; devices: {names}"))
+        else:
+            out.append(
+                Finding(f"GPU: {backend}", "note", "built, but no device found: models run on the CPU")
+            )
+    for backend in seen:
+        if backend not in build.gpu_backends:
+            out.append(
+                Finding(
+                    f"GPU: {backend}",
+                    "gap",
+                    f"this machine has a {backend} GPU, and the build has no {backend} backend: models run "
+                    "on the CPU",
+                    tuple(build.flags(add=(GPU_BACKENDS[backend],))),
+                    version,
+                )
+            )
+    if not out:
+        out.append(Finding("GPU", "ok", "none built and none seen: models run on the CPU"))
+    return out
+
+
+def fix_all(build: BuildFacts, findings: list[Finding]) -> str | None:
+    """One command that closes every gap and fixes every problem in ``findings`` that a rebuild of
+    ``build`` fixes (what each rebuild changes, together), or None when none does."""
+    fixes = [f for f in findings if f.flags]
+    if not fixes:
+        return None
+    base = build.flags()
+    merged = {flag.split("=", 1)[0]: flag for flag in base}
+    for f in fixes:
+        merged.update((flag.split("=", 1)[0], flag) for flag in f.flags if flag not in base)
+    return rebuild_command(list(merged.values()), fixes[0].version)
+
+
+def gpus_seen() -> tuple[str, ...]:
+    """GPU backends this machine's hardware could use, from what its drivers show (NVIDIA: CUDA; AMD's
+    compute driver: ROCm). Apple GPUs take Metal, which macOS builds have by default."""
+    seen = []
+    if Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi"):
+        seen.append("CUDA")
+    if Path("/dev/kfd").exists():
+        seen.append("ROCm")
+    return tuple(seen)
+
+
+def amx_crash_count() -> int:
+    """How many of the AMX check's kept verdicts are crashes."""
+    return sum(1 for path in list_verdicts() if (_read_verdict(path) or {}).get("crashed"))
+
+
+def installed_build() -> BuildFacts:
+    """The installed llama-cpp-python: its version, ``llama_print_system_info()``, ggml's backends and
+    devices (llama.cpp's registry, read through llama_cpp's ctypes handle to ggml)."""
+    import llama_cpp
+
+    backends, devices = _registry()
+    return BuildFacts(
+        version=llama_cpp.__version__,
+        system_info=installed_system_info(),
+        backends=tuple(backends),
+        devices=tuple(devices),
+        ggml_version=_ggml_version(),
+    )
+
+
+def _ggml() -> Any:
+    from llama_cpp._ggml import libggml
+
+    size_p = ctypes.POINTER(ctypes.c_size_t)
+    for name, restype, argtypes in (
+        ("ggml_backend_reg_count", ctypes.c_size_t, []),
+        ("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t]),
+        ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p]),
+        ("ggml_backend_dev_count", ctypes.c_size_t, []),
+        ("ggml_backend_dev_get", ctypes.c_void_p, [ctypes.c_size_t]),
+        ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
+        ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p]),
+        ("ggml_backend_dev_type", ctypes.c_int, [ctypes.c_void_p]),
+        ("ggml_backend_dev_memory", None, [ctypes.c_void_p, size_p, size_p]),
+    ):
+        fn = getattr(libggml, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return libggml
+
+
+def _registry() -> tuple[list[str], list[Device]]:
+    """ggml's backend names and devices."""
+    g = _ggml()
+    names = [
+        (g.ggml_backend_reg_name(g.ggml_backend_reg_get(i)) or b"?").decode()
+        for i in range(g.ggml_backend_reg_count())
+    ]
+    devices = []
+    for i in range(g.ggml_backend_dev_count()):
+        dev = g.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        kind = g.ggml_backend_dev_type(dev)
+        devices.append(
+            Device(
+                name=(g.ggml_backend_dev_name(dev) or b"?").decode(),
+                description=(g.ggml_backend_dev_description(dev) or b"").decode("utf-8", "replace"),
+                kind=DEVICE_KINDS[kind] if 0 <= kind < len(DEVICE_KINDS) else str(kind),
+                memory_bytes=total.value,
+            )
+        )
+    return names, devices
+
+
+def _ggml_version() -> str:
+    """ggml's version and commit (``0.9.4 (abc1234)``), "" when this build does not say."""
+    from llama_cpp._ggml import libggml
+
+    parts: list[str] = []
+    for name in ("ggml_version", "ggml_commit"):
+        fn = getattr(libggml, name, None)
+        if fn is None:
+            return " ".join(parts)
+        fn.restype, fn.argtypes = ctypes.c_char_p, []
+        parts.append((fn() or b"").decode())
+    return f"{parts[0]} ({parts[1]})" if all(parts) else " ".join(p for p in parts if p)
+
+
 # AMX ---------------------------------------------------------------------------------------------------
 def rebuild_without_amx(system_info: str) -> str:
     """The command that reinstalls llama-cpp-python for this build's features less AMX."""
     import llama_cpp
 
-    flags = " ".join(cpu_flags(system_info, without=NOT_ADVISED))
+    return rebuild_command(cpu_flags(system_info, without=NOT_ADVISED), llama_cpp.__version__)
+
+
+def rebuild_command(flags: list[str], version: str) -> str:
+    """The pip command that reinstalls llama-cpp-python ``version``, compiled with the cmake ``flags``."""
     return (
-        f'CMAKE_ARGS="{flags}" pip install --no-cache-dir --force-reinstall --no-deps '
-        f"llama-cpp-python=={llama_cpp.__version__}"
+        f'CMAKE_ARGS="{" ".join(flags)}" pip install --no-cache-dir --force-reinstall --no-deps '
+        f"llama-cpp-python=={version}"
     )
 
 
