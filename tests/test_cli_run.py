@@ -209,6 +209,24 @@ def test_the_one_time_cost_measurement_is_announced_once(monkeypatch, tmp_path):
     assert len(list((tmp_path / "home" / "costs").glob("*.json"))) == 1
 
 
+def test_the_first_run_that_stores_says_what_it_keeps_once_and_no_store_keeps_nothing(monkeypatch, tmp_path):
+    """The suffix cache keeps prompts and outputs on disk: the first run that writes it says where, and how to
+    turn it off or clear it, in one line on stderr; later runs say nothing; ``--no-store`` writes nothing."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    monkeypatch.setattr("localspec.decoding.costs.UNSTEADY_TRIES", 1)
+    args = ("run", "-n", "4", "--threads", "2", "--n-ctx", "256", "--strategy", "suffix", "x=1")
+    off = invoke(*args, "--no-store")
+    assert off.exit_code == 0 and not (home / "suffix").exists(), off.output
+    said = f"localspec: the suffix cache keeps your prompts and outputs in {home / 'suffix'}"
+    assert said not in off.output
+    first, second = invoke(*args), invoke(*args)
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    lines = [line for line in first.output.splitlines() if said in line]
+    assert len(lines) == 1 and "--no-store" in lines[0] and "`localspec cache clear`" in lines[0]
+    assert said not in second.output
+
+
 def test_json_schema_and_grammar_files_constrain_the_output(tmp_path):
     import json
 

@@ -1373,3 +1373,20 @@ def test_cache_info_and_index_on_a_damaged_store(tmp_path):
         and "starting it afresh with this folder's corpus" in r.output
     )
     assert list_stores(cache_dir)[0].problem is None
+
+
+def test_the_first_store_written_in_a_folder_says_what_it_keeps_and_how_to_stop_it_once(tmp_path, caplog):
+    folder = tmp_path / "c"
+    s = SuffixStore(folder, FP, n_vocab=1000)
+    s.load()
+    assert "keeps your prompts" not in caplog.text  # loading writes nothing, and says nothing
+    assert s.save(_index())
+    said = [r.getMessage() for r in caplog.records if "keeps your prompts" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0]
+    assert str(folder) in said[0] and "--no-store" in said[0] and "localspec cache clear" in said[0]
+    assert s.save(_index(n_requests=25))  # later saves, and another vocabulary's first: nothing more
+    assert SuffixStore(folder, OTHER, n_vocab=1000).save(_index(seed=2))
+    assert sum("keeps your prompts" in r.getMessage() for r in caplog.records) == 1
+    store_info.clear(folder)  # cleared: the next first write says it again
+    assert SuffixStore(folder, FP, n_vocab=1000).save(_index(seed=3))
+    assert sum("keeps your prompts" in r.getMessage() for r in caplog.records) == 2

@@ -9,7 +9,9 @@ time at every load), when requests were evicted (the history passed its cap), wh
 when the journal holds a torn record. Nothing is ever appended to a file it did not check, so the files stay
 bounded: the snapshot by the history cap, the journal by a fraction of it. A file that cannot be used is
 reported in one line (:attr:`SuffixStore.problem`, and a logged warning) and ignored: the cache starts empty
-and the next save replaces it. A store never crashes its caller.
+and the next save replaces it. A store never crashes its caller. The first store written in a folder says
+what it keeps, where, and how to turn it off or clear it (:func:`first_write_notice`, a logged warning: the
+command line prints it as one line on stderr).
 
 Several writers
 ---------------
@@ -130,6 +132,16 @@ __all__ = [  # (what this module held before the split, for its importers)
 ]
 
 log = logging.getLogger(__name__)
+
+
+def first_write_notice(directory: Path) -> str:
+    """What the first store written in ``directory`` says (once: a folder with a store says nothing more):
+    what is kept, where, and how to turn it off or clear it."""
+    return (
+        f"the suffix cache keeps your prompts and outputs in {directory} to draft from them later; "
+        "`localspec cache clear` deletes them, --no-store (suffix_store=False in Python) keeps them in "
+        "memory only"
+    )
 
 
 class SuffixStore:
@@ -541,7 +553,10 @@ class SuffixStore:
             "corpus_root": self.corpus_root,
         }
         snapshot_id, chunks = _snapshot(index.state(), facts)
+        first = not any(self.directory.glob(f"*{store_files.SUFFIX}"))
         st = self._replace(self.path, chunks)
+        if first:
+            log.warning(first_write_notice(self.directory))
         # the journal's requests are in the snapshot now (a journal left behind by a kill right here names
         # the previous snapshot's id and is ignored)
         with contextlib.suppress(FileNotFoundError):
