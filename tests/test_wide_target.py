@@ -86,3 +86,41 @@ def test_the_big_target_set_is_prompts_where_copying_cannot_help():
     for w in loaded:
         assert len(w.prompts) >= 8 and all(p.chat for p in w.prompts)
         assert not any("```" in p.text or "def " in p.text for p in w.prompts)  # nothing to copy from
+
+
+def test_sigterm_during_the_re_encoding_stops_llama_quantize(tmp_path, monkeypatch):
+    """`timeout` sends SIGTERM to localspec alone: llama-quantize went on under init, writing its .part."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LOCALSPEC_PEER_DIR", str(tmp_path / "peer"))
+    tool = peer.build_dir() / "bin" / peer.QUANTIZE  # where the peer build keeps it: found, not built
+    tool.parent.mkdir(parents=True)
+    pidfile = tmp_path / "quantize.pid"
+    tool.write_text(f'#!/bin/sh\necho $$ > {pidfile}\n: > "$3"\nexec sleep 60\n')
+    tool.chmod(0o755)
+    script = (
+        "from localspec.bench.wide_target import wide_target\n"
+        f"wide_target({str(EMBEDDED_TARGET)!r}, 'F16', threads=1)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.05)
+    quantize = int(pidfile.read_text())
+    proc.send_signal(signal.SIGTERM)  # to localspec's pid alone, as `timeout` sends it
+    assert proc.wait(30) != 0
+    for _ in range(100):
+        try:
+            os.kill(quantize, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(quantize, signal.SIGKILL)
+        pytest.fail("llama-quantize went on after localspec was stopped")
+    assert not list(wide_target.wide_dir().glob("*.part"))  # and its partial file is gone

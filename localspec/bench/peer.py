@@ -12,6 +12,7 @@ built without llama-server) is, by tests/test_rpc.py, from the same cached build
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -26,7 +27,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,11 @@ from localspec.bench.workloads import Prompt, Runner
 from localspec.errors import BenchError
 from localspec.llama.build import cpu_flags, installed_system_info, unused_cpu_features
 from localspec.settings import DraftSettings
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; builds go on unlocked
+    fcntl = None  # type: ignore[assignment]
 
 SERVER = "llama-server"
 LOOKUP_CREATE = "llama-lookup-create"
@@ -109,7 +115,7 @@ def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
     with log.open("a", encoding="utf-8") as fh:
         fh.write(f"\n$ {shlex.join(cmd)}\n")
         fh.flush()
-        rc = _call_as_group(cmd, cwd=cwd, stdout=fh)
+        rc = call_as_group(cmd, cwd=cwd, stdout=fh)
     if rc != 0:
         raise BenchError(
             f"building the llama.cpp peer failed (exit {rc}): {shlex.join(cmd[:4])} ...",
@@ -117,29 +123,75 @@ def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
         )
 
 
-def _call_as_group(cmd: list[str], *, cwd: Path | None, stdout: Any) -> int:
-    """Run a build step in its own process group and wait for it; interrupted (Ctrl-C, or SIGTERM from
+def die_with_this_process() -> dict[str, Any]:
+    """``subprocess.Popen`` keywords that make a child end when this process ends, however it ends: on
+    Linux the kernel sends it SIGTERM (``PR_SET_PDEATHSIG``) when this process dies, even of a SIGKILL that
+    leaves no time to stop it. Only for a child started from the main thread: the signal follows the thread
+    that started the child, and a worker thread ending would take a long-lived child with it. Elsewhere:
+    no keywords (the caller stops its children itself)."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return {}
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return {}
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    parent = os.getpid()
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # this process died between the fork and now
+            os._exit(1)
+
+    return {"preexec_fn": in_child}
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_on_sigterm() -> contextlib.AbstractContextManager[None]:
+    """Within the block (on the main thread), a SIGTERM (``timeout``, a supervisor) raises
+    ``KeyboardInterrupt`` like a Ctrl-C, so the ``finally:`` blocks that stop this process's children run;
+    elsewhere it changes nothing."""
+    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
+        return contextlib.nullcontext()
+    return _sigterm_raises()
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def call_as_group(cmd: list[str], *, cwd: Path | None, stdout: Any) -> int:
+    """Run a build step (or another tool, such as llama-quantize) in its own process group and wait for it;
+    its exit status. Interrupted (Ctrl-C, or SIGTERM from
     ``timeout`` or a supervisor, which reach this process alone), take the whole group down with it:
     ``subprocess.call`` kills only its child (cmake), and make and the compilers under it went on at full
     CPU for minutes, re-parented to init, slowing every later measurement."""
     proc = subprocess.Popen(
-        cmd, cwd=cwd, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=os.name == "posix"
+        cmd,
+        cwd=cwd,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        start_new_session=os.name == "posix",
+        **die_with_this_process(),
     )
-    previous = None
-    if os.name == "posix" and threading.current_thread() is threading.main_thread():
-
-        def interrupted(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, interrupted)
     try:
-        return proc.wait()
+        with stop_on_sigterm():
+            return proc.wait()
     except BaseException:
         _stop_group(proc)
         raise
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
@@ -185,13 +237,39 @@ def build_server(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> 
     if found:
         return found
     say = log or (lambda _m: None)
-    build, logfile = _configured(say)
-    say(f"building {SERVER} with {jobs} jobs (several minutes, once) ...")
-    _run(["cmake", "--build", str(build), "--target", SERVER, "-j", str(jobs)], logfile)
+    with build_lock(say):
+        found = server_binary()  # built by another process while this one waited
+        if found:
+            return found
+        build, logfile = _configured(say)
+        say(f"building {SERVER} with {jobs} jobs (several minutes, once) ...")
+        _run(["cmake", "--build", str(build), "--target", SERVER, "-j", str(jobs)], logfile)
     found = server_binary()
     if not found:
         raise BenchError(f"{SERVER} was not produced by the build", hint=f"see the log {logfile}")
     return found
+
+
+@contextlib.contextmanager
+def build_lock(say: Callable[[str], None]) -> Iterator[None]:
+    """One build at a time in the peer's folder, across processes (two ``localspec rpc-server`` started at
+    once on a machine that has none built yet): ``fcntl.flock`` on ``build.lock`` there. A second process
+    says it waits, then finds the program built. Where there is no ``fcntl`` (Windows): no lock."""
+    if fcntl is None:
+        yield
+        return
+    root = peer_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / "build.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for another localspec building llama.cpp in {root} ...")
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a Ctrl-C ends the wait
+        yield
+    finally:
+        os.close(fd)  # (closing lets go of the lock)
 
 
 def _configured(say: Callable[[str], None]) -> tuple[Path, Path]:
@@ -248,10 +326,13 @@ def _extra_binary(name: str, configure: list[str], *, jobs: int, log: Callable[[
     if path.is_file() and os.access(path, os.X_OK):
         return path
     say = log or (lambda _m: None)
-    build, logfile = _configured(say)
-    say(f"building {name} (once) ...")
-    _run(["cmake", "-S", str(peer_dir() / "src"), "-B", str(build), *configure], logfile)
-    _run(["cmake", "--build", str(build), "--target", name, "-j", str(jobs)], logfile)
+    with build_lock(say):
+        if path.is_file() and os.access(path, os.X_OK):  # built by another process while this one waited
+            return path
+        build, logfile = _configured(say)
+        say(f"building {name} (once) ...")
+        _run(["cmake", "-S", str(peer_dir() / "src"), "-B", str(build), *configure], logfile)
+        _run(["cmake", "--build", str(build), "--target", name, "-j", str(jobs)], logfile)
     if not path.is_file():
         raise BenchError(f"{name} was not produced by the build", hint=f"see the log {logfile}")
     return path
@@ -408,7 +489,10 @@ class PeerServer:
         log.parent.mkdir(parents=True, exist_ok=True)
         self._fh = log.open("w", encoding="utf-8")
         self.proc = subprocess.Popen(
-            [str(binary), *args, "--port", str(self.port)], stdout=self._fh, stderr=subprocess.STDOUT
+            [str(binary), *args, "--port", str(self.port)],
+            stdout=self._fh,
+            stderr=subprocess.STDOUT,
+            **die_with_this_process(),
         )
 
     def wait_ready(self, timeout: float = 180.0) -> None:

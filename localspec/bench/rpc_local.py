@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from localspec.bench.peer import die_with_this_process
 from localspec.errors import BenchError, RpcError
 from localspec.llama import rpc
 
@@ -50,7 +51,7 @@ class RpcServer:
         out = log.open("w", encoding="utf-8") if log else subprocess.DEVNULL
         cmd = [str(binary), "-H", self.endpoint.host, "-p", str(self.endpoint.port), "-t", str(threads)]
         try:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **die_with_this_process())
         finally:
             if log:
                 out.close()  # type: ignore[union-attr]

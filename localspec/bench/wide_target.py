@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -106,9 +105,14 @@ def wide_target(
     say(f"re-encoding {src.name} at {wide_type} with llama-quantize (once; kept in {folder}) ...")
     partial = out.with_name(out.name + ".part")
     logfile = folder / "quantize.log"
-    with open(logfile, "w", encoding="utf-8") as fh:
-        cmd = [str(tool), "--allow-requantize", str(src), str(partial), wide_type, str(threads)]
-        status = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    cmd = [str(tool), "--allow-requantize", str(src), str(partial), wide_type, str(threads)]
+    try:
+        with open(logfile, "w", encoding="utf-8") as fh:
+            # as a process group that a Ctrl-C or a SIGTERM to this process takes down with it
+            status = peer.call_as_group(cmd, cwd=None, stdout=fh)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     if status != 0 or not partial.is_file():
         partial.unlink(missing_ok=True)
         raise BenchError(
