@@ -58,8 +58,33 @@ def test_a_display_that_does_not_answer_is_one_line():
     problem = window.display_problem({"DISPLAY": ":987"}, "linux", answers=lambda name: False)
     assert problem and "cannot open the X display ':987'" in problem and "\n" not in problem
     assert window.display_problem({"DISPLAY": ":0"}, "linux", answers=lambda name: True) is None
-    assert window.display_problem({"WAYLAND_DISPLAY": "wayland-0"}, "linux") is None
+    wayland = {"WAYLAND_DISPLAY": "wayland-0"}
+    assert window.display_problem(wayland, "linux", wayland_answers=lambda env: True) is None
     assert window.display_problem({}, "darwin") is None and window.display_problem({}, "win32") is None
+
+
+def test_a_wayland_display_without_a_compositor_is_one_line(tmp_path, launched):
+    """Qt aborted (SIGABRT) after the server had started: WAYLAND_DISPLAY was taken on trust."""
+    env = {"WAYLAND_DISPLAY": "wayland-9", "XDG_RUNTIME_DIR": str(tmp_path), "DISPLAY": ""}
+    problem = window.display_problem(env, "linux")
+    assert problem and f"no Wayland compositor answers at {tmp_path / 'wayland-9'}" in problem
+    assert "\n" not in problem
+    # a dead compositor next to an X display that answers: the window goes to X
+    assert window.display_problem({**env, "DISPLAY": ":0"}, "linux", answers=lambda name: True) is None
+    with socket.socket(socket.AF_UNIX) as compositor:  # one that answers
+        compositor.bind(str(tmp_path / "wayland-9"))
+        compositor.listen(1)
+        assert window.display_problem(env, "linux") is None
+    absolute = {"WAYLAND_DISPLAY": str(tmp_path / "gone"), "DISPLAY": ""}
+    assert "no Wayland compositor answers" in (window.display_problem(absolute, "linux") or "")
+
+
+def test_ui_window_with_a_dead_wayland_display_starts_nothing(tmp_path, launched, monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    env = {"WAYLAND_DISPLAY": "wayland-9", "XDG_RUNTIME_DIR": str(tmp_path), "DISPLAY": ""}
+    line = _one_clean_line(CliRunner().invoke(main, ["ui", "--window"], env=env))
+    assert "no Wayland compositor answers" in line and "without --window" in line
+    assert not launched
 
 
 def test_without_the_extra_it_says_how_to_install_it(launched, monkeypatch):

@@ -7,8 +7,9 @@ PyPI alone). The web server runs in a thread as for ``localspec ui``; the window
 the window stops the server and ends the command.
 
 Everything that can go wrong before a window exists is said in one line, without a traceback: pywebview not
-installed, no display (a server, an SSH session), a display that does not answer. The checks are plain
-functions so they are tested without a display.
+installed, no display (a server, an SSH session), an X display or a Wayland compositor that does not answer
+(Qt aborts the process when it cannot connect to the one it picks). The checks are plain functions so they
+are tested without a display.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ctypes
 import ctypes.util
 import importlib.util
 import os
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -59,21 +61,61 @@ def _x_display_answers(name: str) -> bool:
     return True
 
 
+def wayland_socket(env: Mapping[str, str]) -> str:
+    """The socket of the Wayland compositor ``WAYLAND_DISPLAY`` names: the name itself when it is a path,
+    else the name in ``XDG_RUNTIME_DIR`` (as libwayland-client finds it)."""
+    name = env.get("WAYLAND_DISPLAY", "")
+    if os.path.isabs(name):
+        return name
+    return os.path.join(env.get("XDG_RUNTIME_DIR", ""), name)
+
+
+def _wayland_answers(env: Mapping[str, str]) -> bool:
+    """Whether a Wayland compositor accepts a connection on :func:`wayland_socket` (within a second)."""
+    path = wayland_socket(env)
+    if not hasattr(socket, "AF_UNIX") or not os.path.isabs(path):  # no XDG_RUNTIME_DIR: nowhere to look
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 def display_problem(
     env: Mapping[str, str] | None = None,
     platform: str | None = None,
     answers: Callable[[str], bool] = _x_display_answers,
+    wayland_answers: Callable[[Mapping[str, str]], bool] = _wayland_answers,
 ) -> str | None:
     """Why no window can open here, in one line; None when one can (Windows and macOS always have a
-    desktop when a user runs this; on Linux it needs a Wayland session or an X display that answers)."""
+    desktop when a user runs this; on Linux it needs a Wayland compositor or an X display that answers).
+
+    Args:
+        env: the environment (default: this process's).
+        platform: ``sys.platform`` (default: this one).
+        answers: whether the X display of that name accepts a connection.
+        wayland_answers: whether the Wayland compositor ``env`` names accepts a connection.
+
+    Returns:
+        The problem and what to do, or None.
+    """
     env = os.environ if env is None else env
     platform = sys.platform if platform is None else platform
     if not platform.startswith("linux"):
         return None
-    if env.get("WAYLAND_DISPLAY"):
+    wayland = env.get("WAYLAND_DISPLAY")
+    if wayland and wayland_answers(env):
         return None
     x_display = env.get("DISPLAY")
     if not x_display:
+        if wayland:
+            return (
+                f"no Wayland compositor answers at {wayland_socket(env)} (WAYLAND_DISPLAY={wayland!r}) and "
+                "DISPLAY is not set; run `localspec ui` without --window and open the page in a browser"
+            )
         return (
             "no display to open a window on (neither DISPLAY nor WAYLAND_DISPLAY is set: a server or an SSH "
             "session?); run `localspec ui` without --window and open the page in a browser"
@@ -112,9 +154,15 @@ def check_window_possible(env: Mapping[str, str] | None = None, platform: str | 
     if problem:
         raise click.ClickException(problem)
     webview = import_webview()
+    own_env = env is None
     env = os.environ if env is None else env
     platform = sys.platform if platform is None else platform
-    if platform.startswith("linux") and linux_gui() == "qt" and not env.get("WAYLAND_DISPLAY"):
+    if not platform.startswith("linux") or (env.get("WAYLAND_DISPLAY") and _wayland_answers(env)):
+        return webview
+    if own_env and env.get("WAYLAND_DISPLAY"):  # a compositor that does not answer: draw on X instead
+        os.environ["QT_QPA_PLATFORM"] = "xcb"
+        os.environ["GDK_BACKEND"] = "x11"
+    if linux_gui() == "qt":
         problem = qt_library_problem()
         if problem:
             raise click.ClickException(problem)
