@@ -16,6 +16,8 @@ Variable                    Effect (accessor)
 ``LOCALSPEC_VERBOSE``       any non-empty value: llama.cpp's own log is shown (:func:`verbose`)
 ``LOCALSPEC_API_KEY``       ``serve``'s API key, as ``--api-key`` (read by click: ``cli/serve.py``)
 ``LOCALSPEC_UI_AUTH``       ``ui``'s ``user:password`` login, as ``--auth`` (read by click: ``cli/ui.py``)
+``LOCALSPEC_NO_STORE``      any non-empty value: the suffix cache keeps nothing on disk, in every command,
+                            the web UI and the Python API (as ``--no-store``) (:func:`no_store`)
 ``LOCALSPEC_TRUST_AMX``     any non-empty value: load models without first checking that the llama.cpp
                             build's AMX kernels survive here (:func:`trust_amx`, :mod:`localspec.llama.build`)
 ``LLAMA_CPP_LIB_PATH``      read by llama-cpp-python: load another llama.cpp build; part of the key of a
@@ -178,6 +180,11 @@ def hf_token() -> str | None:
 def verbose() -> bool:
     """``LOCALSPEC_VERBOSE`` set to anything non-empty: show llama.cpp's own log (runtime.py)."""
     return bool(os.environ.get("LOCALSPEC_VERBOSE"))
+
+
+def no_store() -> bool:
+    """``LOCALSPEC_NO_STORE`` set to anything non-empty: the suffix cache stays in memory (suffix/cache)."""
+    return bool(os.environ.get("LOCALSPEC_NO_STORE"))
 
 
 def trust_amx() -> bool:

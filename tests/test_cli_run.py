@@ -218,12 +218,17 @@ def test_the_first_run_that_stores_says_what_it_keeps_once_and_no_store_keeps_no
     args = ("run", "-n", "4", "--threads", "2", "--n-ctx", "256", "--strategy", "suffix", "x=1")
     off = invoke(*args, "--no-store")
     assert off.exit_code == 0 and not (home / "suffix").exists(), off.output
+    monkeypatch.setenv("LOCALSPEC_NO_STORE", "1")  # the same for every command, the web UI and Python
+    env_off = invoke(*args)
+    assert env_off.exit_code == 0 and not (home / "suffix").exists(), env_off.output
+    monkeypatch.delenv("LOCALSPEC_NO_STORE")
     said = f"localspec: the suffix cache keeps your prompts and outputs in {home / 'suffix'}"
-    assert said not in off.output
+    assert said not in off.output + env_off.output
     first, second = invoke(*args), invoke(*args)
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
     lines = [line for line in first.output.splitlines() if said in line]
-    assert len(lines) == 1 and "--no-store" in lines[0] and "`localspec cache clear`" in lines[0]
+    assert len(lines) == 1 and "`localspec cache clear`" in lines[0]
+    assert "--no-store" in lines[0] and "LOCALSPEC_NO_STORE=1" in lines[0]
     assert said not in second.output
 
 

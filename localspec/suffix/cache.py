@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
+from localspec import constants
 from localspec.suffix.calibration import TOKEN_WEIGHT, Cell, TokenCell
 from localspec.suffix.corpus import read_corpus
 from localspec.suffix.drafter import SuffixDrafter
@@ -34,7 +35,8 @@ class Target(Protocol):
 
 class SuffixCache:
     """The suffix cache of ``target`` (whose GGUF is ``target_path``): earlier requests, the store on disk
-    (``persist``; per vocabulary and ``namespace``), and the text files of ``corpus``.
+    (``persist``, unless ``LOCALSPEC_NO_STORE`` is set; per vocabulary and ``namespace``), and the text files
+    of ``corpus``.
 
     ``verify_cost`` gives this machine's verify-cost curve V(b); it is asked once, when the drafter is
     first made (it may measure, for seconds).
@@ -53,7 +55,7 @@ class SuffixCache:
         self.target = target
         self.target_path = target_path
         self.verify_cost = verify_cost
-        self.persist = persist
+        self.persist = persist and not constants.no_store()
         self.corpus = corpus
         self.namespace = namespace
         self.store: SuffixStore | None = None
