@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from _hub_server import FakeHub, make_gguf, ordinary_tokens
@@ -131,3 +132,22 @@ def test_find_draft_offline_says_it_needs_the_hub(env, monkeypatch, how):
     assert f"unset {variable}" in res.output and "localspec pair TARGET" in res.output
     assert "HF_HUB_OFFLINE=1" not in res.output  # the old advice, to set what is set already
     assert len(env.log) == before  # nothing was asked of the Hub
+
+
+def test_export_never_downloads_and_says_what_it_could_not_read(env):
+    """`export PRESET` downloaded the preset's models (47.9 GB for a 72B) just to print a command line."""
+    runner = CliRunner()
+    res = runner.invoke(main, ["export", "toy", "--to", "llama-server"])
+    assert res.exit_code == 0, res.output
+    assert env.log == []  # not one request to the Hub
+    assert res.stdout.startswith("llama-server --model 'org/Toy-7B-GGUF/*q4_k_m.gguf' ")
+    assert "--model-draft 'org/Toy-0.5B-GGUF/*q4_k_m.gguf'" in res.stdout
+    notes = [line for line in res.stderr.splitlines() if "not downloaded" in line]
+    assert len(notes) == 2 and all("localspec download toy" in n for n in notes)
+    assert runner.invoke(main, ["download", "toy"]).exit_code == 0
+    served = len(env.log)
+    res = runner.invoke(main, ["export", "toy", "--to", "vllm", "--json"])
+    assert res.exit_code == 0 and len(env.log) == served  # the cached files, read without the Hub
+    body = json.loads(res.stdout)
+    assert body["command"][2].endswith("toy-7b-q4_k_m.gguf") and Path(body["command"][2]).is_file()
+    assert not [n for n in body["notes"] if "not downloaded" in n]
