@@ -252,7 +252,7 @@ def translate_error(exc: Exception, repo_id: str, filename: str | None = None) -
             )
         return DownloadError(f"{what}: the Hub answered with an error: {said}", hint="try again later")
     return DownloadError(
-        f"{what}: download failed: {exc}", hint="run the command again; it resumes where possible"
+        f"{what}: download failed: {exc}", hint="run the command again: the files already downloaded are kept"
     )
 
 
