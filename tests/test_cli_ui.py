@@ -153,3 +153,13 @@ def test_threads_reach_every_pair_the_page_loads(launched):
     v = {app.c[k]: None for k in app.c}
     v[app.c["source"]], v[app.c["preset"]], v[app.c["n_ctx"]] = "Preset", "tiny-embedded", 0
     assert app.spec(v).load_kwargs()["n_threads"] == 1
+
+
+def test_ui_takes_rpc_servers_as_run_does(launched):
+    """`localspec rpc-server` tells users to pass --rpc to ui: it fills the page's RPC servers box."""
+    res = _invoke(["--no-browser", "--rpc", "10.0.0.2:50052, 10.0.0.3:50052"])
+    assert res.exit_code == 0, res.output
+    assert launched[-1]["rpc"] == "10.0.0.2:50052,10.0.0.3:50052"
+    for bad in ("10.0.0..2:50052", "h:\u00b2", "nohost"):
+        res = _invoke(["--no-browser", "--rpc", bad])
+        assert res.exit_code == 2 and "--rpc" in res.output and "Traceback" not in res.output

@@ -370,6 +370,7 @@ def _values(app, **changes) -> dict:
         "threads": 0,
         "ngl_t": 0,
         "ngl_d": 0,
+        "rpc": "",
         "mode": "Prompt",
         "prompt": "def f():",
         "chat": [],
@@ -390,6 +391,26 @@ def _last_output(app, v, session: str) -> tuple[str, str]:
     updates = list(app.on_run(v, _session(session), progress=lambda *a, **k: None))
     final = updates[-1]
     return final.get(app.c["output"], ""), html.unescape(final.get(app.c["error"], ""))
+
+
+def test_the_load_options_take_rpc_servers_as_run_does(app):
+    """The RPC servers box: loaded with them as --rpc would be, refused with --rpc's own words."""
+    from localspec.errors import SettingsError
+    from localspec.llama.rpc import parse_endpoints
+
+    _last_output(app, _values(app, rpc=" 127.0.0.1:50052 , host-b:7000"), "A")
+    assert app.loads[-1]["rpc"] == "127.0.0.1:50052,host-b:7000"
+    _last_output(app, _values(app), "A")
+    assert "rpc" not in app.loads[-1]  # an empty box: this machine only
+    for bad in ("10.0.0..2:50052", "nohost", "h:\u00b2", "[::1]:50052"):
+        with pytest.raises(SettingsError) as expected:
+            parse_endpoints(bad)
+        out, err = _last_output(app, _values(app, rpc=bad), "A")
+        assert expected.value.message in err and expected.value.hint in err, (bad, err)
+    loads = len(app.loads)
+    own = app.spec(_values(app, source="My models", target="t.gguf", rpc="10.0.0.2:50052"))
+    assert own.load_kwargs()["rpc"] == "10.0.0.2:50052"
+    assert app.spec(_values(app, rpc="10.0.0.2:1")).rpc == "10.0.0.2:1" and len(app.loads) == loads
 
 
 def test_stop_ends_only_the_run_of_the_session_that_pressed_it(app):

@@ -103,6 +103,7 @@ class App(Runs):
                     settings0=settings0,
                     n_threads=self.n_threads,
                     gpu=self.gpu,
+                    rpc=self.rpc,
                 )
             with gr.Tab("Bench"):
                 bench = build_bench_tab(self)
@@ -129,7 +130,8 @@ class App(Runs):
         }
         for key in ("source", "preset", "target", "draft", "ngl_t", "ngl_d"):
             c[key].change(self.on_pair_choice, pair_inputs, [mt, c["settings_note"]], **quick)
-        for event in (c["n_ctx"].blur, c["n_ctx"].submit, c["threads"].blur, c["threads"].submit):
+        typed = ("n_ctx", "threads", "rpc")
+        for event in [e for k in typed for e in (c[k].blur, c[k].submit)]:
             event(self.on_pair_choice, pair_inputs, [mt, c["settings_note"]], **quick)
         demo.load(self.on_pair_choice, pair_inputs, [mt, c["settings_note"]], **quick)
         mt.release(self.on_max_tokens_typed, pair_inputs, [mt, c["settings_note"]], **quick)
@@ -211,8 +213,10 @@ def theme() -> Any:
     return gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 
 
-def build_app(loader: Callable[..., Any] = load_pipeline, *, n_threads: int | None = None) -> gr.Blocks:
-    return App(loader, n_threads=n_threads).build()
+def build_app(
+    loader: Callable[..., Any] = load_pipeline, *, n_threads: int | None = None, rpc: str | None = None
+) -> gr.Blocks:
+    return App(loader, n_threads=n_threads, rpc=rpc).build()
 
 
 def launch(
@@ -224,12 +228,13 @@ def launch(
     open_browser: bool = False,
     block: bool = True,
     n_threads: int | None = None,
+    rpc: str | None = None,
 ) -> Any:
     """Serve the page; ``block=False`` returns at once (the server runs in a thread). Who may reach it is
     decided before (``localspec.serve.exposure``, in ``localspec ui``); ``auth`` is the login Gradio asks for,
     ``open_browser`` opens the default browser on the page once it is up; ``n_threads``: what every pair
-    loads with (None: the library's default)."""
-    demo = build_app(n_threads=n_threads)
+    loads with (None: the library's default); ``rpc``: what the page's RPC servers box starts with."""
+    demo = build_app(n_threads=n_threads, rpc=rpc)
     return demo.launch(
         server_name=host,
         server_port=port,

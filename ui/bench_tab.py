@@ -62,6 +62,8 @@ def run_bench(
     kwargs: dict[str, Any] = (
         {"preset": spec.preset} if spec.preset else {"target": spec.target, "draft": spec.draft}
     )
+    if spec.rpc:  # the Load options' RPC servers, as for a run
+        kwargs["rpc"] = spec.rpc
     progress(0.0, desc="loading the pair")
     with app.holder.busy(), app.holder.stoppable(session) as stop:  # stop: this session's Stop
 

@@ -45,7 +45,7 @@ STRATEGY_CHOICES = [PAIR_DEFAULT, *STRATEGIES]
 #: The Output setting: free text, any JSON object, or JSON matching a schema typed in the page.
 FORMAT_CHOICES = ["Text", "JSON", "JSON schema"]
 #: The controls that decide which pair is loaded (what :meth:`Controls.spec` reads).
-PAIR_KEYS = ("source", "preset", "target", "draft", "n_ctx", "threads", "ngl_t", "ngl_d")
+PAIR_KEYS = ("source", "preset", "target", "draft", "n_ctx", "threads", "ngl_t", "ngl_d", "rpc")
 #: The sliders with a fixed range: (label, bounds, check), as the handlers check them.
 FIXED_SLIDERS: dict[str, tuple[str, tuple[Any, Any], Callable[..., Any]]] = {
     "temperature": ("Temperature", TEMPERATURE_RANGE, bounded_float),
@@ -86,6 +86,22 @@ def trained_context(path: str) -> int | None:
         return None
 
 
+def check_rpc(text: str | None) -> str | None:
+    """The RPC servers box (``HOST:PORT,...``; empty: none) checked as ``--rpc`` is: a SettingsError with the
+    same words, before anything loads.
+
+    Args:
+        text: what the box holds.
+
+    Returns:
+        The servers, normalized (``HOST:PORT`` items joined by commas), or None for an empty box.
+    """
+    from localspec.llama.rpc import parse_endpoints
+
+    text = (text or "").strip()
+    return ",".join(map(str, parse_endpoints(text))) if text else None
+
+
 def check_slider(key: str, value: Any) -> Any:
     """``value`` of the fixed-range slider ``key`` (:data:`FIXED_SLIDERS`), checked: a SettingsError names the
     setting and its range."""
@@ -120,9 +136,16 @@ class Controls:
     #: the page's controls by key (set when the page is built): a handler's values are keyed by them
     c: dict[str, Any]
 
-    def __init__(self, loader: Callable[..., Any] = load_pipeline, *, n_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        loader: Callable[..., Any] = load_pipeline,
+        *,
+        n_threads: int | None = None,
+        rpc: str | None = None,
+    ) -> None:
         self.holder = PipelineHolder(loader)
         self.n_threads = n_threads  # every pair loads with these (`localspec ui --threads`)
+        self.rpc = rpc  # what the RPC servers box starts with (`localspec ui --rpc`)
         self.view = pairs.ScanView({})
         self.gpu = gpu_offload_available()
         #: the pair the engine last loaded for a run, and what its context leaves for an answer
@@ -138,6 +161,7 @@ class Controls:
             ngl_d = check_slider("ngl_d", v[c["ngl_d"]] or 0)
         n_ctx_value = v[c["n_ctx"]] or 0
         threads = bounded_int(v[c["threads"]] or 0, (0, max_threads()), "CPU threads") or self.n_threads
+        rpc = check_rpc(v[c["rpc"]])
         if v[c["source"]] == "Preset":
             name = v[c["preset"]] or constants.EMBEDDED_PRESET
             return PairSpec(
@@ -146,6 +170,7 @@ class Controls:
                 n_gpu_layers=ngl_t,
                 draft_n_gpu_layers=ngl_d,
                 n_threads=threads,
+                rpc=rpc,
             )
         target = (v[c["target"]] or "").strip()
         if not target:
@@ -164,6 +189,7 @@ class Controls:
             n_gpu_layers=ngl_t,
             draft_n_gpu_layers=ngl_d,
             n_threads=threads,
+            rpc=rpc,
         )
 
     def gen_opts(self, v: dict[str, Any]) -> dict[str, Any]:

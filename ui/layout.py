@@ -48,12 +48,13 @@ def generate_tab(
     settings0: tuple[int, float, bool, str],
     n_threads: int | None,
     gpu: bool,
+    rpc: str | None = None,
 ) -> tuple[PairBoxes, RunButtons]:
     """The Generate tab's controls, built inside the tab: the pair on the left, the run on the right (its
     Settings start as ``settings0``, the default preset's), the numbers panel below."""
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=320):
-            pair = _pair_column(c, preset_choices, default_preset, n_threads=n_threads, gpu=gpu)
+            pair = _pair_column(c, preset_choices, default_preset, n_threads=n_threads, gpu=gpu, rpc=rpc)
         with gr.Column(scale=2, min_width=480):
             buttons = _run_column(c, settings0)
     gr.Markdown("### 3. Speed next to memory")
@@ -63,7 +64,13 @@ def generate_tab(
 
 
 def _pair_column(
-    c: dict[str, Any], preset_choices: Any, default_preset: str | None, *, n_threads: int | None, gpu: bool
+    c: dict[str, Any],
+    preset_choices: Any,
+    default_preset: str | None,
+    *,
+    n_threads: int | None,
+    gpu: bool,
+    rpc: str | None,
 ) -> PairBoxes:
     gr.Markdown("### 1. Pair")
     c["source"] = gr.Radio(["Preset", "My models"], value="Preset", show_label=False, elem_id="ls-source")
@@ -103,6 +110,14 @@ def _pair_column(
             + ("what --threads says)" if n_threads else "the physical cores)"),
             precision=0,
             elem_id="ls-threads",
+        )
+        c["rpc"] = gr.Textbox(
+            rpc or "",
+            label="RPC servers (HOST:PORT,... running `localspec rpc-server`; the target's layers go there, "
+            "the draft stays here; empty: this machine only)",
+            placeholder="e.g. 192.168.1.20:50052",
+            lines=1,
+            elem_id="ls-rpc",
         )
         c["ngl_t"] = gr.Slider(*GPU_LAYERS_RANGE, 0, step=1, label="Target n_gpu_layers", visible=gpu)
         c["ngl_d"] = gr.Slider(*GPU_LAYERS_RANGE, 0, step=1, label="Draft n_gpu_layers", visible=gpu)

@@ -31,6 +31,7 @@ class PairSpec:
     n_gpu_layers: int = 0
     draft_n_gpu_layers: int = 0
     n_threads: int | None = None  # None: the library's default (`localspec ui --threads`)
+    rpc: str | None = None  # llama.cpp rpc-servers for the target's layers (``HOST:PORT,...``), checked
 
     def load_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
@@ -42,6 +43,8 @@ class PairSpec:
             kw["n_gpu_layers"] = self.n_gpu_layers
         if self.draft_n_gpu_layers:
             kw["draft_n_gpu_layers"] = self.draft_n_gpu_layers
+        if self.rpc:
+            kw["rpc"] = self.rpc
         if self.preset:
             kw["preset"] = self.preset
         else:

@@ -119,7 +119,7 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     help="Show the page in a native desktop window instead of a browser; closing it stops the server "
     '(needs the "desktop" extra: pip install "localspec[desktop]").',
 )
-@shared_options("threads")
+@shared_options("threads", "rpc")
 def ui(
     host: str,
     port: int | None,
@@ -129,6 +129,7 @@ def ui(
     no_browser: bool,
     window: bool,
     threads: int | None,
+    rpc: str | None,
 ) -> None:
     """Open the web UI: pick a pair, watch the draft's tokens, compare speed and memory, bench."""
     credentials = parse_auth(auth)
@@ -149,14 +150,22 @@ def ui(
     click.echo(exposure)
     if webview is not None:
         click.echo(f"localspec UI on {url}, in a window (close it to stop)")
-        launch(host=host, port=port, share=share, auth=credentials, block=False, n_threads=threads)
+        launch(host=host, port=port, share=share, auth=credentials, block=False, n_threads=threads, rpc=rpc)
         open_window(webview, _local_url(host, port), on_closed=_stop_servers)
         click.echo("window closed: server stopped")
         return
     click.echo(f"localspec UI on {url}  (Ctrl+C to stop)")
     if not open_browser:
         click.echo(f"(not opening a browser: {why_not})")
-    launch(host=host, port=port, share=share, auth=credentials, open_browser=open_browser, n_threads=threads)
+    launch(
+        host=host,
+        port=port,
+        share=share,
+        auth=credentials,
+        open_browser=open_browser,
+        n_threads=threads,
+        rpc=rpc,
+    )
 
 
 def _local_url(host: str, port: int) -> str:
