@@ -16,6 +16,8 @@ from pathlib import Path
 import llama_cpp
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import localspec
 from localspec.bench.rpc_local import DelayProxy, free_port, local_servers
@@ -42,10 +44,48 @@ def test_endpoints_parse_and_bad_ones_say_what_to_write():
         ("127.0.0.1:http", "1-65535"),
         ("a:1,a:1", "named twice"),
         ("a:1,,b:2", "names no server"),
+        ("10.0.0..2:50052", "not an IPv4 address"),  # a typo: an empty label
+        ("host..lan:50052", "not a host name"),
+        ("h:\u00b2", "1-65535"),  # "²".isdigit() is True
+        ("h:\u0661", "1-65535"),  # an Arabic-Indic digit
+        ("999.1.1.1:1", "not an IPv4 address"),
+        (f"{'a' * 64}.lan:1", "not a host name"),  # a label of more than 63 characters
+        (f"{'a.' * 127}a:1", "not a host name"),  # more than 253 characters
+        ("h\u00e9:1", "not a host name"),  # llama.cpp's client looks names up as they are: ASCII only
+        ("-h:1", "not a host name"),
+        ("a\tb:1", "not HOST:PORT"),
     ]:
         with pytest.raises(SettingsError) as err:
             rpc.parse_endpoints(bad)
         assert words in str(err.value), bad
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(max_size=40) | st.from_regex(r"[0-9a-z.\-]{0,12}:[0-9\u00b2]{0,6}", fullmatch=True))
+def test_any_rpc_list_parses_or_is_a_settings_error(spec):
+    """Whatever is typed after --rpc: endpoints llama.cpp's client can read, or a SettingsError. Never
+    another exception (a UnicodeError, a ValueError from int())."""
+    try:
+        endpoints = rpc.parse_endpoints(spec)
+    except SettingsError as exc:
+        assert exc.hint
+        return
+    for e in endpoints:
+        assert rpc.host_problem(e.host) is None and 1 <= e.port <= 65535
+        assert e.host.isascii() and ":" not in e.host and str(e).count(":") == 1
+
+
+def test_a_bad_host_is_an_error_naming_it_never_a_unicode_error():
+    """``create_connection`` raises a UnicodeError (a ValueError) for an empty or too long label."""
+    with pytest.raises(SettingsError, match="10.0.0..2"):
+        localspec.load(draft="none", n_threads=1, n_ctx=256, rpc="10.0.0..2:50052")
+    with pytest.raises(RpcError, match="10.0.0..2"):
+        rpc.hello(rpc.Endpoint("10.0.0..2", 50052))  # an Endpoint made by hand
+    from localspec.cli import main
+
+    for bad in ("10.0.0..2:50052", "h:\u00b2"):
+        result = CliRunner().invoke(main, ["run", "--rpc", bad, "x"])
+        assert result.exit_code == 2 and "Traceback" not in result.output and "bug" not in result.output
 
 
 def test_tensor_split_needs_one_share_per_device():
@@ -117,8 +157,10 @@ def test_a_silent_server_and_a_stranger_are_told_apart():
     with listener, pytest.raises(RpcError, match="no answer within 0.5 s"):
         rpc.hello(rpc.Endpoint("127.0.0.1", port), timeout=0.5)
     listener, port = _one_shot_server(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-    with listener, pytest.raises(RpcError, match="not llama.cpp's rpc-server"):
+    with listener, pytest.raises(RpcError, match="not llama.cpp's rpc-server") as err:
         rpc.hello(rpc.Endpoint("127.0.0.1", port))
+    said = str(err.value)  # once: an RpcError is a ConnectionError, and was wrapped in another
+    assert said.count(f"127.0.0.1:{port}") == 1 and said.count("check the port") == 1, said
     old = (28).to_bytes(8, "little") + bytes([3, 0, 0, 0]) + bytes(24)  # a protocol 3.0.0 server's answer
     listener, port = _one_shot_server(old)
     with listener, pytest.raises(RpcError, match="protocol 3.0.0"):
@@ -286,6 +328,45 @@ def test_run_over_rpc_with_a_dead_server_exits_with_one_message(rpc_binary):
             check=False,
         )
     assert done.returncode == 1 and "nothing listens there" in done.stderr and "Traceback" not in done.stderr
+
+
+_GONE_AFTER_HELLO = textwrap.dedent(
+    """
+    import socket, struct, sys, threading
+    import localspec
+    from localspec.errors import RpcError
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    def serve():  # answers localspec's handshake, and is gone before llama.cpp connects (a restart)
+        conn, _ = listener.accept()
+        conn.recv(64)
+        listener.close()
+        conn.sendall(struct.pack("<Q", 28) + bytes([%d, %d, 0, 0]) + bytes(24))
+        conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        localspec.load(draft="none", n_threads=1, n_ctx=256, rpc=f"127.0.0.1:{port}")
+    except RpcError as exc:
+        print("ERROR", port, exc.message, "|", exc.hint)
+    print("EXIT CLEAN")
+    """
+)
+
+
+def test_a_server_gone_between_the_handshake_and_llama_cpp_is_an_error_not_an_abort():
+    """llama.cpp's client aborts with "Failed to connect to ..." (its message names no "RPC"): the call
+    ends with an RpcError naming the server instead of the process."""
+    if not llama_cpp.llama_supports_rpc():
+        pytest.skip("this llama-cpp-python has no RPC backend (CI builds it with -DGGML_RPC=ON)")
+    script = _GONE_AFTER_HELLO % (rpc.PROTO_MAJOR, rpc.PROTO_MINOR)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    error = next(line for line in done.stdout.splitlines() if line.startswith("ERROR"))
+    port = error.split()[1]
+    assert f"RPC server 127.0.0.1:{port}" in error and "restart" in error, error
+    assert "EXIT CLEAN" in done.stdout and "Traceback" not in done.stderr
 
 
 # localspec export ---------------------------------------------------------------------------------------

@@ -9,15 +9,19 @@ are never added to the global registry, so every other load (the draft, another 
 ggml's RPC client ends the process (``GGML_ABORT``) when it cannot connect, and when a server goes away
 mid-generation. So:
 
-- :func:`hello` speaks the RPC handshake itself first (a TCP connect and ``HELLO``, a few seconds at most):
-  a wrong address, a busy or silent server, or another protocol version is an :class:`RpcError` naming
-  the address, before llama.cpp ever connects;
-- every llama.cpp call of an RPC-backed model runs on its :class:`Guard`'s thread. A failure aborts on
-  ggml's RPC thread: :func:`_on_abort` (ggml's abort callback) records it and parks that thread instead of
-  letting ``abort()`` run; the caller's wait wakes up and raises an :class:`RpcError` naming the server
-  that stopped. The model's llama.cpp objects are left as they are (freeing them would talk to the dead
-  server again), and llama.cpp keeps one connection per address for the whole process, so RPC loads are
-  refused afterwards in this process: the fix is to restart the rpc-server, then this program.
+- :func:`parse_endpoints` refuses, as a :class:`SettingsError`, any ``HOST:PORT`` llama.cpp's client could
+  not use (an empty label, a non-ASCII name, an IPv6 address, a port that is not 1-65535);
+- :func:`hello` speaks the RPC handshake itself first (a TCP connect to the IPv4 address llama.cpp's
+  ``gethostbyname`` gives, and ``HELLO``, a few seconds at most): a wrong address, a busy or silent server,
+  or another protocol version is an :class:`RpcError` naming the address, before llama.cpp ever connects;
+- every llama.cpp call of an RPC-backed model (and llama.cpp's own connect) runs on a :class:`Guard`'s
+  thread. Any abort during such a call (on that thread, on ggml's RPC thread, or from ggml's RPC code:
+  "Failed to connect to HOST:PORT" when a server that answered the handshake is gone before llama.cpp
+  connects) goes to :func:`_on_abort` (ggml's abort callback), which records it and parks that thread
+  instead of letting ``abort()`` run; the caller's wait wakes up and raises an :class:`RpcError` naming
+  the server that stopped. The model's llama.cpp objects are left as they are (freeing them would talk to
+  the dead server again), and llama.cpp keeps one connection per address for the whole process, so RPC
+  loads are refused afterwards in this process: the fix is to restart the rpc-server, then this program.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import ipaddress
 import math
 import os
 import queue
@@ -76,29 +81,68 @@ def parse_endpoints(spec: str | Iterable[str]) -> list[Endpoint]:
 
     Raises:
         SettingsError: an empty list, an item without a port, a port out of range, an IPv6 address
-            (llama.cpp's RPC client parses ``host:port`` at the first colon), or a server named twice.
+            (llama.cpp's RPC client parses ``host:port`` at the first colon), a host that is neither an
+            IPv4 address nor a host name (:func:`host_problem`), or a server named twice.
     """
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     items = [item.strip() for item in items]
-    example = f"127.0.0.1:{DEFAULT_PORT},192.168.1.20:{DEFAULT_PORT}"
     if not items or not all(items):
-        raise SettingsError("--rpc names no server", hint=f"give HOST:PORT items, comma-separated: {example}")
+        raise SettingsError(
+            "--rpc names no server", hint=f"give HOST:PORT items, comma-separated: {_EXAMPLE}"
+        )
     out: list[Endpoint] = []
     for item in items:
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or ":" in host or " " in item:
-            raise SettingsError(
-                f"RPC server {item!r} is not HOST:PORT",
-                hint=f"write each server as HOST:PORT (an IPv4 address or a name; llama.cpp's RPC client "
-                f"takes no IPv6 address): {example}",
-            )
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise SettingsError(f"RPC server {item!r}: port {port!r} is not 1-65535", hint=f"e.g. {example}")
-        endpoint = Endpoint(host, int(port))
+        endpoint = _parse_endpoint(item)
         if endpoint in out:
             raise SettingsError(f"RPC server {endpoint} is named twice", hint="name each server once")
         out.append(endpoint)
     return out
+
+
+_EXAMPLE = f"127.0.0.1:{DEFAULT_PORT},192.168.1.20:{DEFAULT_PORT}"
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def _parse_endpoint(item: str) -> Endpoint:
+    """One ``HOST:PORT`` item, checked as llama.cpp's client will read it (``gethostbyname``, IPv4)."""
+    host, sep, port = item.rpartition(":")
+    if not sep or not host or ":" in host or not item.isprintable() or any(c.isspace() for c in item):
+        raise SettingsError(
+            f"RPC server {item!r} is not HOST:PORT",
+            hint=f"write each server as HOST:PORT (an IPv4 address or a name; llama.cpp's RPC client "
+            f"takes no IPv6 address): {_EXAMPLE}",
+        )
+    if not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
+        raise SettingsError(f"RPC server {item!r}: port {port!r} is not 1-65535", hint=f"e.g. {_EXAMPLE}")
+    problem = host_problem(host)
+    if problem:
+        raise SettingsError(f"RPC server {item!r}: {problem}", hint=f"e.g. {_EXAMPLE}")
+    return Endpoint(host, int(port))
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` cannot name an rpc-server for llama.cpp's client, in a few words; None when it can.
+
+    Args:
+        host: an IPv4 address (four decimal numbers) or a host name (ASCII labels of 1-63 letters, digits,
+            ``-`` or ``_``, 253 characters at most).
+
+    Returns:
+        The problem, or None.
+    """
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv4 address (four numbers 0-255, e.g. 192.168.1.20)"
+        return None
+    name = host[:-1] if host.endswith(".") else host
+    if not name.isascii() or len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        return (
+            f"{host!r} is not a host name (dot-separated labels of 1-63 ASCII letters, digits and '-', "
+            "253 characters at most)"
+        )
+    return None
 
 
 def supported() -> bool:
@@ -141,17 +185,25 @@ def hello(endpoint: Endpoint, *, timeout: float = HELLO_TIMEOUT_S) -> tuple[int,
             that is not llama.cpp's RPC, or a protocol version this llama.cpp cannot talk to.
     """
     request = bytes([_CMD_HELLO]) + struct.pack("<Q", _CONN_CAPS) + bytes(_CONN_CAPS)
+    problem = host_problem(endpoint.host) or (None if 1 <= endpoint.port <= 65535 else "port not 1-65535")
+    if problem:  # an Endpoint built by hand: what parse_endpoints would have refused
+        raise RpcError(f"RPC server {endpoint}: {problem}", hint=f"e.g. {_EXAMPLE}")
     try:
-        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout) as sock:
+        # the address llama.cpp's client will connect to: gethostbyname's, IPv4 only
+        address = socket.gethostbyname(endpoint.host)
+        with socket.create_connection((address, endpoint.port), timeout=timeout) as sock:
             sock.sendall(request)
             size = struct.unpack("<Q", _recv_exactly(sock, 8))[0]
             if size != 4 + _CONN_CAPS:
                 raise _not_rpc(endpoint, f"an answer of {size} bytes to HELLO")
             major, minor, patch = _recv_exactly(sock, size)[:3]
-    except socket.gaierror as exc:
+    except RpcError:  # (a ConnectionError: not to be caught again below)
+        raise
+    except (socket.gaierror, UnicodeError) as exc:
+        why = exc.strerror if isinstance(exc, socket.gaierror) else "not a valid host name"
         raise RpcError(
-            f"RPC server {endpoint}: the name {endpoint.host!r} does not resolve ({exc.strerror})",
-            hint="check the host name, or give its IP address",
+            f"RPC server {endpoint}: the name {endpoint.host!r} does not resolve to an IPv4 address ({why})",
+            hint="check the host name, or give its IPv4 address (llama.cpp's RPC client takes no IPv6)",
         ) from None
     except ConnectionRefusedError:
         raise RpcError(
@@ -240,7 +292,7 @@ def devices(endpoints: list[Endpoint]) -> list[int]:
             if endpoint not in _devices:
                 hello(endpoint)
                 # llama.cpp connects here: on a thread of its own, so a server lost meanwhile is an error
-                guard = Guard([endpoint], f"RPC server {endpoint}")
+                guard = Guard([endpoint], "connecting")
                 _devices[endpoint] = guard.call(functools.partial(_add_server, endpoint))
         out += _devices[endpoint]
     return out
@@ -334,12 +386,17 @@ _parked = threading.Event()  # never set: threads that hit an RPC failure wait o
 _abort_installed: list[Any] = []  # the callback, kept alive while ggml holds it
 
 
+_in_guard = threading.local()  # .active on a Guard's thread
+_in_flight = [0]  # Guard calls running now (under _changed)
+
+
 @ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 def _on_abort(message: bytes | None) -> None:
-    """ggml's abort callback: an RPC failure is recorded and its thread parked; anything else is printed
-    and ggml's ``abort()`` runs as it would have."""
+    """ggml's abort callback: an abort of an RPC call (on a :class:`Guard`'s thread, on ggml's RPC thread,
+    from ggml's RPC code, or on any other thread while a Guard call runs) is recorded and its thread
+    parked; anything else is printed and ggml's ``abort()`` runs as it would have."""
     text = (message or b"").decode("utf-8", "replace").strip()
-    if "RPC" not in text:
+    if not _is_rpc_abort(text):
         print(text, file=sys.stderr, flush=True)
         return
     if threading.current_thread() is threading.main_thread():  # never parked: that would be a hang
@@ -350,6 +407,13 @@ def _on_abort(message: bytes | None) -> None:
         _failure.append(re.sub(r"^.*?\.(?:c|cpp|h):\d+:\s*", "", text))  # without the build's file path
         _changed.notify_all()
     _parked.wait()
+
+
+def _is_rpc_abort(text: str) -> bool:
+    """Whether ggml's abort ``text``, on this thread, comes from an RPC call."""
+    if getattr(_in_guard, "active", False) or "ggml-rpc" in text or "RPC" in text:
+        return True
+    return _in_flight[0] > 0 and threading.current_thread() is not threading.main_thread()
 
 
 def _install_abort_callback(ggml: Any) -> None:
@@ -416,9 +480,12 @@ class Guard:
         if _failure:
             raise self.lost()
         job = _Job(fn)
+        with _changed:
+            _in_flight[0] += 1
         self._jobs.put(job)
         with _changed:
             _changed.wait_for(lambda: job.done or bool(_failure))
+            _in_flight[0] -= 1
         if not job.done:
             raise self.lost()
         if job.error is not None:
@@ -440,6 +507,7 @@ class Guard:
         )
 
     def _work(self) -> None:
+        _in_guard.active = True
         while True:
             job = self._jobs.get()
             try:
