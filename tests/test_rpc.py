@@ -180,6 +180,66 @@ def test_rpc_server_binds_loopback_unless_told_plainly():
     assert result.exit_code == 1 and "--insecure-expose" in result.output
 
 
+@pytest.mark.parametrize(
+    "host, words",
+    [
+        ("localhost", "a host name"),  # llama.cpp: "Invalid host address: localhost", then exit status 0
+        ("::1", "an IPv6 address"),
+        ("[::1]", "an IPv6 address"),
+        ("", "not an address"),
+        ("10.0.0..2", "not four numbers"),
+        ("127.1", "not four numbers"),
+        ("255.255.255.255", "not an address a server can listen on"),
+        ("224.0.0.1", "not an address a server can listen on"),
+    ],
+)
+def test_rpc_server_host_is_an_ipv4_address_or_a_usage_error(host, words, monkeypatch):
+    from localspec.bench import peer
+    from localspec.cli import main
+
+    monkeypatch.setattr(peer, "built_rpc_server", lambda: pytest.fail("started for a bad --host"))
+    result = CliRunner().invoke(main, ["rpc-server", "--host", host, "--insecure-expose"])
+    assert result.exit_code == 2 and words in result.output and "Traceback" not in result.output
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=24) | st.from_regex(r"[0-9a-f:.\[\]]{0,20}", fullmatch=True))
+def test_any_rpc_server_host_is_an_address_or_a_usage_error(host):
+    import ipaddress
+
+    import click
+
+    from localspec.cli.rpc import check_host
+
+    try:
+        got = check_host(None, None, host)
+    except click.BadParameter as exc:
+        assert "--host" in str(exc.param_hint) and exc.message
+        return
+    address = ipaddress.IPv4Address(got)  # what llama.cpp's inet_addr reads the same way
+    assert not address.is_multicast and str(address) == got
+
+
+def test_an_address_not_of_this_machine_is_a_usage_error(monkeypatch):
+    from localspec.bench import peer
+    from localspec.cli import main
+
+    monkeypatch.setattr(peer, "built_rpc_server", lambda: pytest.fail("started for a foreign --host"))
+    result = CliRunner().invoke(main, ["rpc-server", "--host", "192.0.2.1", "--insecure-expose"])  # TEST-NET
+    assert result.exit_code == 2 and "cannot listen on 192.0.2.1" in result.output
+
+
+def test_a_server_that_exits_before_serving_is_an_error_whatever_its_status():
+    from localspec.cli.rpc import run_server
+
+    endpoint = rpc.Endpoint("127.0.0.1", free_port())
+    ready: list[bool] = []
+    for cmd in (["true"], ["false"]):
+        with pytest.raises(RpcError, match="exited with status [01] before it served"):
+            run_server(cmd, endpoint, on_ready=lambda: ready.append(True))
+    assert not ready
+
+
 def test_run_refuses_a_malformed_rpc_list_before_loading():
     from localspec.cli import main
 
@@ -367,6 +427,68 @@ def test_a_server_gone_between_the_handshake_and_llama_cpp_is_an_error_not_an_ab
     port = error.split()[1]
     assert f"RPC server 127.0.0.1:{port}" in error and "restart" in error, error
     assert "EXIT CLEAN" in done.stdout and "Traceback" not in done.stderr
+
+
+def _rpc_server_cli(port: int, host: str = "127.0.0.2") -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "localspec",
+            "rpc-server",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def _said_serving(proc: subprocess.Popen) -> str:
+    """The command's lines up to its "serving" line."""
+    said = ""
+    deadline = time.monotonic() + 60
+    while "serving" not in said:
+        assert time.monotonic() < deadline and proc.poll() is None, said
+        said += proc.stderr.readline()  # type: ignore[union-attr]
+    return said
+
+
+def _listens(endpoint: rpc.Endpoint) -> bool:
+    try:
+        socket.create_connection((endpoint.host, endpoint.port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_rpc_server_names_its_own_address_and_dies_with_localspec(rpc_binary, monkeypatch, how):
+    """--host 127.0.0.2 listens there and says so (it said 127.0.0.1, which refused); killed, even with
+    SIGKILL, the llama.cpp server under it stops too."""
+    import signal
+
+    monkeypatch.setenv("LOCALSPEC_PEER_DIR", str(rpc_binary.parents[3]))
+    endpoint = rpc.Endpoint("127.0.0.2", free_port())
+    proc = _rpc_server_cli(endpoint.port)
+    try:
+        said = _said_serving(proc)
+        assert f"--rpc {endpoint}" in said and "127.0.0.1" not in said.split("serving")[1], said
+        assert rpc.hello(endpoint)[0] == rpc.PROTO_MAJOR
+        proc.send_signal(getattr(signal, how))
+        assert proc.wait(30) != 0
+        deadline = time.monotonic() + 10
+        while _listens(endpoint):
+            assert time.monotonic() < deadline, f"the rpc-server went on after localspec got {how}"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # localspec export ---------------------------------------------------------------------------------------
