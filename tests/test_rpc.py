@@ -4,6 +4,7 @@ wrong address said within seconds, and a server killed mid-generation ending tha
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -427,6 +428,50 @@ def test_a_server_gone_between_the_handshake_and_llama_cpp_is_an_error_not_an_ab
     port = error.split()[1]
     assert f"RPC server 127.0.0.1:{port}" in error and "restart" in error, error
     assert "EXIT CLEAN" in done.stdout and "Traceback" not in done.stderr
+
+
+_SERVE_LOSES_ITS_SERVER = textwrap.dedent(
+    """
+    import json, sys
+    from fastapi.testclient import TestClient
+    import localspec
+    from localspec.bench.rpc_local import local_servers
+    from localspec.serve.routes import create_app
+    with local_servers(sys.argv[1], 1) as servers:
+        pipe = localspec.load(draft="none", n_threads=1, n_ctx=256, rpc=str(servers[0].endpoint))
+        with TestClient(create_app(pipe), base_url="http://127.0.0.1") as client:
+            print("HEALTH-BEFORE", client.get("/health").status_code)
+            model = client.get("/v1/models").json()["data"][0]["id"]
+            servers[0].proc.kill()
+            servers[0].proc.wait()
+            r = client.post("/v1/completions", json={"model": model, "prompt": "def f(", "max_tokens": 16})
+            print("GEN", r.status_code, json.dumps(r.json()))
+            h = client.get("/health")
+            print("HEALTH", h.status_code, json.dumps(h.json()))
+    print("EXIT CLEAN")
+    """
+)
+
+
+def test_serve_answers_503_server_error_and_health_says_the_backend_is_lost(rpc_binary):
+    done = subprocess.run(
+        [sys.executable, "-c", _SERVE_LOSES_ITS_SERVER, str(rpc_binary)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in done.stdout.splitlines() if " " in line}
+    assert lines["HEALTH-BEFORE"] == "200"
+    status, body = lines["GEN"].split(" ", 1)
+    error = json.loads(body)["error"]
+    assert status == "503" and error["type"] == "server_error" and error["code"] == "backend_lost"
+    assert "127.0.0.1:" in error["message"] and "restart" in error["message"]
+    status, body = lines["HEALTH"].split(" ", 1)
+    health = json.loads(body)
+    assert status == "503" and health["status"] == "unavailable" and "127.0.0.1:" in health["reason"]
 
 
 def _rpc_server_cli(port: int, host: str = "127.0.0.2") -> subprocess.Popen:

@@ -927,3 +927,14 @@ def test_an_error_while_cleaning_up_is_logged_and_the_server_goes_on(caplog):
     finally:
         srv.stop()
         real.close()
+
+
+def test_a_5xx_from_a_library_error_is_the_servers_state_not_the_request():
+    """The 503 for a lost rpc-server said "invalid_request_error" while every other 503 says server_error."""
+    from localspec.errors import RpcError, SettingsError
+    from localspec.serve.schemas import from_localspec
+
+    lost = from_localspec(RpcError("RPC server 127.0.0.1:1 stopped", hint="restart it"), 503).body()["error"]
+    assert lost["type"] == "server_error" and lost["message"] == "RPC server 127.0.0.1:1 stopped (restart it)"
+    refused = from_localspec(SettingsError("n_max 0", hint="1-64")).body()["error"]
+    assert refused["type"] == "invalid_request_error"

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localspec.constrain.grammar import Grammar, reply_grammar
 from localspec.errors import GrammarError, LocalspecError, MessageError
+from localspec.llama import rpc
 from localspec.pipeline.chat_turns import chat_messages
 from localspec.pipeline.tool_calls import ToolUse, tool_use
 from localspec.pipeline.tool_schema import ToolCallError
@@ -78,8 +79,12 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
         return req
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": ep.model_id, "queue": worker.waiting, "busy": worker.busy}
+    async def health() -> JSONResponse:
+        body = {"status": "ok", "model": ep.model_id, "queue": worker.waiting, "busy": worker.busy}
+        reason = backend_lost(worker)
+        if reason is None:
+            return JSONResponse(body)
+        return JSONResponse({**body, "status": "unavailable", "reason": reason}, status_code=503)
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> PlainTextResponse:
@@ -132,6 +137,16 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
         return await ep.run(request, req, tokens, ep.kwargs(req, len(tokens), []), "completions")
 
     return app
+
+
+def backend_lost(worker: Worker) -> str | None:
+    """Why the served model can no longer generate (an rpc-server it used was lost, and llama.cpp cannot
+    reconnect within this process), with what to do; None while it can."""
+    failure = rpc.failed()
+    if failure is None and worker.lost is None:
+        return None
+    what = worker.lost or f"an RPC server of the model was lost ({failure})"
+    return f"{what}; restart the rpc-server(s), then this server"
 
 
 def _answer_errors_as_openai(app: FastAPI, metrics: Metrics) -> None:

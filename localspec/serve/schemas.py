@@ -41,8 +41,11 @@ class APIError(Exception):
 
 
 def from_localspec(exc: LocalspecError, status: int = 400, code: str | None = None) -> APIError:
+    """``exc`` as the client's error: its message and hint; a 5xx is the server's state (``server_error``),
+    anything else the request's (``invalid_request_error``)."""
     message = exc.message + (f" ({exc.hint})" if exc.hint else "")
-    return APIError(status, message, param=getattr(exc, "param", None), code=code)
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return APIError(status, message, type=kind, param=getattr(exc, "param", None), code=code)
 
 
 # ------------------------------------------------------------------------------------------- requests

@@ -61,6 +61,8 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.busy = False
+        #: why the model can no longer generate (an rpc-server lost mid-generation), or None
+        self.lost: str | None = None
 
     @property
     def waiting(self) -> int:
@@ -137,10 +139,15 @@ class Worker:
                     break  # the answer is complete: the client gets it before the stream is closed
                 if job.cancel.is_set() or self._stopping.is_set():
                     break
+        except RpcError as exc:
+            outcome = "error"
+            # an rpc-server lost mid-generation is the server's state, not a bad request: 503, and /health
+            # says so from now on
+            self.lost = self.lost or exc.message
+            job.emit("error", from_localspec(exc, 503, code="backend_lost"))
         except LocalspecError as exc:
             outcome = "error"
-            # an rpc-server lost mid-generation is the server's state, not a bad request: 503
-            job.emit("error", from_localspec(exc, 503) if isinstance(exc, RpcError) else from_localspec(exc))
+            job.emit("error", from_localspec(exc))
         except ValueError as exc:
             outcome = "error"
             job.emit("error", APIError(400, str(exc)))
