@@ -2,6 +2,10 @@
 too, docs/archive/ aside) names a
 command of ``localspec --help`` and flags of that command's ``--help``, and every preset name quoted
 (``--preset NAME``, ``localspec download NAME``, ``preset="NAME"``) is one ``localspec presets`` lists.
+Each command line is also parsed by the command's real click parser (paths taken as written, placeholder
+values such as ``NAME`` or ``...`` left out), so a value out of range, a wrong choice, a required option
+left out, an extra argument or options that do not go together (``bench``'s, checked as they are parsed)
+fail here; what a command checks only once it runs is not seen.
 
 Only code is read (fenced blocks and inline code spans), so prose such as "localspec makes ..." is not taken
 for a command. A command the docs quote but the CLI lacks is reported with the list of known commands and
@@ -10,10 +14,14 @@ where to register it: a page written for a command that lands later fails here u
 
 from __future__ import annotations
 
+import contextlib
 import re
+import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from unittest import mock
 
 import click
 import pytest
@@ -179,11 +187,68 @@ def python_presets(text: str, name: str, preset_names: set[str]) -> list[str]:
     return problems
 
 
+@contextlib.contextmanager
+def _paths_unchecked() -> Iterator[None]:
+    """Paths in the docs are examples (``~/models``, ``T.gguf``): the parser takes them as written."""
+    with mock.patch.object(click.Path, "convert", lambda self, value, param, ctx: value):
+        yield
+
+
+def parse_problem(q: Quote) -> str | None:
+    """What the real parser says of the quoted command line (an option it lacks, a value out of range, a
+    missing required option or argument), or None when it parses. A bare command (``localspec pair`` in
+    prose) names the command only and is not parsed; what a command checks after parsing is not seen."""
+    try:
+        args = shlex.split(" ".join(q.words))
+    except ValueError:  # an unbalanced quote: as the words were read
+        args = list(q.words)
+    while args and args[0].startswith("-"):  # the group's own options (--traceback)
+        if args.pop(0) in ("--help", "--version"):
+            return None
+    cmd: click.Command = main
+    path: list[str] = []
+    while isinstance(cmd, click.Group) and args and not args[0].startswith("-"):
+        sub = cmd.get_command(click.Context(cmd), args[0])
+        if sub is None:
+            return None  # check_quote reports it
+        path.append(args.pop(0))
+        cmd = sub
+    if not args or isinstance(cmd, click.Group):
+        return None
+    dropped: set[str] = set()  # options whose value is a placeholder (``--rpc ...``, ``--save-preset NAME``)
+    while True:
+        try:
+            with _paths_unchecked():
+                cmd.make_context(f"localspec {' '.join(path)}", list(args))
+        except click.exceptions.Exit:  # --help
+            return None
+        except click.BadParameter as exc:
+            if not isinstance(exc.param, click.Option) or not _drop_placeholder(args, exc.param, dropped):
+                if not (isinstance(exc, click.MissingParameter) and exc.param and exc.param.name in dropped):
+                    return f"{q}: the parser refuses it: {exc.format_message()}"
+                return None
+        except click.ClickException as exc:
+            return f"{q}: the parser refuses it: {exc.format_message()}"
+        else:
+            return None
+
+
+def _drop_placeholder(args: list[str], option: click.Option, dropped: set[str]) -> bool:
+    """Take ``option`` out of ``args`` when the value it was refused for is a placeholder; False otherwise."""
+    for i, word in enumerate(args[:-1]):
+        if word in option.opts and _PLACEHOLDER.match(args[i + 1]):
+            del args[i : i + 2]
+            dropped.add(option.name or "")
+            return True
+    return False
+
+
 def check_text(text: str, name: str) -> tuple[list[Quote], list[str]]:
     names = {p.name for p in list_presets()}
     found = quotes(text, name)
     problems = [p for q in found for p in check_quote(q, names)]
-    return found, problems + python_presets(text, name, names)
+    parsed = [p for q in found if (p := parse_problem(q))]
+    return found, problems + parsed + python_presets(text, name, names)
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
@@ -224,6 +289,14 @@ def test_the_readme_is_checked_at_all():
         ),
         ('```python\nlocalspec.generate("x", preset="qwen9-99b")\n```', "no preset named 'qwen9-99b'"),
         ("`localspec --verbose run x`", "`localspec` has no option --verbose"),
+        # what the real parser refuses: a value out of range or not a choice, a required option left out
+        ('`localspec run -n 0 "x"`', "the parser refuses it: Invalid value for '--max-tokens' / '-n'"),
+        ("`localspec bench --sessions edit`", "unknown session workload 'edit'"),
+        ("`localspec bench -t T.gguf --wide-target F99`", "Invalid value for '--wide-target'"),
+        ("`localspec bench --wide-target F16`", "--wide-target needs --target FILE or --preset NAME"),
+        ("`localspec export target.gguf -d d.gguf`", "Missing option '--to'"),
+        ('`localspec run --rpc 10.0.0.2 "x"`', "is not HOST:PORT"),
+        ("```console\n$ localspec cache clear --yes all\n```", "unexpected extra argument (all)"),
     ],
 )
 def test_the_check_catches_a_planted_mistake(planted, expected):
@@ -240,6 +313,9 @@ def test_the_check_catches_a_planted_mistake(planted, expected):
         "localspec makes speculative decoding easy; see `localspec/cli/run.py` and `localspec.load()`.",
         "```bash\npip uninstall localspec && rm -rf ~/.cache/localspec\n```",
         "`localspec --help`",
+        "`localspec pair` ranks the drafts",  # a bare command in prose: no TARGET needed
+        "`localspec bench --tune --save-preset NAME`, `localspec serve --rpc ...`",  # placeholders
+        '`localspec run --preset qwen2.5-coder-1.5b --chat "Write a binary search in Python"`',
     ],
 )
 def test_the_check_passes_real_usage(fine):

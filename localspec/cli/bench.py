@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,23 @@ from localspec.settings import (
 
 def _split(values: tuple[str, ...]) -> list[str]:
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+def _check_names(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...], known: Sequence[str], what: str
+) -> tuple[str, ...]:
+    """``--workloads`` and ``--sessions``: every comma-separated name one of ``known``, checked as the options
+    are parsed (a usage error, status 2, before anything loads; the docs' command lines are parsed by a
+    test, so a wrong name there fails it)."""
+    for item in values:
+        for name in item.split(","):
+            if not name.strip():
+                raise click.UsageError(f"{param.opts[0]} has an empty name; give names separated by commas")
+            if name.strip() not in known:
+                raise click.BadParameter(
+                    f"unknown {what} workload {name.strip()!r}; choose from {', '.join(known)}", ctx, param
+                )
+    return values
 
 
 def _usage_line(exc: LocalspecError, drop: str = "") -> str:
@@ -165,11 +182,56 @@ def _refuse_unread(ctx: click.Context, mode: str) -> None:
             raise click.UsageError(f"{flag} does not apply with --{mode}: {why}; drop it")
 
 
+def _check_together(ctx: click.Context) -> None:
+    """The options that do not go together, refused as soon as they are parsed (usage errors, status 2)."""
+    o = ctx.params
+    if o["target"] and o["preset"]:
+        raise click.UsageError("give either --target or --preset, not both")
+    if o["save_preset"] and not o["tune"]:
+        raise click.UsageError("--save-preset needs --tune")
+    if o["peer"] and o["tune"]:
+        raise click.UsageError("--peer compares fixed settings; run it without --tune")
+    if o["rpc"] and (o["peer"] or o["tune"] or o["wide_target"]):
+        raise click.UsageError(
+            "--rpc measures localspec's strategies over the servers; run it without --peer, --tune and "
+            "--wide-target (an rpc-server serves one client at a time)"
+        )
+    if o["tensor_split"] and not o["rpc"]:
+        raise click.UsageError("--tensor-split shares the target's layers among --rpc servers: add --rpc")
+    if o["wide_target"] and not o["sessions"] and not (o["target"] or o["preset"]):
+        raise click.UsageError(
+            "--wide-target needs --target FILE or --preset NAME (the embedded pair is a toy)"
+        )
+    for name in ("tune_n_max", "tune_p_min"):
+        if not o["tune"] and ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+            flag = "--" + name.replace("_", "-")
+            raise click.UsageError(f"{flag} needs --tune (it names what the tuner sweeps)")
+    check_strategies_have_a_draft(list(o["strategies"]), o["draft"])
+    if o["sessions"]:
+        _refuse_unread(ctx, "sessions")
+    elif o["tune"]:
+        _refuse_unread(ctx, "tune")
+
+
+class _Bench(click.Command):
+    """``bench``, whose options are checked together as soon as they are parsed (:func:`_check_together`):
+    before anything loads, and where a test that only parses a documented command line sees it too."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        try:
+            _check_together(ctx)
+        except click.UsageError as exc:
+            exc.ctx = exc.ctx or ctx  # the usage line and the `--help` hint, as for any usage error
+            raise
+        return rest
+
+
 _N_LO, _N_HI = N_MAX_RANGE
 _P_LO, _P_HI = P_MIN_RANGE
 
 
-@click.command("bench")
+@click.command("bench", cls=_Bench)
 @click.option("--target", "-t", type=click.Path(dir_okay=False), help="Target GGUF (default: embedded pair).")
 @click.option(
     "--draft", "-d", help="Draft GGUF path, 'ngram', 'none' or 'auto' (default: auto, automatic pairing)."
@@ -179,12 +241,14 @@ _P_LO, _P_HI = P_MIN_RANGE
     "--workloads",
     "-w",
     multiple=True,
+    callback=lambda ctx, param, values: _check_names(ctx, param, values, workload_choices(), "single-prompt"),
     help=f"Comma-separated subset of: {', '.join(workload_choices())} (default: {', '.join(WORKLOADS)}).",
 )
 @click.option("--prompts", type=click.Path(dir_okay=False), help="Your own prompt file (lines or JSONL).")
 @click.option(
     "--sessions",
     multiple=True,
+    callback=lambda ctx, param, values: _check_names(ctx, param, values, SESSION_WORKLOADS, "session"),
     help=f"Multi-request workloads instead ({', '.join(SESSION_WORKLOADS)}): the suffix cache cold and warm "
     "against fixed-length n-gram lookup, each session run in order through one pipeline.",
 )
@@ -315,29 +379,7 @@ def bench(
     from localspec.bench import report as rep
     from localspec.bench.single import benchmark
 
-    if target and preset:
-        raise click.UsageError("give either --target or --preset, not both")
-    if save_preset and not tune:
-        raise click.UsageError("--save-preset needs --tune")
-    if peer and tune:
-        raise click.UsageError("--peer compares fixed settings; run it without --tune")
-    if rpc and (peer or tune or wide_target):
-        raise click.UsageError(
-            "--rpc measures localspec's strategies over the servers; run it without --peer, --tune and "
-            "--wide-target (an rpc-server serves one client at a time)"
-        )
-    if tensor_split and not rpc:
-        raise click.UsageError("--tensor-split shares the target's layers among --rpc servers: add --rpc")
-    ctx = click.get_current_context()
-    for name in ("tune_n_max", "tune_p_min"):
-        if not tune and ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
-            flag = "--" + name.replace("_", "-")
-            raise click.UsageError(f"{flag} needs --tune (it names what the tuner sweeps)")
-    check_strategies_have_a_draft(list(strategies), draft)
-    if sessions:
-        _refuse_unread(ctx, "sessions")
-    elif tune:
-        _refuse_unread(ctx, "tune")
+    ctx = click.get_current_context()  # the options were checked together as they were parsed (_Bench)
     if tune:
         from localspec.bench.tune import check_sweep
 
@@ -345,9 +387,6 @@ def bench(
             tune_n_max, tune_p_min = check_sweep(list(strategies) or None, tune_n_max, tune_p_min, adaptive)
         except LocalspecError as exc:
             raise click.BadParameter(_usage_line(exc), param_hint=["--tune-n-max", "--tune-p-min"]) from None
-    for option, values in (("--workloads", workloads), ("--sessions", sessions)):
-        if any(not v.strip() for item in values for v in item.split(",")):
-            raise click.UsageError(f"{option} has an empty name; give names separated by commas")
     if sessions:
         _make_out_dir(out_dir)
         cap = max_tokens if ctx.get_parameter_source("max_tokens") is ParameterSource.COMMANDLINE else None
@@ -369,9 +408,6 @@ def bench(
         )
         return
     names = _split(workloads) or None
-    for n in names or []:
-        if n not in workload_choices():
-            raise click.UsageError(f"unknown workload {n!r}; choose from {', '.join(workload_choices())}")
     _make_out_dir(out_dir)
     progress = None if (quiet or as_json) else (lambda m: click.echo(f"  {m}", err=True))
     wide_note = None
@@ -435,8 +471,8 @@ def bench(
 
 
 def _wide_pair(target, draft, preset, wide_type, threads, progress) -> tuple[str, str | None, None, str]:
-    """``--wide-target``: the target (given, or the preset's) re-encoded, the same draft, no preset; and the
-    line the report prints about it."""
+    """``--wide-target``: the target (given, or the preset's: one of them is, :func:`_check_together`)
+    re-encoded, the same draft, no preset; and the line the report prints about it."""
     from localspec.bench.wide_target import wide_target
 
     draft_path = draft
@@ -447,12 +483,8 @@ def _wide_pair(target, draft, preset, wide_type, threads, progress) -> tuple[str
         source = pair.target
         if draft in (None, "auto") and pair.draft:
             draft_path = str(pair.draft)
-    elif target:
-        source = Path(target)
     else:
-        raise click.UsageError(
-            "--wide-target needs --target FILE or --preset NAME (the embedded pair is a toy)"
-        )
+        source = Path(target)
     wide = wide_target(source, wide_type, threads=threads or constants.default_threads(), log=progress)
     note = (
         f"target {source.name} re-encoded at {wide_type.upper()} by llama.cpp's llama-quantize ({wide}): "
@@ -481,11 +513,6 @@ def _bench_sessions(
     from localspec.bench.peer import SESSION_MODES
     from localspec.bench.session_run import PeerSetup, markdown, noise_lines, run_bench
 
-    for n in names:
-        if n not in SESSION_WORKLOADS:
-            raise click.UsageError(
-                f"unknown session workload {n!r}; choose from {', '.join(SESSION_WORKLOADS)}"
-            )
     log = (lambda line: None) if quiet else (lambda line: click.echo(f"  {line}", err=True))
     with localspec.load(
         target=target,
