@@ -160,8 +160,8 @@ def check_window_possible(env: Mapping[str, str] | None = None, platform: str | 
     if not platform.startswith("linux") or (env.get("WAYLAND_DISPLAY") and _wayland_answers(env)):
         return webview
     if own_env and env.get("WAYLAND_DISPLAY"):  # a compositor that does not answer: draw on X instead
-        os.environ["QT_QPA_PLATFORM"] = "xcb"
-        os.environ["GDK_BACKEND"] = "x11"
+        os.environ.setdefault("QT_QPA_PLATFORM", "xcb")
+        os.environ.setdefault("GDK_BACKEND", "x11")
     if linux_gui() == "qt":
         problem = qt_library_problem()
         if problem:
