@@ -163,3 +163,14 @@ def test_ui_takes_rpc_servers_as_run_does(launched):
     for bad in ("10.0.0..2:50052", "h:\u00b2", "nohost"):
         res = _invoke(["--no-browser", "--rpc", bad])
         assert res.exit_code == 2 and "--rpc" in res.output and "Traceback" not in res.output
+
+
+def test_no_store_keeps_the_suffix_cache_of_every_pair_the_page_loads_in_memory(launched, monkeypatch):
+    from localspec import constants
+
+    monkeypatch.setenv("LOCALSPEC_NO_STORE", "")  # off, and put back as it was after the test
+    res = _invoke(["--no-browser", "--port", _free()])
+    assert res.exit_code == 0 and not constants.no_store(), res.output
+    res = _invoke(["--no-store", "--no-browser", "--port", _free()])
+    assert res.exit_code == 0, res.output
+    assert constants.no_store()  # what the suffix cache of every load reads (suffix/cache.py)

@@ -119,7 +119,7 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     help="Show the page in a native desktop window instead of a browser; closing it stops the server "
     '(needs the "desktop" extra: pip install "localspec[desktop]").',
 )
-@shared_options("threads", "rpc")
+@shared_options("threads", "rpc", "no_store")
 def ui(
     host: str,
     port: int | None,
@@ -130,9 +130,12 @@ def ui(
     window: bool,
     threads: int | None,
     rpc: str | None,
+    no_store: bool,
 ) -> None:
     """Open the web UI: pick a pair, watch the draft's tokens, compare speed and memory, bench."""
     credentials = parse_auth(auth)
+    if no_store:  # every pair the page loads, as LOCALSPEC_NO_STORE=1 would (read by the suffix cache)
+        os.environ["LOCALSPEC_NO_STORE"] = "1"
     exposure = check_exposure(
         host,
         what="the web UI",

@@ -139,8 +139,8 @@ def first_write_notice(directory: Path) -> str:
     what is kept, where, and how to turn it off or clear it."""
     return (
         f"the suffix cache keeps your prompts and outputs in {directory} to draft from them later; "
-        "`localspec cache clear` deletes them; --no-store, or LOCALSPEC_NO_STORE=1 for the web UI and "
-        "Python, keeps them in memory only"
+        "`localspec cache clear` deletes them; --no-store (run, serve, ui) or LOCALSPEC_NO_STORE=1 keeps "
+        "them in memory only"
     )
 
 
