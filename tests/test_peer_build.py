@@ -53,3 +53,31 @@ def test_two_builds_at_once_take_turns(tmp_path):
     assert len(built) == 1 and Path(built.pop()).is_file()
     said = "".join(out for out, _ in outs)
     assert said.count("building ggml-rpc-server") == 1  # one built; the other waited and found it
+
+
+def test_a_build_killed_with_its_parent_takes_its_compilers_with_it(tmp_path):
+    """SIGKILL leaves localspec no time to stop its build: the kernel's signal stops the whole group."""
+    import signal
+    import time
+
+    pidfile = tmp_path / "grandchild.pid"
+    build = ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"]  # make, and a compiler under it
+    script = (
+        f"from localspec.bench.peer import call_as_group\ncall_as_group({build!r}, cwd=None, stdout=None)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    grandchild = int(pidfile.read_text())
+    proc.kill()
+    proc.wait(30)
+    for _ in range(100):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(grandchild, signal.SIGKILL)
+    raise AssertionError("the build's compiler went on after localspec was killed")

@@ -174,17 +174,22 @@ def _sigterm_raises() -> Iterator[None]:
 
 def call_as_group(cmd: list[str], *, cwd: Path | None, stdout: Any) -> int:
     """Run a build step (or another tool, such as llama-quantize) in its own process group and wait for it;
-    its exit status. Interrupted (Ctrl-C, or SIGTERM from
-    ``timeout`` or a supervisor, which reach this process alone), take the whole group down with it:
-    ``subprocess.call`` kills only its child (cmake), and make and the compilers under it went on at full
-    CPU for minutes, re-parented to init, slowing every later measurement."""
+    its exit status. Interrupted (Ctrl-C, or SIGTERM from ``timeout`` or a supervisor, which reach this
+    process alone), take the whole group down with it: ``subprocess.call`` kills only its child (cmake),
+    and make and the compilers under it went on at full CPU for minutes, re-parented to init, slowing every
+    later measurement. Killed outright (SIGKILL, the OOM killer), this process cannot do that: then the
+    kernel's signal (:func:`die_with_this_process`) reaches a shell in front of ``cmd``, which passes it to
+    the whole group."""
+    dies_with = die_with_this_process()
+    if dies_with:
+        cmd = ["sh", "-c", _GROUP_ON_TERM, "sh", *cmd]
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
         stdout=stdout,
         stderr=subprocess.STDOUT,
         start_new_session=os.name == "posix",
-        **die_with_this_process(),
+        **dies_with,
     )
     try:
         with stop_on_sigterm():
@@ -192,6 +197,11 @@ def call_as_group(cmd: list[str], *, cwd: Path | None, stdout: Any) -> int:
     except BaseException:
         _stop_group(proc)
         raise
+
+
+#: The shell in front of a group's command: runs it, returns its exit status, and on SIGTERM (the kernel's,
+#: when this process dies) sends SIGTERM to the whole process group, itself included.
+_GROUP_ON_TERM = 'trap "trap - TERM; kill -TERM 0" TERM; "$@" & wait $!'
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
