@@ -107,6 +107,9 @@ def test_one_rebuild_closes_every_gap_at_once():
     assert {"-DGGML_AVX512=ON", "-DGGML_RPC=ON", "-DGGML_CUDA=on", "-DGGML_AVX2=ON"} <= set(flags)
     assert len({f.split("=")[0] for f in flags}) == len(flags)  # each option once
     assert fix_all(_build(backends=("CPU", "RPC")), check_build(_build(backends=("CPU", "RPC")), "")) is None
+    amx = _build(AMX_BUILD)  # AMX that has not crashed here stays in: its note's rebuild is only advice
+    command = fix_all(amx, check_build(amx, AVX512_CPU))
+    assert command is not None and "-DGGML_AMX_INT8=ON" in command and "-DGGML_RPC=ON" in command
 
 
 def test_off_x86_the_cpu_is_not_compared():

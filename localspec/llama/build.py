@@ -346,8 +346,9 @@ def _gpu_findings(build: BuildFacts, seen: tuple[str, ...], version: str) -> lis
 
 def fix_all(build: BuildFacts, findings: list[Finding]) -> str | None:
     """One command that closes every gap and fixes every problem in ``findings`` that a rebuild of
-    ``build`` fixes (what each rebuild changes, together), or None when none does."""
-    fixes = [f for f in findings if f.flags]
+    ``build`` fixes (what each rebuild changes, together), or None when none does. A note's rebuild (AMX off
+    while it has not crashed here) is advice, left out."""
+    fixes = [f for f in findings if f.flags and f.state in ("gap", "problem")]
     if not fixes:
         return None
     base = build.flags()
