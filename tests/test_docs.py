@@ -365,3 +365,33 @@ def test_the_cli_page_check_finds_what_is_left_out():
     gaps = cli_page_gaps(text.replace("## doctor", "## diagnostics").replace("`--no-warmup`", "no warm-up"))
     assert "`localspec doctor` has no section (## doctor)" in gaps
     assert "`localspec bench --no-warmup` is not named" in gaps
+
+
+def session_table_names(text: str) -> list[str]:
+    """The first cell of each row of every table headed ``| sessions |``: session workload names."""
+    names, in_table = [], False
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if not cells:
+            in_table = False
+        elif cells[0] == "sessions":
+            in_table = True
+        elif in_table and not set(cells[0]) <= {"-", " ", ":"}:
+            names.append(cells[0])
+    return names
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_session_tables_name_the_workloads_bench_sessions_takes(doc):
+    from localspec.bench.sessions import SESSION_WORKLOADS
+
+    names = session_table_names(doc.read_text(encoding="utf-8"))
+    assert set(names) <= set(SESSION_WORKLOADS), (
+        f"{doc.name}: not --sessions names: {set(names) - set(SESSION_WORKLOADS)}"
+    )
+
+
+def test_session_tables_are_found():
+    text = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert {"edit-session", "agent", "multi-turn", "repo-code"} <= set(session_table_names(text))
+    assert session_table_names("| sessions | x |\n| --- | --- |\n| edit | 1 |\n") == ["edit"]
