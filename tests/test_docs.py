@@ -395,3 +395,30 @@ def test_session_tables_are_found():
     text = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
     assert {"edit-session", "agent", "multi-turn", "repo-code"} <= set(session_table_names(text))
     assert session_table_names("| sessions | x |\n| --- | --- |\n| edit | 1 |\n") == ["edit"]
+
+
+_QUOTIENT = re.compile(r"\b(\d+(?:\.\d+)?) / (\d+(?:\.\d+)?) = (\d+(?:\.\d+)?)x")
+
+
+def wrong_quotients(text: str) -> list[str]:
+    """Each ``A / B = Cx`` (a ceiling worked out in the prose) whose C is not A / B to its printed digits."""
+    wrong = []
+    for m in _QUOTIENT.finditer(text):
+        a, b, c = m.groups()
+        digits = len(c.partition(".")[2])
+        if round(float(a) / float(b), digits) != float(c):
+            wrong.append(f"{m.group(0)} (it is {float(a) / float(b):.{digits}f}x)")
+    return wrong
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_worked_ceilings_are_right(doc):
+    assert not wrong_quotients(doc.read_text(encoding="utf-8"))
+
+
+def test_a_wrong_ceiling_is_caught():
+    assert wrong_quotients("at most 16 / 8.5 = 2.28x, or 16 / 11 = 1.45x") == [
+        "16 / 8.5 = 2.28x (it is 1.88x)"
+    ]
+    worked = _QUOTIENT.findall((ROOT / "docs" / "performance.md").read_text(encoding="utf-8"))
+    assert ("16", "8.5", "1.88") in worked and ("16", "11", "1.45") in worked  # the ceilings are read
