@@ -46,7 +46,13 @@ def test_presets_table_and_json(env):
     res = runner.invoke(main, ["presets"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[0].split() == ["NAME", "TARGET", "DRAFT", "DOWNLOAD", "RAM", "CACHED", "LICENCE", "SOURCE"]
+    assert lines[0].split() == [
+        "NAME", "TARGET", "DRAFT", "DRAFTING", "DOWNLOAD", "RAM", "CACHED", "LICENCE", "SOURCE"
+    ]  # fmt: skip
+    drafting = {ln.split()[0]: ln for ln in lines[1:] if ln.strip()}
+    assert "  auto  " in drafting["qwen2.5-coder-1.5b"]  # how each preset drafts, from its [draft] table
+    assert "  model, k=4  " in drafting["tiny-embedded"]
+    assert "  model+ngram, adaptive  " in drafting["llama-3.1-8b"]
     line = next(ln for ln in lines if ln.startswith("toy "))
     assert "org/Toy-7B-GGUF" in line and "org/Toy-0.5B-GGUF" in line and " no " in line and "user" in line
     assert "Toy Licence 1.0" in line

@@ -11,6 +11,7 @@ from localspec.errors import PresetError
 from localspec.hub import download as hub
 from localspec.hub import search as hub_search
 from localspec.hub.presets import load_presets
+from localspec.settings import DraftSettings
 from localspec.units import format_bytes
 
 
@@ -24,6 +25,13 @@ def _skipped_line(problem: PresetError) -> str:
     """One line per skipped file or preset: the message names the file (preset, key) and what is wrong."""
     line = " ".join(problem.message.split())  # a TOML parser's message may span lines
     return f"skipped: {line}" + (f" -> {problem.hint}" if problem.hint else "")
+
+
+def drafting(s: DraftSettings) -> str:
+    """How a preset drafts, in a few words: ``auto``, ``model+ngram, adaptive``, ``model, k=4``."""
+    if s.strategy in ("auto", "none"):
+        return s.strategy
+    return f"{s.strategy}, adaptive" if s.adaptive else f"{s.strategy}, k={s.n_max}"
 
 
 @click.command("presets")
@@ -46,7 +54,7 @@ def presets(as_json: bool) -> None:
         for problem in problems:
             click.echo(_skipped_line(problem), err=True)
         return
-    header = ("NAME", "TARGET", "DRAFT", "DOWNLOAD", "RAM", "CACHED", "LICENCE", "SOURCE")
+    header = ("NAME", "TARGET", "DRAFT", "DRAFTING", "DOWNLOAD", "RAM", "CACHED", "LICENCE", "SOURCE")
     table = [header]
     for p, d in rows:
         table.append(
@@ -54,6 +62,7 @@ def presets(as_json: bool) -> None:
                 p.name + (" *" if p.gated else ""),
                 _short(p.target),
                 _short(p.draft_model),
+                drafting(p.draft),
                 format_bytes(p.download_bytes) if p.download_bytes else "none",
                 format_bytes(p.ram_bytes) if p.ram_bytes else "?",
                 "yes" if d["cached"] else "no",
@@ -64,7 +73,7 @@ def presets(as_json: bool) -> None:
     widths = [max(len(str(r[i])) for r in table) for i in range(len(header))]
     # Long repository names keep their end (the model name); a long licence keeps its start (the name of
     # the licence; `presets --json` has it all).
-    limits = {1: (64, "tail"), 2: (64, "tail"), 6: (28, "head")}
+    limits = {1: (64, "tail"), 2: (64, "tail"), 7: (28, "head")}
     for i, (limit, _) in limits.items():
         widths[i] = min(widths[i], limit)
     for r in table:
