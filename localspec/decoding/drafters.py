@@ -127,6 +127,7 @@ class ModelDrafter:
         """Evaluate the prompt once (prefill), reusing whatever prefix the cache already holds."""
         todo = self.model.sync(context, keep_last=0)
         self.model.decode(todo)
+        self.model.mark_prefix()  # recurrent memory: a later request on this prompt comes back here
 
     def draft(
         self,
@@ -147,6 +148,7 @@ class ModelDrafter:
         logits = self.model.decode_logits(todo, outputs=1)[0]
         out.first_seconds = time.perf_counter() - t
         out.evals, out.fed = 1, len(todo)
+        self.model.checkpoint(ahead=n - 1)  # recurrent memory: the drafts it decodes next may be taken back
         for i in range(n):
             row = logits
             if self._mask is not None:

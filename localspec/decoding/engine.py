@@ -8,6 +8,12 @@ the rejection rule in :mod:`localspec.llama.sampling`), emits one more token fro
 at the first disagreement (or after the last draft), and removes the rejected drafts from the KV
 cache. With no drafter the same loop is the target alone, one token per pass: the baseline.
 
+A target with recurrent memory (a hybrid such as Qwen3.5, or a Mamba) takes drafts back through state
+snapshots or a checkpoint saved before the pass (:meth:`Model.checkpoint`, :mod:`localspec.llama.recurrent`);
+after a checkpoint restore the accepted tokens are *owed*: the cache holds ``ctx[:-1]`` in name, and the next
+verify pass evaluates the owed tokens in front of the pending one. Its logits rows are still exactly the
+verified positions', so the invariant holds as stated.
+
 A round drafts at most :attr:`Model.max_draft` tokens (one llama.cpp batch holds the pending token and
 the drafts: every logits row of a verify pass comes from one decode) and never past the context.
 
@@ -186,6 +192,7 @@ class Engine:
         prompt, and an adaptive setting gets its controller."""
         t0 = time.perf_counter()
         self._claim(gen.me, gen.ctx)
+        self.target.mark_prefix()  # recurrent memory: a later request on this prompt comes back here
         if gen.drafter is not None:
             gen.drafter.begin(gen.ctx[:-1])
             if gen.settings.adaptive:
@@ -201,6 +208,8 @@ class Engine:
             return []
         proposal = self._propose(gen, cap=min(room - 1, target.max_draft))
         n_d = len(proposal.draft.tokens)
+        rollback_before, replayed = target.rollback.seconds, target.owed
+        target.checkpoint(ahead=n_d)  # recurrent memory: what taking the drafts back needs
         t = time.perf_counter()
         rows = target.decode_logits([gen.ctx[-1], *proposal.draft.tokens], outputs=n_d + 1)
         verify_seconds = time.perf_counter() - t
@@ -210,7 +219,10 @@ class Engine:
         verdict = self._accept(gen, rows, proposal.draft)
         target.truncate(len(gen.ctx) + verdict.accepted)
         gen.stats.sample_seconds += time.perf_counter() - t
-        self._learn(gen, proposal, verdict.accepted, verify_seconds)
+        cost = _Cost(verify_seconds, target.rollback.seconds - rollback_before, replayed)
+        gen.stats.rollback_seconds += cost.rollback_seconds
+        gen.stats.replayed_tokens += replayed
+        self._learn(gen, proposal, verdict.accepted, cost)
         return self._emit(gen, proposal.draft, verdict)
 
     def _propose(self, gen: _Generation, cap: int) -> _Proposal:
@@ -248,7 +260,7 @@ class Engine:
         )
         return _Verdict(emitted, m, complete)
 
-    def _learn(self, gen: _Generation, proposal: _Proposal, accepted: int, verify_seconds: float) -> None:
+    def _learn(self, gen: _Generation, proposal: _Proposal, accepted: int, cost: _Cost) -> None:
         """Stats of the round, and what the adaptive controller measures from it."""
         draft, stats = proposal.draft, gen.stats
         n_d = len(draft.tokens)
@@ -265,8 +277,10 @@ class Engine:
                 draft_seconds=proposal.seconds,
                 first_seconds=draft.first_seconds,
                 fed=draft.fed,
-                verify_seconds=verify_seconds,
+                verify_seconds=cost.verify_seconds,
                 confidence=draft.confidence,
+                rollback_seconds=cost.rollback_seconds,
+                replayed=cost.replayed,
             )
             stats.predicted_speedup = gen.controller.predicted_speedup()
 
@@ -372,6 +386,16 @@ class _Proposal:
     draft: Draft
     asked: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class _Cost:
+    """What a round's target side cost: the verify pass (with the ``replayed`` tokens an earlier rollback
+    left owed in front of it), and copying recurrent state out and back (0 for a transformer)."""
+
+    verify_seconds: float
+    rollback_seconds: float
+    replayed: int
 
 
 @dataclass(frozen=True)

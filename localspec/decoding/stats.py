@@ -95,6 +95,10 @@ class GenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     sample_seconds: float = 0.0
+    # A target with recurrent memory: seconds copying its state out and back to take drafts back, and the
+    # accepted tokens evaluated again after a restore (both 0 for a transformer: llama/recurrent.py).
+    rollback_seconds: float = 0.0
+    replayed_tokens: int = 0
     total_seconds: float = 0.0
     speedup: float | None = None
     finish_reason: str | None = None

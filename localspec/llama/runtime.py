@@ -40,7 +40,7 @@ from localspec.errors import (
     RpcError,
     SettingsError,
 )
-from localspec.llama import rpc
+from localspec.llama import recurrent, rpc
 from localspec.llama.build import check_amx
 from localspec.settings import N_CTX_RANGE, max_threads
 
@@ -146,6 +146,7 @@ class Model:
         n_batch: int = 512,
         rpc_servers: Sequence[rpc.Endpoint] = (),
         tensor_split: Sequence[float] | None = None,
+        rollback_depth: int = 0,
     ) -> None:
         """Load the model.
 
@@ -158,6 +159,9 @@ class Model:
             rpc_servers: llama.cpp rpc-servers that hold the offloaded layers (:mod:`localspec.llama.rpc`);
                 every llama.cpp call then runs on the model's :class:`rpc.Guard`.
             tensor_split: each server's share of the offloaded layers (default: by free memory).
+            rollback_depth: for a model with recurrent memory, the state snapshots to keep per sequence
+                (the longest draft taken back without a checkpoint: :mod:`localspec.llama.recurrent`);
+                ignored for a transformer and for architectures llama.cpp keeps no snapshots for.
 
         Raises:
             RpcError: a server that does not answer, or one lost while loading.
@@ -201,7 +205,12 @@ class Model:
             )
 
         try:
-            with _interrupt_after() as interrupted, _quiet_stderr() as said, rpc.load_devices(devices):
+            with (
+                _interrupt_after() as interrupted,
+                _quiet_stderr() as said,
+                rpc.load_devices(devices),
+                recurrent.snapshots_asked(rollback_depth),
+            ):
                 self._llama = self._call(load)
         except (ValueError, RuntimeError, OSError) as exc:
             if isinstance(exc, LocalspecError):  # an RpcError: already says which server and what to do
@@ -234,7 +243,19 @@ class Model:
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
         self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.tokens: list[int] = []  # exactly what the KV cache holds, in order
+        self.tokens: list[int] = []  # what the KV cache holds, in order (its last ``owed`` are still due)
+        #: "attention", "hybrid" or "recurrent": how rejected drafts leave this model's memory
+        self.memory_kind = recurrent.memory_kind(self.model)
+        #: recurrent-state snapshots llama.cpp keeps per sequence (0: a rollback needs a checkpoint)
+        self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(self.ctx))
+        self.rollback = recurrent.RollbackStats()
+        # Copies of the recurrent state: the last one before a pass that may be taken back (a round's), and
+        # the one at the end of the last prompt (where the next request on the same prompt comes back to).
+        self._round_checkpoint = recurrent.Checkpoint()
+        self._prefix_checkpoint = recurrent.Checkpoint()
+        # The last tokens of ``tokens`` that a checkpoint restore took out of llama.cpp's memory: the next
+        # decode evaluates them again in front of its own tokens (see :meth:`truncate`).
+        self._owed: list[int] = []
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
@@ -350,15 +371,115 @@ class Model:
         return self._space
 
     # KV cache ---------------------------------------------------------------------------------
+    @property
+    def owed(self) -> int:
+        """Tokens the cache holds in name only (after a checkpoint restore): the next decode evaluates
+        them first."""
+        return len(self._owed)
+
+    def recurrent_state_bytes(self) -> int:
+        """Bytes of one sequence's recurrent state (0 for a transformer): what a checkpoint copies, and what
+        each of the :attr:`n_rs_seq` snapshots costs again."""
+        if self.memory_kind == "attention":
+            return 0
+        return int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, 0, recurrent.PARTIAL_ONLY))
+
+    def time_rollback(self) -> tuple[float, float]:
+        """Seconds to copy this model's recurrent state out and to copy it back, timed once now on the
+        sequence as it stands (``(0.0, 0.0)`` for a transformer). The sequence is left as it was."""
+        if self.memory_kind == "attention":
+            return 0.0, 0.0
+        probe, stats = recurrent.Checkpoint(), recurrent.RollbackStats()
+        held = len(self.tokens) - len(self._owed)
+        self._call(lambda: probe.save(self.ctx, held, stats) and probe.restore(self.ctx, stats))
+        return stats.save_seconds, stats.restore_seconds
+
+    def checkpoint(self, ahead: int) -> None:
+        """Before a pass that appends up to ``ahead`` tokens which may be taken back: keep what taking them
+        back needs. Nothing for a transformer, nor when the state snapshots cover ``ahead`` tokens;
+        otherwise the recurrent state is copied out here (unless the copy already stands here).
+
+        Owed tokens are evaluated first when there are more than :data:`recurrent.OWED_CARRIED` of them: a
+        copy taken before them would owe them again after the next restore, round after round."""
+        if self.memory_kind == "attention" or ahead <= self.n_rs_seq:
+            return
+        if len(self._owed) > recurrent.OWED_CARRIED:
+            self.decode([])
+        self._save(self._round_checkpoint)
+
+    def mark_prefix(self) -> None:
+        """The cached tokens are a prompt that later requests may start with again: keep the recurrent state
+        here, so that going back to it later restores it instead of evaluating it all again (nothing for a
+        transformer, whose cache drops any suffix)."""
+        if self.memory_kind != "attention":
+            self._save(self._prefix_checkpoint)
+
+    def _save(self, checkpoint: recurrent.Checkpoint) -> None:
+        held = len(self.tokens) - len(self._owed)
+        if checkpoint.n_tokens != held:
+            self._call(lambda: checkpoint.save(self.ctx, held, self.rollback))
+
     def truncate(self, n: int) -> None:
-        """Forget every cached token from position ``n`` on."""
-        if n < len(self.tokens):
-            if not self._call(lambda: llama_cpp.llama_memory_seq_rm(self.memory, 0, n, -1)):
-                raise LocalspecError(
-                    f"{self.path.name}: llama.cpp cannot roll back part of this model's memory",
-                    hint="recurrent or hybrid models cannot be targets or drafts for speculative decoding",
-                )
+        """Forget every cached token from position ``n`` on.
+
+        A transformer drops them (``seq_rm``), and so does a recurrent model within its state snapshots.
+        Past them, the latest checkpoint at or before ``n`` (a round's, or the last prompt's) is copied back
+        and the tokens between it and ``n`` are owed: the next decode evaluates them first. With no such
+        checkpoint the sequence starts over and every kept token is owed (correct, and as slow as a new
+        prompt).
+        """
+        if n >= len(self.tokens):
+            return
+        held = len(self.tokens) - len(self._owed)
+        if n >= held:  # only owed tokens go
+            del self._owed[n - held :]
             del self.tokens[n:]
+            return
+        kept = self.tokens[:n]
+        self._owed, self.tokens = [], self.tokens[:held]
+        for checkpoint in (self._round_checkpoint, self._prefix_checkpoint):
+            if checkpoint.n_tokens > n:
+                checkpoint.forget()
+        if self._call(lambda: llama_cpp.llama_memory_seq_rm(self.memory, 0, n, -1)):
+            self.tokens = kept
+            return
+        if self.memory_kind == "attention":
+            raise LocalspecError(
+                f"{self.path.name}: llama.cpp cannot roll back part of this model's memory",
+                hint="report it with the model's architecture: its memory type is not one localspec knows",
+            )
+        self._call(self._restore)
+        self._owed = kept[len(self.tokens) :]
+        self.tokens = kept
+
+    def _restore(self) -> None:
+        """Sequence 0 back at the latest checkpoint (every one left is at or before the truncation point),
+        or empty; ``tokens`` says which."""
+        latest = max(self._round_checkpoint, self._prefix_checkpoint, key=lambda c: c.n_tokens)
+        at = latest.n_tokens
+        # the attention layers' KV cache past the checkpoint goes as on a transformer
+        if at >= 0 and latest.restore(self.ctx, self.rollback):
+            if llama_cpp.llama_memory_seq_rm(self.memory, 0, at, -1):
+                del self.tokens[at:]
+                return
+        self._forget_checkpoints()
+        if not llama_cpp.llama_memory_seq_rm(self.memory, 0, -1, -1):
+            llama_cpp.llama_memory_clear(self.memory, True)
+        self.rollback.resets += bool(self.tokens)
+        self.tokens = []
+
+    def _forget_checkpoints(self) -> None:
+        self._round_checkpoint.forget()
+        self._prefix_checkpoint.forget()
+
+    def _take_owed(self, tokens: list[int]) -> list[int]:
+        """``tokens`` with the owed ones in front (no longer counted as held), for the decode about to run."""
+        if not self._owed:
+            return tokens
+        owed, self._owed = self._owed, []
+        del self.tokens[len(self.tokens) - len(owed) :]
+        self.rollback.replayed += len(owed)
+        return owed + tokens
 
     def sync(self, context: list[int], keep_last: int = 0) -> list[int]:
         """Trim the cache to its longest common prefix with ``context`` minus ``keep_last`` tokens.
@@ -380,6 +501,7 @@ class Model:
         Goes in chunks of the real batch, so any length that fits the context is safe.
         """
         self._check_room(tokens)
+        tokens = self._take_owed(tokens)
         for start in range(0, len(tokens), self.n_batch):
             self._decode_chunk(tokens[start : start + self.n_batch], 0)
 
@@ -399,6 +521,7 @@ class Model:
                 hint=f"draft at most {self.max_draft} tokens per round (n_max), or load with a larger n_ctx",
             )
         self._check_room(tokens)
+        tokens = self._take_owed(tokens)
         head = tokens[: max(0, len(tokens) - self.n_batch)]  # the last chunk is a full batch: all rows in it
         for start in range(0, len(head), self.n_batch):
             self._decode_chunk(head[start : start + self.n_batch], 0)
@@ -426,8 +549,12 @@ class Model:
         self._fill(chunk, len(self.tokens), outputs)
         rc = llama_cpp.llama_decode(self.ctx, self._batch)
         if rc != 0:
-            # A failed decode may leave part of the batch in memory: remove it, keep the bookkeeping true.
-            llama_cpp.llama_memory_seq_rm(self.memory, 0, len(self.tokens), -1)
+            # A failed decode may leave part of the batch in memory: remove it, keep the bookkeeping true
+            # (recurrent memory cannot drop it: the sequence starts over, every token owed).
+            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, len(self.tokens), -1):
+                self._forget_checkpoints()
+                llama_cpp.llama_memory_clear(self.memory, True)
+                self._owed = list(self.tokens)
             raise LocalspecError(
                 f"{self.path.name}: llama_decode failed with status {rc}",
                 hint="the context may be full: try a larger n_ctx or a shorter prompt",

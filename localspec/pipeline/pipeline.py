@@ -20,6 +20,7 @@ from localspec.decoding.routing import Route, route
 from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
 from localspec.gguf.pairing import PairInfo
+from localspec.llama.recurrent import MAX_SNAPSHOTS
 from localspec.llama.rpc import parse_endpoints
 from localspec.llama.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
 from localspec.llama.sampling import SamplingParams
@@ -104,6 +105,8 @@ class Pipeline:
             default_gpu_layers(draft_n_gpu_layers, offload=offload) if info.draft_path else 0,
         )
         mem = MemoryReport(rss_baseline_bytes=rss_bytes())
+        # a recurrent or hybrid model keeps state snapshots for a draft this long (longer: checkpoints)
+        depth = min(settings.n_max, MAX_SNAPSHOTS) if settings.is_speculative else 0
         self._target = Model(
             info.target_path,
             n_ctx=n_ctx,
@@ -111,6 +114,7 @@ class Pipeline:
             n_gpu_layers=self._load_facts[1],
             rpc_servers=servers,
             tensor_split=tensor_split,
+            rollback_depth=depth,
         )
         mem.rss_after_target_bytes = rss_bytes()
         mem.target_weights_bytes = self._target.weights_bytes
@@ -129,6 +133,7 @@ class Pipeline:
                     n_ctx=n_ctx,
                     n_threads=threads if draft_n_threads is None else draft_n_threads,
                     n_gpu_layers=default_gpu_layers(draft_n_gpu_layers, offload=offload),
+                    rollback_depth=depth,
                 )
                 mem.rss_after_draft_bytes = rss_bytes()
                 mem.draft_weights_bytes = self._draft.weights_bytes
