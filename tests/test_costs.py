@@ -35,6 +35,7 @@ class _Model:
 
     n_ctx = 4096
     max_draft = 64
+    memory_kind = "attention"  # a transformer: nothing to copy out before a pass
 
     def __init__(self, clock: _Clock, cost: Callable[[int, int], float], name: str = "fake.gguf") -> None:
         self.clock, self.cost, self.path = clock, cost, Path(name)
@@ -66,6 +67,9 @@ class _Model:
 
     def truncate(self, n: int) -> None:
         self.tokens = self.tokens[:n]
+
+    def checkpoint(self, ahead: int) -> None:
+        pass
 
 
 def _curve(w: int) -> float:  # the machine's true cost of a w-token pass, in ms: dips at multiples of 4

@@ -16,7 +16,11 @@ so the choice follows the machine and the text:
   draft gives the cost per token of catching up instead, which the next round's choice adds to
   drafting while the draft is behind (so the choice does not flip back and forth on noise);
 - per asked length, the draft calls and drafted tokens it really led to;
-- the target's verify pass per width, in seconds.
+- the target's verify pass per width, in seconds;
+- for a target with recurrent memory (:mod:`localspec.llama.recurrent`), what taking drafts back costs per
+  drafting round: copying the state out and back, and the accepted tokens a restore leaves to be evaluated
+  again in front of the next pass (their share of that pass, from the verify costs). It is added to every
+  round that drafts; for a transformer it is 0.
 
 Length 0 (the target alone this round) is always a candidate. While it wins, the draft sits out,
 and a draft model that sat out n rounds must later catch up on n tokens before it can draft again.
@@ -76,6 +80,7 @@ class AdaptiveLength:
         self.verify: dict[int, float] = {}  # seconds of a verify pass, by width
         self._alone: list[float] = []  # the latest timings of a one-row pass (the target alone)
         self._alone_at = 0  # the round of the latest of them
+        self.rollback_s: float | None = None  # a drafting round's rollback cost (recurrent memory)
         self.rounds = 0
         self._gen_rounds = 0  # rounds of the current generation
         self._idle = 0
@@ -115,11 +120,12 @@ class AdaptiveLength:
             return v
         calls = self.evals[k]
         if calls <= 0:  # a drafter without a model (n-gram lookup): drafting costs no draft calls
-            return v
+            return v + (self.rollback_s or 0.0)
         if self.first_s is None:
             return None
         catch_up = (self.catch_up_s or 0.0) * self._behind * min(1.0, calls)
-        return v + catch_up + self.first_s + max(0.0, calls - 1.0) * (self.step_s or self.first_s)
+        drafting = self.first_s + max(0.0, calls - 1.0) * (self.step_s or self.first_s)
+        return v + (self.rollback_s or 0.0) + catch_up + drafting
 
     def verify_seconds(self, width: float) -> float | None:
         """Measured verify cost at ``width`` rows, interpolated between measured widths, and never more than
@@ -269,9 +275,16 @@ class AdaptiveLength:
         fed: int,
         verify_seconds: float,
         confidence: list[float] | None = None,
+        rollback_seconds: float = 0.0,
+        replayed: int = 0,
     ) -> None:
         """Record one round: what was asked, drafted and accepted, and what each part cost; with the
-        drafts' ``confidence``, what the target accepted at each confidence."""
+        drafts' ``confidence``, what the target accepted at each confidence.
+
+        Args:
+            rollback_seconds: copying a recurrent target's state out and back this round (0: a transformer).
+            replayed: owed tokens the verify pass evaluated in front of its own (an earlier restore's).
+        """
         d = self.decay
         if confidence and draft_evals:  # a draft model's tokens (lookups carry no calibrated confidence)
             self.calibration.record_round(confidence[:drafted], accepted)
@@ -300,7 +313,11 @@ class AdaptiveLength:
             self.catch_up_s = _ema(self.catch_up_s, extra, d)
         if draft_evals > 1:
             self.step_s = _ema(self.step_s, (draft_seconds - first_seconds) / (draft_evals - 1), d)
-        width = drafted + 1
+        if drafted or replayed:
+            own = self.verify_seconds(drafted + 1)
+            replay = verify_seconds - own if replayed and own is not None else 0.0
+            self.rollback_s = _ema(self.rollback_s, rollback_seconds + max(0.0, replay), d)
+        width = drafted + 1 + replayed  # the pass as llama.cpp ran it
         self.verify[width] = _ema(self.verify.get(width), verify_seconds, d)
         if width == 1:  # a load or a cold start only slows a pass down: the fastest of the latest
             self._alone = [*self._alone[-(ALONE_KEPT - 1) :], verify_seconds]

@@ -142,6 +142,31 @@ class MachineCosts:
             parts.append(f"pass width{'s' if len(widths) > 1 else ''} {', '.join(widths[:5])}{more}")
         return " and ".join(parts) or "pass widths"
 
+    def rollback_passes(self, k: int, acceptance: float) -> float:
+        """What taking back the rejected part of a ``k``-token draft costs per round, in one-token passes, on
+        a target with recurrent memory (0 for a transformer, and within the target's state snapshots).
+
+        Past the snapshots every round copies the state out before its verify pass; a round with a rejection
+        copies it back, and the tokens it kept are evaluated again in front of the next pass (a wider pass).
+
+        Args:
+            k: the draft length.
+            acceptance: the chance that each drafted token is accepted (i.i.d.).
+
+        Returns:
+            The expected cost per round, in one-token passes.
+        """
+        r = self.details.get("rollback") or {}
+        if not r or k <= int(r.get("snapshots", 0)):
+            return 0.0
+        a = min(max(acceptance, 0.0), 1.0)
+        reject = 1.0 - a**k
+        if reject <= 0.0:
+            return float(r["save"])
+        kept = sum(a**m * (1.0 - a) * (m + 1) for m in range(k)) / reject  # pending token and accepted drafts
+        replay = self.V(round(k + 1 + kept)) - self.V(k + 1)
+        return float(r["save"]) + reject * (float(r["restore"]) + max(0.0, replay))
+
     def ceiling(self, k: int) -> float:
         """The speedup of perfect ``k``-token drafts that cost nothing: ``(k + 1) / V(k + 1)``."""
         return (k + 1) / self.V(k + 1)
@@ -256,6 +281,7 @@ def _time_pass(
     todo = model.sync(base)
     if todo:
         model.decode(todo)  # the context itself is not timed
+    model.checkpoint(ahead=len(tokens))  # recurrent memory: the pass is taken back after (not timed either)
     t = timer()
     try:
         model.decode_logits(tokens, outputs=len(tokens))
@@ -346,6 +372,15 @@ def measure(
         "steady": settled(),
         "unsteady_widths": unsteady_widths(times),
     }
+    if target.memory_kind != "attention":  # recurrent memory: what a rollback past its snapshots costs
+        target.reset()
+        target.decode(base)
+        save, restore = zip(*(target.time_rollback() for _ in range(5)), strict=True)
+        details["rollback"] = {
+            "snapshots": target.n_rs_seq,
+            "save": typical(list(save)) / one,
+            "restore": typical(list(restore)) / one,
+        }
     draft_s = None
     if draft is not None:
         draft_s = typical(draft_times)

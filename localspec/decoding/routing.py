@@ -47,7 +47,7 @@ def model_speed(costs: MachineCosts, acceptance: float, n_max: int) -> tuple[flo
     best, best_k = 1.0, 0
     for k in range(1, max(1, n_max) + 1):
         tokens = (1 - a ** (k + 1)) / (1 - a)
-        speed = tokens / (k * ratio + costs.V(k + 1))
+        speed = tokens / (k * ratio + costs.V(k + 1) + costs.rollback_passes(k, a))
         if speed > best:
             best, best_k = speed, k
     return best, best_k
