@@ -200,10 +200,40 @@ def test_usability(tmp_path):
         )
     )
     assert not ok and "shard 2 of 3" in why and "first shard" in why
-    for arch in ("mamba", "rwkv7", "jamba", "qwen3next", "qwen35", "lfm2", "granitehybrid"):
-        ok, why = usability(_model(tmp_path, arch, arch=arch))
-        assert not ok and "roll back" in why, arch
+    # recurrent and hybrid models speculate: their memory rolls back through snapshots or checkpoints
+    for arch in ("mamba", "rwkv7", "jamba", "qwen3next", "qwen35", "lfm2", "granitehybrid", "minimax-01"):
+        assert usability(_model(tmp_path, arch, arch=arch)) == (True, None), arch
     assert usability(_model(tmp_path, "q3", arch="qwen3"))[0]
+
+
+def test_memory_note_names_how_drafts_roll_back():
+    from localspec.gguf.vocab import memory_note
+
+    assert memory_note("qwen2") is None and memory_note(None) is None
+    assert memory_note("qwen35") == "hybrid (recurrent layers): drafts roll back through state snapshots"
+    assert memory_note("jamba") == "hybrid (recurrent layers): drafts roll back through state checkpoints"
+    assert memory_note("mamba2") == "recurrent: drafts roll back through state checkpoints"
+
+
+def test_mtp_layers_declared_and_present(tmp_path):
+    from localspec.gguf.vocab import mtp_layers
+
+    def header(name, with_weights):
+        tensors = {"token_embd.weight": np.zeros((4, 8), np.float32)}
+        if with_weights:
+            tensors["blk.2.nextn.eh_proj.weight"] = np.zeros((4, 8), np.float32)
+        path = write_gguf(
+            tmp_path / name,
+            arch="qwen35",
+            tokens=["a", "b"],
+            tensors=tensors,
+            extra=lambda w: w.add_uint32("qwen35.nextn_predict_layers", 1),
+        )
+        return read_metadata(path)
+
+    assert mtp_layers(header("mtp.gguf", True)) == (1, 1)
+    assert mtp_layers(header("dropped.gguf", False)) == (1, 0)  # a quant that left the MTP weights out
+    assert mtp_layers(_model(tmp_path, "plain", arch="qwen3")) == (0, 0)
 
 
 # The pair check (localspec.gguf.pairing) on top of the verdict

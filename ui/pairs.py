@@ -177,4 +177,7 @@ def draft_options(target: Any, view: ScanView) -> tuple[list[tuple[str, str]], s
         else "No other models found to draft with (next to the target, or by the last Scan); n-gram lookup "
         "still works."
     )
+    notes = [n for n in (getattr(target, "memory", None), getattr(target, "mtp_note", None)) if n]
+    if notes:  # a hybrid's rollback and MTP layers, as `localspec pair` prints them
+        md = f"**Target:** {'; '.join(notes)}.\n\n{md}"
     return choices, md

@@ -38,7 +38,6 @@ _SHORT = (
     ("vision projector", "mmproj"),
     ("LoRA", "adapter"),
     ("shard", "shard"),
-    ("recurrent", "recurrent"),
     ("no vocabulary", "no vocab"),
 )
 
@@ -50,7 +49,10 @@ def _note(m: ModelInfo) -> str:
     if not m.usable:
         reason = m.unusable_reason or ""
         return next((short for key, short in _SHORT if key in reason), "not runnable")
-    return "ok"
+    tags = ["hybrid" if m.memory and m.memory.startswith("hybrid") else "recurrent"] if m.memory else []
+    if m.mtp_declared:
+        tags.append("MTP" if m.mtp_present else "MTP dropped")
+    return ", ".join(["ok", *tags])
 
 
 def _table(rows: list[list[str]], widths: list[int]) -> str:
@@ -208,8 +210,16 @@ def _print_target(t: ModelInfo) -> None:
         f"  {t.name} | {t.architecture or '-'} | {_params(t.n_params)} params | {t.quant or '-'} | "
         f"{t.n_vocab or 0:,} tokens | fingerprint {t.fingerprint_short or '-'}"
     )
+    _print_notes(t)
     if not t.usable:
         _echo(f"  cannot run as a target: {t.unusable_reason}")
+
+
+def _print_notes(m: ModelInfo) -> None:
+    """How a recurrent or hybrid model rolls drafts back, and its MTP layers, when it has either."""
+    for note in (m.memory, m.mtp_note):
+        if note:
+            _echo(f"  {note}")
 
 
 def _print_ranked(i: int, r: RankedDraft) -> None:
@@ -255,6 +265,7 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> bool:
         f"  {d.name} | {d.architecture or '-'} | {_params(d.n_params)} params | {d.quant or '-'} | "
         f"{d.n_vocab or 0:,} tokens | fingerprint {d.fingerprint_short or '-'}"
     )
+    _print_notes(d)
     if not d.usable:
         _echo(f"  cannot run as a draft: {d.unusable_reason}")
     _echo(f"\nVerdict: {verdict['verdict']}")

@@ -35,11 +35,13 @@ from localspec.gguf.vocab import (
     VocabInfo,
     compare,
     fingerprint,
+    memory_note,
+    mtp_layers,
     type_mismatch,
     usability,
 )
 
-CACHE_VERSION = 2  # 2: entries keyed on mode too, errors never cached
+CACHE_VERSION = 3  # 2: entries keyed on mode too, errors never cached; 3: memory kind and MTP layers
 SWEET_SPOT = (5.0, 20.0)  # target params / draft params
 _VERDICT_RANK = {"identical": 0, "compatible": 1, "compatible-with-mask": 2}
 _SIZE_WORDS = re.compile(r"[-_. ]?(\d+(\.\d+)?[bBmM]|instruct|chat|base|it|gguf|q\d\w*|f16|bf16)\b", re.I)
@@ -64,7 +66,19 @@ class ModelInfo:
     usable: bool = False
     unusable_reason: str | None = None
     error: str | None = None
+    memory: str | None = None  # a recurrent or hybrid model: how drafts roll back (None: a transformer)
+    mtp_declared: int = 0  # MTP (NextN) layers the header declares
+    mtp_present: int = 0  # ... and those that carry weights in this file
     vocab: VocabInfo | None = field(default=None, repr=False, compare=False)  # loaded on demand
+
+    @property
+    def mtp_note(self) -> str | None:
+        """What the file says of MTP (NextN) layers, the drafter some families ship inside the model."""
+        if not self.mtp_declared:
+            return None
+        if not self.mtp_present:
+            return f"declares {self.mtp_declared} MTP layer(s), but this quant dropped their weights"
+        return f"{self.mtp_present} MTP layer(s) (localspec does not draft with them yet)"
 
     @property
     def fingerprint_short(self) -> str | None:
@@ -138,6 +152,8 @@ def inspect(path: str | os.PathLike[str]) -> ModelInfo:
     info.bos_id, info.eos_id = vocab.bos_id, vocab.eos_id
     info.add_bos, info.add_eos = vocab.add_bos, vocab.add_eos
     info.usable, info.unusable_reason = usable, reason
+    info.memory = memory_note(meta.architecture)
+    info.mtp_declared, info.mtp_present = mtp_layers(meta)
     info.vocab = vocab
     return info
 

@@ -70,23 +70,84 @@ _LLAMA3_LIKE_PRE = {
     "chameleon",
 }
 
-# llama.cpp: llm_arch_is_recurrent / llm_arch_is_hybrid (src/llama-arch.cpp). Their memory cannot drop a
-# rejected suffix of draft tokens, which speculative verification needs.
-RECURRENT_ARCHS = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"}
-HYBRID_ARCHS = {
-    "jamba",
-    "falcon-h1",
-    "plamo2",
-    "granitehybrid",
-    "lfm2",
-    "lfm2moe",
-    "nemotron_h",
-    "nemotron_h_moe",
-    "qwen3next",
-    "kimi-linear",
-    "qwen35",
-    "qwen35moe",
-}
+# llama.cpp: llm_arch_is_recurrent, llm_arch_is_hybrid and llm_arch_supports_rs_rollback (src/llama-arch.cpp),
+# copied so a header says it before anything loads; tests/test_hybrid.py reads them back from the vendored
+# source, so these lists cannot fall behind llama.cpp's. Once loaded, llama.cpp answers per model itself
+# (localspec.llama.recurrent). Their memory takes drafts back through state snapshots where llama.cpp keeps
+# them (SNAPSHOT_ARCHS), otherwise through checkpoints of the recurrent state.
+RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+HYBRID_ARCHS = frozenset(
+    {
+        "jamba",
+        "falcon-h1",
+        "plamo2",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen3next",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "minimax-01",
+    }
+)
+SNAPSHOT_ARCHS = frozenset(
+    {
+        "kimi-k3",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "glm5-next",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "lfm2",
+        "lfm2moe",
+        "bailingmoe3",
+    }
+)
+
+
+def memory_note(arch: str | None) -> str | None:
+    """How an architecture's memory takes rejected drafts back, when it is not a plain KV cache.
+
+    Args:
+        arch: ``general.architecture``.
+
+    Returns:
+        None for a transformer; else e.g. ``"hybrid (recurrent layers): drafts roll back through state
+        snapshots"``.
+    """
+    if arch not in RECURRENT_ARCHS and arch not in HYBRID_ARCHS:
+        return None
+    kind = "recurrent" if arch in RECURRENT_ARCHS else "hybrid (recurrent layers)"
+    way = "state snapshots" if arch in SNAPSHOT_ARCHS else "state checkpoints"
+    return f"{kind}: drafts roll back through {way}"
+
+
+def mtp_layers(meta: GGUFMetadata) -> tuple[int, int]:
+    """MTP (NextN) layers: how many the header declares (``<arch>.nextn_predict_layers``) and how many carry
+    weights (``blk.N.nextn.*`` tensors; a quant that dropped them declares layers it no longer has).
+
+    Args:
+        meta: a header read with its tensors (without them the second number is 0).
+
+    Returns:
+        ``(declared, present)``.
+    """
+    declared = meta.kv.get(f"{meta.architecture}.nextn_predict_layers")
+    declared = declared if isinstance(declared, int) and not isinstance(declared, bool) else 0
+    blocks = {
+        t.name.split(".")[1] for t in meta.tensors or () if ".nextn." in t.name and t.name.startswith("blk.")
+    }
+    return max(0, declared), len(blocks)
 
 
 @dataclass
@@ -336,12 +397,6 @@ def usability(meta: GGUFMetadata) -> tuple[bool, str | None]:
         return False, "no weights and no vocabulary: a GGUF header with nothing a model needs"
     if meta.n_tensors == 0:
         return False, "vocab-only file (no weights): fine for pairing checks, not for generation"
-    if arch in RECURRENT_ARCHS or arch in HYBRID_ARCHS:
-        kind = "recurrent" if arch in RECURRENT_ARCHS else "hybrid recurrent"
-        return False, (
-            f"{kind} architecture {arch!r}: its memory cannot roll back rejected draft tokens, "
-            "which speculative verification needs"
-        )
     if not isinstance(kv.get("tokenizer.ggml.tokens"), list):
         return False, "no vocabulary in the file (tokenizer.ggml.tokens missing)"
     return True, None
