@@ -548,6 +548,39 @@ def test_figures_no_drafter_can_produce_are_flagged_as_noise():
     assert "each extra token of a verify pass fitted at 283 one-token passes" in line
 
 
+def test_a_recurrent_targets_rollback_lowers_the_ceiling():
+    """State copies per drafting round and replayed rows count in the ceiling (0 for a transformer)."""
+    t = 0.1
+    base = [("a", _stats(10.0, rounds=100, verify_seconds=100 * t, total_seconds=100 * t))]
+
+    def spec(rollback_seconds, replayed):
+        stats = _stats(
+            12.0,
+            rounds=40,
+            drafted=160,
+            accepted=60,
+            draft_evals=160,
+            draft_seconds=160 * 0.4 * t,
+            verify_seconds=40 * 2.2 * t,
+            verify_tokens=200,
+            drafted_by_position=[40, 40, 40, 40],
+            total_seconds=100 / 12.0,
+        )
+        stats.update(rollback_seconds=rollback_seconds, replayed_tokens=replayed)
+        return [("a", stats)]
+
+    plain = benchmath.summarise_cell("w", DraftSettings("model", 4), base, spec(0.0, 0))
+    hybrid = benchmath.summarise_cell("w", DraftSettings("model", 4), base, spec(40 * 0.05 * t, 40))
+    slope = benchmath.add_ceilings([plain, hybrid], 0.3)
+    assert plain.rollback_copies == 0.0 and hybrid.rollback_copies == pytest.approx(0.05)
+    assert hybrid.replayed_per_round == pytest.approx(1.0)
+    v = 1 + slope * 4
+    assert plain.ceiling == pytest.approx(benchmath.ceiling_speedup(plain.a, 4, 0.4, v))
+    rollback = 0.05 + slope * 1.0  # the copies, and one replayed row per drafting round
+    assert hybrid.ceiling == pytest.approx(benchmath.ceiling_speedup(hybrid.a, 4, 0.4, v + rollback))
+    assert hybrid.ceiling < plain.ceiling and hybrid.best_ceiling < plain.best_ceiling
+
+
 def test_a_non_physical_verify_fit_gives_no_ceiling():
     """Beside a busy process the fit gave V(b) = 1 + 282 (b - 1): ceilings of 0.00x, efficiencies of
     222094%, shown as results. A slope past one pass per token gives none."""

@@ -61,10 +61,18 @@ def ceiling_speedup(a: float, k: float, c: float, v: float) -> float:
     return expected_tokens_per_round(a, k) / (k * c + v)
 
 
-def best_draft_length(a: float, k_max: int, c: float, slope: float) -> tuple[int, float]:
-    """The draft length in 1..k_max with the highest ceiling (V(k+1) = 1 + slope k), and that ceiling."""
-    best = max(range(1, max(1, k_max) + 1), key=lambda k: ceiling_speedup(a, k, c, 1.0 + slope * k))
-    return best, ceiling_speedup(a, best, c, 1.0 + slope * best)
+def best_draft_length(
+    a: float, k_max: int, c: float, slope: float, rollback: float = 0.0
+) -> tuple[int, float]:
+    """The draft length in 1..k_max with the highest ceiling (V(k+1) = 1 + slope k, plus ``rollback``: what
+    taking drafts back out of a recurrent target cost per drafting round, in target tokens), and that
+    ceiling."""
+
+    def ceiling(k: int) -> float:
+        return ceiling_speedup(a, k, c, 1.0 + slope * k + rollback)
+
+    best = max(range(1, max(1, k_max) + 1), key=ceiling)
+    return best, ceiling(best)
 
 
 def fit_acceptance(mean_accepted: float, k: float) -> float:
@@ -138,6 +146,10 @@ class CellResult:
     spec_seconds_per_token: float = float("nan")
     evals_per_round: float = 0.0
     c: float = float("nan")
+    # a recurrent target: state copies per drafting round (target tokens) and tokens evaluated again after
+    # a restore per drafting round (their rows are in the verify passes); 0 for a transformer
+    rollback_copies: float = 0.0
+    replayed_per_round: float = 0.0
     v_at_batch: float = float("nan")
     batch: float = float("nan")
     v_k1: float | None = None
@@ -218,6 +230,9 @@ def summarise_cell(
         cell.batch = _sum(ss, "verify_tokens") / rounds
         cell.v_at_batch = (verify_s / rounds) / t_dec
         cell.evals_per_round = evals / rounds if uses_model else 0.0
+        if drafting:
+            cell.rollback_copies = (_sum(ss, "rollback_seconds") / drafting) / t_dec
+            cell.replayed_per_round = _sum(ss, "replayed_tokens") / drafting
         cell.spec_seconds_per_token = total / gen if gen else float("nan")
         cell.base_seconds_per_token = base_total / base_gen if base_gen else float("nan")
     return cell
@@ -246,9 +261,10 @@ def add_ceilings(cells: list[CellResult], slope: float | None = None) -> float:
             # nothing was drafted: no ceiling to speak of
             continue
         c.v_k1 = 1.0 + slope * k
+        rollback = c.rollback_copies + slope * c.replayed_per_round  # 0 for a transformer target
         c.expected_tokens = expected_tokens_per_round(a, k)
-        c.ceiling = ceiling_speedup(a, k, c.c, c.v_k1)
-        c.best_k, c.best_ceiling = best_draft_length(a, int(k), c.c, slope)
+        c.ceiling = ceiling_speedup(a, k, c.c, c.v_k1 + rollback)
+        c.best_k, c.best_ceiling = best_draft_length(a, int(k), c.c, slope, rollback)
         if c.adaptive:
             c.ceiling = max(1.0, c.best_ceiling)
         if not c.ceiling or math.isnan(c.speedup):
