@@ -283,16 +283,12 @@ def rpc_binary():
     real one, or LOCALSPEC_PEER_DIR: a build cache, not state; CI keeps it between runs)."""
     if not llama_cpp.llama_supports_rpc():
         pytest.skip("this llama-cpp-python has no RPC backend (CI builds it with -DGGML_RPC=ON)")
+    from _peer_cache import peer_build_cache
+
     from localspec.bench.peer import rpc_server_binary
 
-    saved = os.environ.get("LOCALSPEC_PEER_DIR")
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser()
-    os.environ["LOCALSPEC_PEER_DIR"] = saved or str(cache / "localspec" / "peer")
-    try:
+    with peer_build_cache():
         return rpc_server_binary()
-    finally:
-        if saved is None:
-            os.environ.pop("LOCALSPEC_PEER_DIR", None)
 
 
 @pytest.fixture(scope="module")

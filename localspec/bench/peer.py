@@ -47,6 +47,8 @@ LOOKUP_CREATE = "llama-lookup-create"
 QUANTIZE = "llama-quantize"
 #: llama.cpp's RPC server (``tools/rpc``; the cmake target and the program are named so).
 RPC_SERVER = "ggml-rpc-server"
+#: llama.cpp's test program that writes tiny random models of any architecture (the test suite's fixtures).
+ARCHS = "test-llama-archs"
 #: The strategies llama.cpp's own speculative decoding has an equivalent for.
 PEER_STRATEGIES: tuple[str, ...] = ("model", "ngram")
 CMAKE_FLAGS = [
@@ -321,6 +323,13 @@ def rpc_server_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None
     """Build llama.cpp's ``rpc-server`` (``tools/rpc``: serves this machine's CPU, or GPU with a GPU build,
     to another machine's llama.cpp over TCP) in the peer's build folder, once; it needs no llama-server."""
     return _extra_binary(RPC_SERVER, ["-DLLAMA_BUILD_TOOLS=ON", "-DGGML_RPC=ON"], jobs=jobs, log=log)
+
+
+def archs_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
+    """Build llama.cpp's ``test-llama-archs`` (``tests/``: writes a tiny random model of any architecture,
+    ``-a ARCH -s SEED -o DIR``) in the peer's build folder, once; the test suite's recurrent and hybrid
+    fixtures come from it."""
+    return _extra_binary(ARCHS, ["-DLLAMA_BUILD_TESTS=ON"], jobs=jobs, log=log)
 
 
 def built_rpc_server() -> Path | None:
