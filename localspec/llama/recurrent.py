@@ -34,7 +34,7 @@ import llama_cpp
 import llama_cpp._internals as llama_internals
 
 #: The most state snapshots a model keeps per sequence: each costs one more copy of the recurrent state in
-#: memory (tens of MB per copy for a 27B hybrid), and a draft longer than this goes through a checkpoint.
+#: memory, and a draft longer than this goes through a checkpoint.
 MAX_SNAPSHOTS = 8
 #: Owed tokens a verify pass may carry in front of its own. A checkpoint is copied before the pass, so after
 #: another restore they are owed again with the new ones: past this many they are evaluated on their own

@@ -378,8 +378,9 @@ class Model:
         return len(self._owed)
 
     def recurrent_state_bytes(self) -> int:
-        """Bytes of one sequence's recurrent state (0 for a transformer): what a checkpoint copies, and what
-        each of the :attr:`n_rs_seq` snapshots costs again."""
+        """Bytes of sequence 0's recurrent state as it stands (0 for a transformer; a small header while the
+        sequence is empty): what a checkpoint copies, and what each of the :attr:`n_rs_seq` snapshots costs
+        again."""
         if self.memory_kind == "attention":
             return 0
         return int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, 0, recurrent.PARTIAL_ONLY))

@@ -1,0 +1,165 @@
+"""What taking drafts back costs on recurrent and hybrid targets, and localspec against llama.cpp's own loop.
+
+For each architecture, tiny random models written by llama.cpp's test-llama-archs (seed 1 the target, seed 2 a
+draft of the same vocabulary whose tokens are mostly rejected; the target as its own draft has them mostly
+accepted), greedy, the same prompt of token ids. Per setting, interleaved over ``--repeats``: localspec's
+tokens/s, its rollback seconds per drafting round (state copies) and the tokens it evaluated again after a
+restore; with ``--peer PATH`` (llama.cpp's ``llama-speculative-simple`` built from the same vendored source),
+llama.cpp's own speculative loop on the same files and settings (``--spec-type draft-simple``, the same draft
+length, p-min 0), and the ratio. Medians over repeats.
+
+    python scripts/bench_hybrid.py --peer /path/to/llama-speculative-simple --json out.json
+    python scripts/bench_hybrid.py --from-json docs/results/hybrid-rollback.json   (the table again)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import localspec
+from localspec.bench import peer
+
+#: qwen3 (a transformer of the same size) is the control: what the loops cost apart from any rollback.
+ARCHS = (
+    "qwen3",
+    "qwen35",
+    "lfm2",
+    "nemotron_h",
+    "qwen3next",
+    "granitehybrid",
+    "mamba2",
+    "jamba",
+    "falcon-h1",
+)
+#: The prompt: the dummy "test" tokenizer turns each 5 characters into one id, the same on both sides.
+PROMPT = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
+
+
+def write(folder: Path, arch: str, seed: int) -> Path:
+    out = folder / f"{arch}-{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [str(peer.archs_binary(log=print)), "-a", f"^{re.escape(arch)}$", "-s", str(seed), "-o", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    return (sorted(out.glob("*-dense.gguf")) or sorted(out.glob("*.gguf")))[0]
+
+
+def ours(target: Path, draft: Path, n_max: int, tokens: int, threads: int) -> dict:
+    """One localspec run: tokens/s, rollback seconds per drafting round, replayed tokens, acceptance."""
+    with localspec.load(target, draft, n_ctx=512, n_threads=threads, n_max=n_max, suffix_store=False) as pipe:
+        ids = pipe.tokenize(PROMPT)
+        list(pipe.stream_tokens(ids, max_tokens=8, strategy="model", adaptive=False, p_min=0.0))  # warm-up
+        out = list(pipe.stream_tokens(ids, max_tokens=tokens, strategy="model", adaptive=False, p_min=0.0))
+        s = out[-1].stats
+        drafting = max(1, s.rounds)
+        return {
+            "tok_s": s.generated_tokens / (s.total_seconds or 1e-9),
+            "rollback_ms_per_round": 1000 * s.rollback_seconds / drafting,
+            "replayed_per_round": s.replayed_tokens / drafting,
+            "round_ms": 1000 * s.total_seconds / drafting,
+            "acceptance": s.acceptance_rate,
+            "tokens": [r.token for r in out],
+        }
+
+
+def theirs(binary: Path, target: Path, draft: Path, n_max: int, tokens: int, threads: int) -> dict:
+    """llama.cpp's own speculative loop on the same files: its decode speed and acceptance."""
+    cmd = [
+        str(binary), "-m", str(target), "-md", str(draft), "-p", PROMPT,
+        "-n", str(tokens), "-t", str(threads), "--temp", "0", "--spec-type", "draft-simple",
+        "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0", "--draft-p-min", "0",
+        "-c", "512", "--seed", "1",
+    ]  # fmt: skip
+    for _ in range(3):  # its log is written by a thread: a fast exit sometimes loses the last lines
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        text = run.stdout + run.stderr
+        speed = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", text)
+        accept = re.search(r"accept\s+=\s+([\d.]+)%", text)
+        if run.returncode != 0 or speed:
+            break
+    if run.returncode != 0 or not speed:
+        raise RuntimeError(f"llama-speculative-simple failed ({run.returncode}): {text[-800:]}")
+    return {"tok_s": float(speed.group(1)), "acceptance": float(accept.group(1)) / 100 if accept else None}
+
+
+def cpu_name() -> str:
+    """The CPU's model name and its AVX-512 or AVX2 level, from /proc/cpuinfo where there is one."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    name = re.search(r"model name\s*:\s*(.+)", info)
+    found = re.search(r"flags\s*:\s*(.+)", info)
+    flags = set(found.group(1).split()) if found else set()
+    level = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{name.group(1).strip() if name else platform.machine()} ({level})"
+
+
+def table(rows: list[dict], machine: str) -> str:
+    """The Markdown table of a run."""
+    lines = [
+        machine,
+        "",
+        "| arch | draft | accepted | rollback ms | replayed | round ms | tok/s | llama.cpp | ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        theirs_s = f"{r['llama_cpp_tok_s']:.0f}" if "ratio" in r else "-"
+        ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
+        lines.append(
+            f"| {r['arch']} | {r['draft']} | {r['acceptance']:.0%} | {r['rollback_ms_per_round']:.3f} | "
+            f"{r['replayed_per_round']:.2f} | {r['round_ms']:.2f} | {r['tok_s']:.0f} | {theirs_s} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--archs", default=",".join(ARCHS))
+    ap.add_argument("--peer", type=Path, help="llama.cpp's llama-speculative-simple, for the ratio")
+    ap.add_argument("--n-max", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--from-json", type=Path, help="print the table of an earlier run's JSON; runs nothing")
+    args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        print(table(saved["rows"], saved["machine"]))
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in args.archs.split(","):
+            target, other = write(Path(tmp), arch, 1), write(Path(tmp), arch, 2)
+            for label, draft in (("other weights", other), ("itself", target)):
+                runs: dict[str, list[dict]] = {"ours": [], "theirs": []}
+                for _ in range(args.repeats):  # interleaved: a slow spell touches both alike
+                    runs["ours"].append(ours(target, draft, args.n_max, args.tokens, args.threads))
+                    if args.peer:
+                        peer_run = theirs(args.peer, target, draft, args.n_max, args.tokens, args.threads)
+                        runs["theirs"].append(peer_run)
+                row = {"arch": arch, "draft": label}
+                for key in ("tok_s", "rollback_ms_per_round", "replayed_per_round", "round_ms", "acceptance"):
+                    row[key] = statistics.median(r[key] for r in runs["ours"])
+                if runs["theirs"]:
+                    row["llama_cpp_tok_s"] = statistics.median(r["tok_s"] for r in runs["theirs"])
+                    row["ratio"] = row["tok_s"] / row["llama_cpp_tok_s"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    machine = f"{cpu_name()}, {args.threads} threads, n_max {args.n_max}, {args.tokens} tokens, greedy"
+    print("\n" + table(rows, machine))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
