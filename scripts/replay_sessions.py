@@ -107,6 +107,7 @@ class NgramModLike:
 
     name = "ngram-mod"
     free = True
+    takes_stop_rule = False
 
     def __init__(self, n_match: int = 12, n_min: int = 4, n_max: int = 16) -> None:
         self.n, self.n_min, self.n_max = n_match, n_min, n_max
@@ -122,7 +123,7 @@ class NgramModLike:
         self._add(context, len(context))
         self.last = max(0, len(context) - self.n)
 
-    def draft(self, context: list[int], n: int, params: Any, rng: Any) -> Draft:
+    def draft(self, context: list[int], n: int, params: Any, rng: Any, stop: Any = None) -> Draft:
         if self.last + 32 < len(context):
             self._add(context, len(context))
             self.last = len(context) - self.n
@@ -149,6 +150,7 @@ class OracleLength:
 
     name = "oracle"
     free = True
+    takes_stop_rule = False
 
     def __init__(
         self, index: SuffixIndex, requests: list[Recorded], verify_cost: Callable[[int], float]
@@ -162,7 +164,7 @@ class OracleLength:
         self.req = self.outputs[tuple(context)]
         self.index.begin(context)
 
-    def draft(self, context: list[int], n: int, params: Any, rng: Any) -> Draft:
+    def draft(self, context: list[int], n: int, params: Any, rng: Any, stop: Any = None) -> Draft:
         assert self.req is not None
         truth = self.req.output[len(context) - len(self.req.prompt) :]
         best, value = 0, 1.0
@@ -186,7 +188,7 @@ class EveryOccurrence(OracleLength):
 
     name = "every-occurrence"
 
-    def draft(self, context: list[int], n: int, params: Any, rng: Any) -> Draft:
+    def draft(self, context: list[int], n: int, params: Any, rng: Any, stop: Any = None) -> Draft:
         assert self.req is not None
         truth = self.req.output[len(context) - len(self.req.prompt) :]
         best, value = 0, 1.0

@@ -285,6 +285,7 @@ class _Recorder:
 
     name = "recorder"
     free = True
+    takes_stop_rule = False
 
     def __init__(self):
         self.calls: list[tuple[str, int]] = []
@@ -292,7 +293,7 @@ class _Recorder:
     def begin(self, context):
         self.calls.append(("begin", len(context)))
 
-    def draft(self, context, n, params, rng):
+    def draft(self, context, n, params, rng, stop=None):
         return Draft(tokens=[context[-1]] * n, source="recorder", sources=["history"] * n)
 
     def lookup(self, context, n, params, rng):

@@ -16,6 +16,7 @@ class Fixed:
 
     name = "fixed"
     free = True
+    takes_stop_rule = False
 
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
@@ -25,7 +26,7 @@ class Fixed:
     def begin(self, context: list[int]) -> None:
         self.begun = list(context)
 
-    def draft(self, context: list[int], n: int, params, rng) -> Draft:
+    def draft(self, context: list[int], n: int, params, rng, stop=None) -> Draft:
         self.calls.append((len(context), n))
         return Draft(tokens=self.tokens[:n], source="prompt")
 

@@ -61,19 +61,24 @@ class Drafter(Protocol):
     - ``finish(context)``: the generation ended (any way: done, stopped, cancelled); a drafter may learn
       from the finished request here.
     - ``name``: the strategy it implements; ``free``: True when proposing costs next to nothing.
-
-    A drafter that runs a model may also take the round's stopping rule: with ``takes_stop_rule = True``
-    the engine calls ``draft(context, n, params, rng, stop=rule)`` when it has one
-    (:class:`localspec.decoding.stopping.GainStop`: keep a token, decode one more).
+    - ``takes_stop_rule``: True for a drafter that runs a model: the engine then hands ``draft`` the round's
+      stopping rule when it has one (:class:`localspec.decoding.stopping.GainStop`: keep a token, decode one
+      more); a lookup drafter says False and is given None.
     """
 
     name: str
     free: bool
+    takes_stop_rule: bool
 
     def begin(self, context: list[int]) -> None: ...
 
     def draft(
-        self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator
+        self,
+        context: list[int],
+        n: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        stop: GainStop | None = None,
     ) -> Draft: ...
 
     def lookup(
@@ -206,6 +211,7 @@ class NgramDrafter:
 
     name = "ngram"
     free = True  # a lookup costs next to nothing: asking is always worth it
+    takes_stop_rule = False
 
     def __init__(self, *, n_gram_max: int = 4, n_gram_min: int = 3, min_copy: int = 3) -> None:
         if not 1 <= n_gram_min <= n_gram_max:
@@ -228,7 +234,15 @@ class NgramDrafter:
                     table[tuple(context[i - n : i])] = i
         self._indexed = len(context)
 
-    def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def draft(
+        self,
+        context: list[int],
+        n: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        stop: GainStop | None = None,
+    ) -> Draft:
+        """What followed the longest recent match, when enough follows it (``stop`` is for model drafts)."""
         self._index(context)
         out = Draft(source=self.name)
         if n <= 0:

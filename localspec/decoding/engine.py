@@ -235,10 +235,7 @@ class Engine:
         draft = _EMPTY
         if k > 0:
             rule = controller.stop_rule() if controller else None  # only for a drafter that takes one
-            if rule is not None:
-                draft = drafter.draft(gen.ctx, k, gen.params, gen.rng, stop=rule)  # type: ignore[call-arg]
-            else:
-                draft = drafter.draft(gen.ctx, k, gen.params, gen.rng)
+            draft = drafter.draft(gen.ctx, k, gen.params, gen.rng, stop=rule)
         elif controller and cap > 0:
             # the draft model sits out this round; an n-gram lookup is still free
             draft = drafter.lookup(gen.ctx, min(gen.settings.n_max, cap), gen.params, gen.rng)
@@ -346,7 +343,7 @@ class Engine:
                 settings.n_max,
                 settings.n_min,
                 free=drafter.free,
-                gain_stop=bool(getattr(drafter, "takes_stop_rule", False)),
+                gain_stop=drafter.takes_stop_rule,
             )
             while len(self._controllers) > MAX_CONTROLLERS:
                 self._controllers.popitem(last=False)

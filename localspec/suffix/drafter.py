@@ -13,7 +13,7 @@ The names this module held before the suffix cache became a folder of modules ar
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -56,6 +56,9 @@ from localspec.suffix.confidence import (
 )
 from localspec.suffix.group import MAX_HITS
 from localspec.suffix.hashing import LEVELS, MIN_MATCH
+
+if TYPE_CHECKING:
+    from localspec.decoding.stopping import GainStop
 from localspec.suffix.index import EXTENTS, Match, Proposal, SuffixIndex, walk
 
 __all__ = [
@@ -153,6 +156,7 @@ class SuffixDrafter:
 
     name = "suffix"
     free = True
+    takes_stop_rule = False
 
     def __init__(
         self,
@@ -195,7 +199,15 @@ class SuffixDrafter:
         self._set_tokens(self.carried_tokens())
         self.index.begin(context)
 
-    def draft(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+    def draft(
+        self,
+        context: list[int],
+        n: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        stop: GainStop | None = None,
+    ) -> Draft:
+        """The index's best proposal, sized by its calibrated acceptance (``stop`` is for model drafts)."""
         self._settle(context)
         if n <= 0:
             return Draft(source=self.name)
