@@ -23,7 +23,7 @@ from localspec.pipeline.tool_calls import NO_TOOLS, ToolUse
 from localspec.serve.metrics import Metrics
 from localspec.serve.options import ServeOptions
 from localspec.serve.schemas import APIError, ChatRequest, CommonRequest
-from localspec.serve.worker import Job, Worker
+from localspec.serve.worker import EndEvent, ErrorEvent, Job, JobEvent, TokenEvent, Worker
 
 if TYPE_CHECKING:
     from localspec.pipeline.api import Pipeline
@@ -171,15 +171,15 @@ class Endpoint:
         first = await self._next(request, job)
         if first is None:
             return Response(status_code=499)  # nobody is there to read it
-        if first[0] == "error":
+        if isinstance(first, ErrorEvent):
             await self._drain(job)
-            raise first[1]
+            raise first.error
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
             return _JobStream(self._sse(job, first, rid, kind, req), job)
         return await self._collect(request, job, first, rid, kind)
 
-    async def _next(self, request: Request, job: Job) -> tuple | None:
+    async def _next(self, request: Request, job: Job) -> JobEvent | None:
         """The job's next event, or None when the client disconnected first (the job is then cancelled)."""
         get = asyncio.ensure_future(job.events.get())
         watch = asyncio.ensure_future(_watch_disconnect(request, job))
@@ -194,7 +194,7 @@ class Endpoint:
         return None
 
     async def _drain(self, job: Job) -> None:
-        while (await job.events.get())[0] != "end":
+        while not isinstance(await job.events.get(), EndEvent):
             pass
 
     def _usage(self, job: Job, stats: dict[str, Any] | None, generated: int) -> dict[str, int]:
@@ -205,7 +205,7 @@ class Endpoint:
             "total_tokens": len(job.tokens) + completion,
         }
 
-    async def _collect(self, request: Request, job: Job, first: tuple, rid: str, kind: str):
+    async def _collect(self, request: Request, job: Job, first: JobEvent, rid: str, kind: str):
         pieces: list[str] = []
         finish = None
         generated = 0
@@ -215,15 +215,15 @@ class Endpoint:
         watch = asyncio.ensure_future(_watch_disconnect(request, job))
         try:
             while True:
-                if event[0] == "token":
-                    pieces.append(event[1])
+                if isinstance(event, TokenEvent):
+                    pieces.append(event.text)
                     generated += 1
-                    finish = event[3] or finish
-                elif event[0] == "error":
+                    finish = event.finish_reason or finish
+                elif isinstance(event, ErrorEvent):
                     await self._drain(job)
-                    raise event[1]
-                elif event[0] == "end":
-                    stats = event[1]
+                    raise event.error
+                else:  # EndEvent
+                    stats = event.stats
                     break
                 event = await job.events.get()
         finally:
@@ -246,7 +246,7 @@ class Endpoint:
         )
 
     async def _sse(
-        self, job: Job, first: tuple, rid: str, kind: str, req: CommonRequest
+        self, job: Job, first: JobEvent, rid: str, kind: str, req: CommonRequest
     ) -> AsyncIterator[bytes]:
         chat = kind == "chat"
         base = {
@@ -268,23 +268,22 @@ class Endpoint:
         called = False
         event = first
         while True:
-            if event[0] == "token":
-                _, text, _from_draft, reason, content, deltas = event
+            if isinstance(event, TokenEvent):
                 generated += 1
-                finish = reason or finish
+                finish = event.finish_reason or finish
                 # a chat's content (calls read out), and its calls' name, then arguments, as they come
-                text = content if chat else text
+                text = event.content if chat else event.text
                 if text:
                     yield _sse(chunk(text, None))
-                if deltas:
+                if event.tool_calls:
                     called = True
-                    yield _sse(chunk(None, None, deltas))
-            elif event[0] == "error":
-                yield _sse(event[1].body())
+                    yield _sse(chunk(None, None, event.tool_calls))
+            elif isinstance(event, ErrorEvent):
+                yield _sse(event.error.body())
                 await self._drain(job)
                 return
-            elif event[0] == "end":
-                stats = event[1]
+            else:  # EndEvent
+                stats = event.stats
                 break
             event = await job.events.get()
         if finish is None:

@@ -30,6 +30,35 @@ if TYPE_CHECKING:
 log = logging.getLogger("localspec.serve.app")  # the server's one logger name, as before its modules split
 
 
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token, as the worker hands it to the request's coroutine."""
+
+    text: str  # the token's text
+    from_draft: bool  # the drafter proposed it
+    finish_reason: str | None  # set on the last token
+    content: str  # a chat's visible content of it (tool calls read out); the text when no tools
+    tool_calls: list[dict[str, Any]] | None  # tool-call deltas it completes, if any
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """The generation failed: the OpenAI error to answer with (an ``EndEvent`` follows)."""
+
+    error: APIError
+
+
+@dataclass(frozen=True)
+class EndEvent:
+    """The job is over (always its last event); the generation's stats, None when nothing ran."""
+
+    stats: dict[str, Any] | None
+
+
+#: What travels from the worker thread to a request's coroutine.
+JobEvent = TokenEvent | ErrorEvent | EndEvent
+
+
 @dataclass
 class Job:
     """One queued generation and the channel its events travel on (worker thread -> event loop)."""
@@ -39,14 +68,15 @@ class Job:
     loop: asyncio.AbstractEventLoop
     endpoint: str = "completions"  # "chat" | "completions": the label of its outcome in /metrics
     tools: ToolUse = NO_TOOLS  # a chat's: how its tokens read as content and tool calls
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[JobEvent] = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     enqueued: float = field(default_factory=time.perf_counter)
     queue_seconds: float = 0.0
 
-    def emit(self, *item: Any) -> None:
+    def emit(self, event: JobEvent) -> None:
+        """Hand ``event`` to the request's coroutine (from the worker thread)."""
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
             self.cancel.set()
 
@@ -97,8 +127,8 @@ class Worker:
                 break
             if job is not None:
                 self.metrics.count(job.endpoint, "cancelled")
-                job.emit("error", APIError(503, "the server is shutting down", type="server_error"))
-                job.emit("end", None)
+                job.emit(ErrorEvent(APIError(503, "the server is shutting down", type="server_error")))
+                job.emit(EndEvent(None))
         with contextlib.suppress(queue.Full):  # the queue was just emptied; a sentinel ends the thread
             self._queue.put_nowait(None)
         if self._thread is not None:
@@ -114,7 +144,7 @@ class Worker:
             job.queue_seconds = time.perf_counter() - job.enqueued
             if job.cancel.is_set() or self._stopping.is_set():
                 self.metrics.count(job.endpoint, "cancelled")
-                job.emit("end", None)
+                job.emit(EndEvent(None))
                 continue
             self.busy = True
             t0 = time.perf_counter()
@@ -133,7 +163,7 @@ class Worker:
             stream = self.pipe.stream_tokens(job.tokens, **job.kwargs)
             for r in job.tools.responses(stream):  # (content is the text when no tools were offered)
                 last = r
-                job.emit("token", r.text, r.from_draft, r.finish_reason, r.content, r.tool_calls)
+                job.emit(TokenEvent(r.text, r.from_draft, r.finish_reason, r.content, r.tool_calls))
                 if r.finish_reason:
                     outcome = "ok"
                     break  # the answer is complete: the client gets it before the stream is closed
@@ -144,28 +174,24 @@ class Worker:
             # an rpc-server lost mid-generation is the server's state, not a bad request: 503, and /health
             # says so from now on
             self.lost = self.lost or exc.message
-            job.emit("error", from_localspec(exc, 503, code="backend_lost"))
+            job.emit(ErrorEvent(from_localspec(exc, 503, code="backend_lost")))
         except LocalspecError as exc:
             outcome = "error"
-            job.emit("error", from_localspec(exc))
+            job.emit(ErrorEvent(from_localspec(exc)))
         except ValueError as exc:
             outcome = "error"
-            job.emit("error", APIError(400, str(exc)))
+            job.emit(ErrorEvent(APIError(400, str(exc))))
         except Exception as exc:  # a bug: the client gets a 500 without a traceback, the log gets it
             outcome = "error"
             log.exception("generation failed")
-            job.emit(
-                "error",
-                APIError(
-                    500, f"internal error ({type(exc).__name__}); see the server's log", type="server_error"
-                ),
-            )
+            why = f"internal error ({type(exc).__name__}); see the server's log"
+            job.emit(ErrorEvent(APIError(500, why, type="server_error")))
         finally:
             stats = last.stats.as_dict() if last is not None else None
             if stats is not None:
                 self.metrics.finished(stats, time.perf_counter() - t0)
             self.metrics.count(job.endpoint, outcome)
-            job.emit("end", stats)
+            job.emit(EndEvent(stats))
             # Then the engine's finally, in this thread and before the next job: it puts the KV cache
             # right and feeds the suffix cache (a request's indexing, now and then a merge of its parts,
             # and the store's save: long with a large store), which no client waits for now. An error
