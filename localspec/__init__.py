@@ -9,10 +9,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from localspec import _moved
-
-_moved.install()  # old flat-layout import paths (localspec.engine, ...) keep working for a release
-
 __all__ = [
     "generate",
     "load",

@@ -150,7 +150,8 @@ def main() -> None:
     import openai
 
     import localspec
-    from localspec.serve.app import ServeOptions, start_background
+    from localspec.serve.app import start_background
+    from localspec.serve.options import ServeOptions
 
     with tempfile.TemporaryDirectory() as home:
         import os

@@ -1051,7 +1051,7 @@ def test_an_interrupted_peer_build_takes_its_compilers_with_it(tmp_path, sig):
     # non-interactive shell (`pytest &`) inherits SIGINT ignored, and the child would never see the signal
     script = (
         "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        f"from localspec import peer\npeer.call_as_group({build!r}, cwd=None, stdout=None)\n"
+        f"from localspec.bench import peer\npeer.call_as_group({build!r}, cwd=None, stdout=None)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30

@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 from test_docs import DOCS, ROOT, code_segments
 
-from localspec._moved import MOVED
-
 PACKAGE = ROOT / "localspec"
 # a path inside the package as the docs quote it: not a user folder such as ~/.config/localspec/presets
 _PATH = re.compile(r"(?<![\w./~-])localspec/[\w./-]*\w/?")
@@ -59,20 +57,14 @@ def _resolves(dotted: str) -> bool:
     return False
 
 
-def dotted_problem(ref: str, line: str = "") -> str | None:
-    """None when ``ref`` resolves, or does not start with one of localspec's modules; else why not. An old
-    flat path (``localspec.engine``) passes only on a ``line`` that also names its new place."""
+def dotted_problem(ref: str) -> str | None:
+    """None when ``ref`` resolves, or does not start with one of localspec's modules; else why not (an old
+    flat path such as ``localspec.engine`` does not resolve)."""
     parts = ref.split(".")
     if parts[-1] in _FILE_SUFFIXES:
         return None
     if parts[0] == "localspec":
-        moved = MOVED.get(".".join(parts[:2]))
-        if moved:  # importing it would only warn; fine where the line says where it went
-            return None if moved in line else f"`{ref}` is the old flat path: {moved}"
         return None if _resolves(ref) else f"`{ref}` does not resolve"
-    old = {name.split(".")[1]: new for name, new in MOVED.items()}
-    if parts[0] in old and parts[0] not in module_names():
-        return f"`{ref}`: the module {parts[0]} moved to {old[parts[0]]}"
     if parts[0] in _ATTRIBUTE_NAMES:
         return None
     candidates = module_names().get(parts[0])
@@ -88,7 +80,6 @@ def dotted_problem(ref: str, line: str = "") -> str | None:
 
 def problems_in(text: str, name: str) -> list[str]:
     found = []
-    lines = text.splitlines()
     for n, code in code_segments(text):
         for m in _PATH.finditer(code):
             path = m.group(0).rstrip(".")
@@ -97,7 +88,7 @@ def problems_in(text: str, name: str) -> list[str]:
             if not (ROOT / path).exists():
                 found.append(f"{name}:{n}: {path} does not exist")
         for m in _DOTTED.finditer(code):
-            why = dotted_problem(m.group(1), lines[n - 1])
+            why = dotted_problem(m.group(1))
             if why:
                 found.append(f"{name}:{n}: {why}")
     return found
@@ -113,7 +104,6 @@ def test_docs_name_only_real_modules_and_paths(doc):
     "text",
     [
         "see `localspec/engine.py`",  # the flat module before the move into folders
-        "`session_bench.noise_lines`",
         "`localspec.serve.exposure.no_such_function`",
         "`hub.download.no_such_thing`",
         "`localspec.engine`",
@@ -131,7 +121,6 @@ def test_the_check_catches_an_old_or_wrong_name(text):
         "`~/.config/localspec/presets/my-pairs.toml`",
         "`report.noise_lines`",
         "`localspec.decoding.engine`",
-        "`localspec.engine` is `localspec.decoding.engine` for one more release",
         "`chat_tokens.chat_segments`",
         "`r.stats.memory`",
         "`see localspec/embedded/NOTI\u2026`",

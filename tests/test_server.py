@@ -17,8 +17,9 @@ import pytest
 from test_tool_calls import TOOL_TEMPLATE, WEATHER, _assembled
 
 import localspec
-from localspec.serve.app import ServeOptions, start_background
+from localspec.serve.app import start_background
 from localspec.serve.exposure import ExposureError
+from localspec.serve.options import ServeOptions
 
 N_CTX = 1024
 PROMPTS = [

@@ -18,8 +18,7 @@ import pytest
 
 from localspec.errors import CacheError
 from localspec.suffix import corpus, store_files, store_info, store_lock
-from localspec.suffix import drafter as suffix
-from localspec.suffix.calibration import CARRIED_TRIALS, cells_from
+from localspec.suffix.calibration import CARRIED_TOKENS, CARRIED_TRIALS, TOKEN_TRIALS, cells_from
 from localspec.suffix.drafter import SuffixDrafter
 from localspec.suffix.index import SuffixIndex
 from localspec.suffix.store import SuffixStore
@@ -1014,13 +1013,13 @@ def test_token_table_round_trip_and_files_without_one(tmp_path):
 def test_the_largest_token_table_a_drafter_carries_fits_a_calibration_file(tmp_path):
     n_vocab = 151_936
     big = [
-        (source, n_vocab - 1 - t, suffix.TOKEN_TRIALS / 3 - t * 1e-4, suffix.TOKEN_TRIALS / 3 - t * 2e-4)
+        (source, n_vocab - 1 - t, TOKEN_TRIALS / 3 - t * 1e-4, TOKEN_TRIALS / 3 - t * 2e-4)
         for source in ("prompt", "history", "corpus")
-        for t in range(suffix.CARRIED_TOKENS)
+        for t in range(CARRIED_TOKENS)
     ]
     drafter = SuffixDrafter(SuffixIndex(), tokens=big)
     carried = drafter.carried_tokens()
-    assert len(carried) == suffix.CARRIED_TOKENS  # the prompt's table alone carries on
+    assert len(carried) == CARRIED_TOKENS  # the prompt's table alone carries on
     s = SuffixStore(tmp_path, FP, n_vocab=n_vocab)
     assert s.save(_index(), CELLS, big)  # even every source's (as a file may hold) fits
     assert s.calibration_path.stat().st_size < store_files.MAX_CALIBRATION_BYTES

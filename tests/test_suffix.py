@@ -16,18 +16,13 @@ from localspec.decoding.drafters import SOURCES
 from localspec.decoding.stats import GenerationStats
 from localspec.llama.sampling import SamplingParams
 from localspec.settings import DraftSettings
-from localspec.suffix import calibration, hashing, index
-from localspec.suffix import drafter as suffix
+from localspec.suffix import calibration, confidence, hashing, index
 from localspec.suffix import group as groups
-from localspec.suffix.drafter import (
-    LEVELS,
-    MAX_HITS,
-    SuffixDrafter,
-    SuffixIndex,
-    choose_length,
-    linear_verify_cost,
-    smoothed,
-)
+from localspec.suffix.confidence import choose_length, linear_verify_cost, smoothed
+from localspec.suffix.drafter import SuffixDrafter
+from localspec.suffix.group import MAX_HITS
+from localspec.suffix.hashing import LEVELS
+from localspec.suffix.index import SuffixIndex
 
 GREEDY = SamplingParams()
 
@@ -437,9 +432,9 @@ def test_drafter_calibration_and_length_equal_the_public_functions():
                 conf = rng.uniform(0, 1, int(rng.integers(0, 40))).tolist()
                 kind = kinds[int(rng.integers(0, 3))]
                 toks = rng.integers(0, 20, len(conf)).tolist()
-                prop = suffix.Proposal(kind[0], 4, toks, conf)
+                prop = index.Proposal(kind[0], 4, toks, conf)
                 want = [d.calibrated(kind, i, c, t) for i, (c, t) in enumerate(zip(conf, toks, strict=True))]
-                assert d._calibrated_best(prop, kind) == (want, *suffix.best_length(want, curve))
+                assert d._calibrated_best(prop, kind) == (want, *confidence.best_length(want, curve))
     # the token factor is applied where a table is on: tokens rejected more often than their source
     # are trusted less, and never above 1
     d = SuffixDrafter(tokens=[("prompt", 7, 30.0, 3.0), ("prompt", 8, 30.0, 30.0)])
@@ -451,12 +446,12 @@ def test_drafter_calibration_and_length_equal_the_public_functions():
 
 
 def test_kind_of_a_proposal():
-    p = suffix.Proposal("history", 16, [5, 6], [0.9, 0.9], [(3, 3), (3, 3)])
-    assert suffix.kind_of(p) == ("history", 4, True, 1)
-    p = suffix.Proposal("prompt", 2, [5], [0.5], [(1, 2)])
-    assert suffix.kind_of(p) == ("prompt", 0, False, 1)
-    p = suffix.Proposal("corpus", 9, [5], [0.5], [(5, 5)])
-    assert suffix.kind_of(p) == ("corpus", 2, True, 2)
+    p = index.Proposal("history", 16, [5, 6], [0.9, 0.9], [(3, 3), (3, 3)])
+    assert calibration.kind_of(p) == ("history", 4, True, 1)
+    p = index.Proposal("prompt", 2, [5], [0.5], [(1, 2)])
+    assert calibration.kind_of(p) == ("prompt", 0, False, 1)
+    p = index.Proposal("corpus", 9, [5], [0.5], [(5, 5)])
+    assert calibration.kind_of(p) == ("corpus", 2, True, 2)
     assert calibration._POSITION[:9] == (0, 1, 2, 2, 3, 3, 3, 3, 4) and calibration._POSITION[-1] == 6
 
 
@@ -652,7 +647,7 @@ def test_a_token_where_copies_break_is_learnt_and_no_longer_drafted_through():
     history = [77 if i % 25 == 24 else 1000 + i for i in range(800)]
     target = [5000 + i if t == 77 else t for i, t in enumerate(history)]
     wasted = {}
-    for weight in (0.0, suffix.TOKEN_WEIGHT):
+    for weight in (0.0, calibration.TOKEN_WEIGHT):
         d = SuffixDrafter(verify_cost=lambda b: 1.0 + 0.25 * (b - 1), token_weight=weight)
         d.finish(history)
         d.begin(target[:20])
@@ -666,7 +661,7 @@ def test_a_token_where_copies_break_is_learnt_and_no_longer_drafted_through():
             assert sum(c[1] for c in others) / sum(c[0] for c in others) > 0.95
         else:
             assert d.tokens == {}
-    assert wasted[suffix.TOKEN_WEIGHT] < 0.5 * wasted[0.0], wasted
+    assert wasted[calibration.TOKEN_WEIGHT] < 0.5 * wasted[0.0], wasted
 
 
 def test_the_token_table_is_kept_from_request_to_request_forgetting_slowly(monkeypatch):
@@ -684,7 +679,9 @@ def test_the_token_table_is_kept_from_request_to_request_forgetting_slowly(monke
     assert carried == {
         ("prompt", t): (pytest.approx(10 * t * scale), pytest.approx(5 * t * scale)) for t in (3, 4, 5)
     }
-    assert suffix.token_cells_from(list(map(list, d.carried_tokens())), n_vocab=10)  # it loads what it saves
+    assert calibration.token_cells_from(
+        list(map(list, d.carried_tokens())), n_vocab=10
+    )  # it loads what it saves
     d.begin([1, 2, 3])  # a new request starts from the carry: the same as a new process would
     assert sorted(d.tokens["prompt"]) == [3, 4, 5] and d.token_totals["prompt"][0] == pytest.approx(80.0)
     assert set(d.tokens) == {"prompt"}  # how closely this request follows history or corpus: learnt afresh
@@ -700,7 +697,7 @@ def test_the_token_table_is_kept_from_request_to_request_forgetting_slowly(monke
 )
 def test_token_cells_out_of_range_are_refused(row):
     with pytest.raises(ValueError, match="token cell 0"):
-        suffix.token_cells_from([row], n_vocab=10)
+        calibration.token_cells_from([row], n_vocab=10)
 
 
 def test_a_flat_verify_curve_drafts_at_once_despite_the_discounted_prior():

@@ -101,7 +101,7 @@ def test_compare_flags_a_speedup_no_drafting_can_produce():
     """Seen on a busy machine: 24.11x at 4 tokens per pass, 1.16x with nothing drafted."""
     from types import SimpleNamespace
 
-    from localspec.ui.app import noise_caution
+    from localspec.ui.generate import noise_caution
 
     def cmp(speedup, per_pass, accepted):
         stats = SimpleNamespace(tokens_per_round=per_pass, accepted=accepted)
@@ -559,7 +559,7 @@ def test_the_output_setting_becomes_the_generation_s_grammar(app):
 
 
 def test_context_above_the_models_trained_length_is_refused(app):
-    from localspec.ui.app import trained_context
+    from localspec.ui.controls import trained_context
 
     trained = trained_context(str(constants.EMBEDDED_TARGET))
     assert trained and trained > 16

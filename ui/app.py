@@ -9,7 +9,7 @@ The page's modules: ``app`` (this one) lays the page out and wires its events (:
 ``controls`` reads and checks the Generate tab's controls (the pair, the settings, Max tokens);
 ``generate`` runs the pair (Run, Compare, Stop); ``layout`` builds the Generate tab's controls;
 ``bench_tab`` the Bench tab; ``render`` the HTML; ``pairs`` presets and scans; ``session`` the loaded
-pipeline; ``common`` what they share. The names this module held before the split are importable from here.
+pipeline; ``common`` what they share.
 """
 
 from __future__ import annotations
@@ -28,38 +28,13 @@ from . import pairs
 from .bench_tab import build_bench_tab
 from .controls import (
     FIXED_SLIDERS,
-    FORMAT_CHOICES,
     PAIR_DEFAULT,
     PAIR_KEYS,
-    STRATEGY_CHOICES,
-    check_slider,
-    gpu_offload_available,
     load_pipeline,
-    output_grammar,
-    trained_context,
 )
-from .generate import REFRESH_SECONDS, Runs, noise_caution
+from .generate import Runs
 from .layout import PairBoxes, RunButtons, generate_tab
 from .render import CSS, tokens_html
-
-__all__ = [
-    "FIXED_SLIDERS",
-    "FORMAT_CHOICES",
-    "INTRO",
-    "PAIR_DEFAULT",
-    "PAIR_KEYS",
-    "REFRESH_SECONDS",
-    "STRATEGY_CHOICES",
-    "App",
-    "build_app",
-    "check_slider",
-    "gpu_offload_available",
-    "launch",
-    "noise_caution",
-    "output_grammar",
-    "theme",
-    "trained_context",
-]
 
 INTRO = (
     "## localspec: speculative decoding on your own machine\n"

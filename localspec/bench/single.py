@@ -176,7 +176,7 @@ def default_strategies(pipe: Any) -> list[str]:
 def pipe_settings(pipe: Any, strategy: str, *, adaptive: bool = False) -> DraftSettings:
     """``strategy`` with the pipeline's own draft length and p_min (the pair's, preset's or user's). The
     suffix-cache strategies size their own drafts: they run with n_max up to :data:`LOOKUP_N_MAX`."""
-    opts = pipe.options
+    opts = pipe.settings
     n_max = opts.n_max
     if strategy in SUFFIX_STRATEGIES:
         n_max = max(n_max, min(LOOKUP_N_MAX, pipe.max_draft))
@@ -221,8 +221,8 @@ def pair_info(pipe: Any) -> dict[str, Any]:
         "verdict": info.verdict,
         "note": info.note,
         "n_ctx": pipe.n_ctx,
-        "n_max": pipe.options.n_max,
-        "p_min": pipe.options.p_min,
+        "n_max": pipe.settings.n_max,
+        "p_min": pipe.settings.p_min,
         "placement": pipe.placement,
     }
 

@@ -60,7 +60,8 @@ def serve(
     a FIFO queue. With no --target and no --preset it serves the small embedded pair, offline.
     """
     from localspec import constants
-    from localspec.serve.app import ServeOptions, exposure_line, serve
+    from localspec.serve.app import serve
+    from localspec.serve.options import ServeOptions, exposure_line
     from localspec.suffix.store_files import namespace_for_key
 
     preset, target = model["preset"], model["target"]

@@ -25,10 +25,11 @@ from localspec.llama.rpc import parse_endpoints
 from localspec.llama.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.chat_format import ChatFormat
+from localspec.pipeline.chat_turns import chat_messages
 from localspec.pipeline.checks import _checked_stop, _checked_text, _checked_tokens
 from localspec.pipeline.compare import compare
 from localspec.pipeline.results import GenerationResult, _collect
-from localspec.pipeline.tool_calls import ChatResponse, ToolUse, chat_messages, tool_use
+from localspec.pipeline.tool_calls import ChatResponse, ToolUse, tool_use
 from localspec.settings import (
     LOOKUP_N_MAX,
     SUFFIX_STRATEGIES,
@@ -206,11 +207,6 @@ class Pipeline:
         """The longest draft one verify pass can check (see
         :attr:`localspec.llama.runtime.Model.max_draft`)."""
         return self._target.max_draft
-
-    @property
-    def options(self) -> DraftSettings:
-        """Old name of :attr:`settings` (read-only)."""
-        return self.settings
 
     @property
     def placement(self) -> dict[str, str]:

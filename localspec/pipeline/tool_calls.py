@@ -32,44 +32,14 @@ from typing import Any
 
 from localspec.constrain.grammar import Grammar
 from localspec.decoding.engine import TokenResponse
-from localspec.pipeline.chat_turns import ROLES, chat_messages, template_calls, template_messages
-from localspec.pipeline.tool_reader import CallSplitter, may_start_fenced_call, split_calls
+from localspec.pipeline.tool_reader import CallSplitter, split_calls
 from localspec.pipeline.tool_schema import (
-    CLOSE,
-    HERMES,
-    MAX_NAME_CHARS,
-    MAX_TOOLS,
-    OPEN,
     ToolCallError,
     call_grammar,
     check_choice,
     check_tools,
     template_format,
 )
-
-__all__ = [
-    "CLOSE",
-    "HERMES",
-    "MAX_NAME_CHARS",
-    "MAX_TOOLS",
-    "NO_TOOLS",
-    "OPEN",
-    "ROLES",
-    "CallSplitter",
-    "ChatResponse",
-    "ToolCallError",
-    "ToolUse",
-    "call_grammar",
-    "chat_messages",
-    "check_choice",
-    "check_tools",
-    "may_start_fenced_call",
-    "split_calls",
-    "template_calls",
-    "template_format",
-    "template_messages",
-    "tool_use",
-]
 
 
 @dataclass(frozen=True)

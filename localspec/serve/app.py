@@ -14,8 +14,7 @@ for request validation, uvicorn as the server. Errors are OpenAI-style JSON
 Who may connect follows :func:`localspec.serve.exposure.check_exposure`, the rule every localspec server uses.
 
 This module binds the address and runs the server (:func:`serve` in the foreground, :func:`start_background`
-from a thread); the other modules of :mod:`localspec.serve` hold the rest, and the names this module held
-before they split off are still importable from here.
+from a thread); the other modules of :mod:`localspec.serve` hold the rest.
 """
 
 from __future__ import annotations
@@ -32,45 +31,16 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 
 from localspec.serve.endpoint import Endpoint
-from localspec.serve.metrics import Metrics
 from localspec.serve.options import (
-    API_KEY_ENV,
-    DEFAULT_HOST,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_QUEUE,
-    DEFAULT_PORT,
     ServeError,
     ServeOptions,
     exposure_line,
 )
 from localspec.serve.routes import create_app
-from localspec.serve.schemas import MAX_STOP_STRINGS, APIError, ChatRequest, CompletionRequest
 from localspec.serve.worker import Worker
 
 if TYPE_CHECKING:
     from localspec.pipeline.api import Pipeline
-
-__all__ = [
-    "API_KEY_ENV",
-    "DEFAULT_HOST",
-    "DEFAULT_MAX_BODY_BYTES",
-    "DEFAULT_MAX_QUEUE",
-    "DEFAULT_PORT",
-    "MAX_STOP_STRINGS",
-    "APIError",
-    "BackgroundServer",
-    "ChatRequest",
-    "CompletionRequest",
-    "Metrics",
-    "ServeError",
-    "ServeOptions",
-    "Worker",
-    "bind",
-    "create_app",
-    "exposure_line",
-    "serve",
-    "start_background",
-]
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -16,7 +16,3 @@ Its modules, each importing only those listed before it:
 - ``store``: :class:`SuffixStore`, the persisted index shared by several writers.
 - ``cache``: :class:`SuffixCache`, the suffix cache of one loaded target (what a pipeline holds).
 """
-
-from localspec import _moved
-
-__getattr__ = _moved.folded_getattr(__name__)  # the old module of this name, for one release

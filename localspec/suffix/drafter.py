@@ -23,11 +23,7 @@ from localspec.suffix.calibration import (
     _BUCKET_END,
     _POSITION,
     _SEGMENTS,
-    CARRIED_SOURCES,
-    CARRIED_TOKENS,
-    CARRIED_TRIALS,
     PRIOR_TRUST,
-    TOKEN_TRIALS,
     TOKEN_WEIGHT,
     WATCHES_PER_KIND,
     Cell,
@@ -37,65 +33,20 @@ from localspec.suffix.calibration import (
     _cells_of,
     carried_cells,
     carried_token_cells,
-    cells_from,
     kind_of,
     lineage_of,
     pulled,
-    token_cells_from,
     token_tables,
 )
 from localspec.suffix.confidence import (
     DRAFT_MARGIN,
     MAX_DRAFT,
-    SMOOTHING,
-    best_length,
-    choose_length,
     linear_verify_cost,
-    prior,
-    smoothed,
 )
-from localspec.suffix.group import MAX_HITS
-from localspec.suffix.hashing import LEVELS, MIN_MATCH
+from localspec.suffix.index import Proposal, SuffixIndex
 
 if TYPE_CHECKING:
     from localspec.decoding.stopping import GainStop
-from localspec.suffix.index import EXTENTS, Match, Proposal, SuffixIndex, walk
-
-__all__ = [
-    "CARRIED_SOURCES",
-    "CARRIED_TOKENS",
-    "CARRIED_TRIALS",
-    "DRAFT_MARGIN",
-    "EXTENTS",
-    "LEVELS",
-    "MAX_DRAFT",
-    "MAX_HITS",
-    "MIN_MATCH",
-    "PRIOR_TRUST",
-    "SMOOTHING",
-    "TOKEN_TRIALS",
-    "TOKEN_WEIGHT",
-    "WATCHES_PER_KIND",
-    "Cell",
-    "Kind",
-    "Match",
-    "Proposal",
-    "Saver",
-    "SizedDraft",
-    "SuffixDrafter",
-    "SuffixIndex",
-    "TokenCell",
-    "best_length",
-    "cells_from",
-    "choose_length",
-    "kind_of",
-    "lineage_of",
-    "linear_verify_cost",
-    "prior",
-    "smoothed",
-    "token_cells_from",
-    "walk",
-]
 
 
 class Saver(Protocol):

@@ -66,12 +66,9 @@ import numpy as np
 from localspec.errors import CacheError
 from localspec.suffix import store_files, store_lock
 from localspec.suffix.calibration import Cell, TokenCell
-from localspec.suffix.corpus import CorpusScan, read_corpus
 from localspec.suffix.index import SuffixIndex
 from localspec.suffix.store_files import (
     DEFAULT_MAX_TOKENS,
-    JOURNAL_FRACTION,
-    JOURNAL_MIN_TOKENS,
     MAX_CALIBRATION_BYTES,
     _Bad,
     _calibration_bytes,
@@ -95,41 +92,16 @@ from localspec.suffix.store_files import (
     default_dir,
     journal_path,
     lock_path,
-    namespace_for_key,
     store_path,
 )
 from localspec.suffix.store_info import (
     StoreInfo,
     _count_journal,
     _header_info,
-    clear,
-    list_stores,
-    reindex_command,
     what_is_lost,
 )
-from localspec.suffix.store_lock import LOCK_WAIT_SECONDS, _Busy, _NoLock, _release_lock, _take_lock
+from localspec.suffix.store_lock import _Busy, _NoLock, _release_lock, _take_lock
 from localspec.suffix.store_sync import _read_appended, _Synced, _synced
-
-__all__ = [  # (what this module held before the split, for its importers)
-    "SuffixStore",
-    "StoreInfo",
-    "CorpusScan",
-    "clear",
-    "list_stores",
-    "read_corpus",
-    "what_is_lost",
-    "reindex_command",
-    "default_dir",
-    "namespace_for_key",
-    "store_path",
-    "journal_path",
-    "lock_path",
-    "calibration_path",
-    "DEFAULT_MAX_TOKENS",
-    "JOURNAL_FRACTION",
-    "JOURNAL_MIN_TOKENS",
-    "LOCK_WAIT_SECONDS",
-]
 
 log = logging.getLogger(__name__)
 
