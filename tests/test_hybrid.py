@@ -172,3 +172,22 @@ def test_scan_pair_and_the_pair_card_say_how_drafts_roll_back(models):
     view = pairs.ScanView({str(other): scan.inspect(other)})
     _, card = pairs.draft_options(scan.inspect(target), view)
     assert card.startswith("**Target:** hybrid (recurrent layers): drafts roll back through state checkpoint")
+
+
+def test_auto_measures_what_a_rollback_costs(models):
+    """``auto``'s measured costs carry the state copies of a checkpoint target (none within snapshots), and
+    its model speed counts them; the request stays the target's own tokens."""
+    target, other = models["qwen3next"]
+    with localspec.load(target, other, n_ctx=256, n_threads=2, n_max=4, suffix_store=False) as pipe:
+        costs = pipe.machine_costs()
+        rollback = costs.details["rollback"]
+        assert rollback["snapshots"] == 0 and rollback["save"] > 0 and rollback["restore"] > 0
+        assert costs.rollback_passes(4, 1.0) == pytest.approx(rollback["save"])  # nothing to take back
+        assert costs.rollback_passes(4, 0.3) > costs.rollback_passes(4, 0.9) > rollback["save"]
+        base, _, _ = _run(pipe, "none", baseline=True)
+        ids, trace, _ = _run(pipe, "auto")
+        _assert_argmax(trace, "qwen3next auto")
+        assert ids == base
+    snapshots, _ = models["qwen35"]
+    with localspec.load(snapshots, other, n_ctx=256, n_threads=2, n_max=4, suffix_store=False) as pipe:
+        assert pipe.machine_costs().rollback_passes(4, 0.3) == 0.0  # four snapshots cover a 4-token draft
