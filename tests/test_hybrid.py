@@ -191,3 +191,23 @@ def test_auto_measures_what_a_rollback_costs(models):
     snapshots, _ = models["qwen35"]
     with localspec.load(snapshots, other, n_ctx=256, n_threads=2, n_max=4, suffix_store=False) as pipe:
         assert pipe.machine_costs().rollback_passes(4, 0.3) == 0.0  # four snapshots cover a 4-token draft
+
+
+def test_the_memory_line_counts_recurrent_states_and_their_snapshots(models):
+    """A hybrid's context memory is llama.cpp's own (KV cache + recurrent states), snapshots included,
+    not the formula that counts every layer as attention."""
+    from localspec.llama.runtime import cache_bytes_logged
+
+    assert cache_bytes_logged(["llama_kv_cache:        CPU KV buffer size =    56.00 MiB"]) == 56 * 2**20
+    both = ["x: CPU KV buffer size = 1.50 MiB", "y: CPU RS buffer size = 0.50 MiB"]
+    assert cache_bytes_logged(both) == 2**21
+    assert cache_bytes_logged(["no buffers here"]) is None
+    target, _ = models["qwen35"]
+    sizes = []
+    for depth in (0, 4):
+        m = Model(target, n_ctx=256, n_threads=2, rollback_depth=depth)
+        try:
+            sizes.append(m.kv_bytes())
+        finally:
+            m.close()
+    assert 0 < sizes[0] < sizes[1]  # four snapshots of the recurrent state cost memory too

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -118,6 +119,23 @@ def rpc_placement(said_lines: list[str], names: dict[str, str], n_layer: int) ->
     local = sum(n for name, n in counts.items() if name not in names)
     text = "RPC " + ", ".join(parts) + " layers"
     return text + (f"; this machine {local}/{n_layer}" if local else "")
+
+
+_CACHE_BUFFER = re.compile(r"\b(?:KV|RS) buffer size =\s*([0-9.]+) MiB")
+
+
+def cache_bytes_logged(said_lines: list[str]) -> int | None:
+    """The bytes of every KV-cache and recurrent-state buffer a model's load log names
+    (``llama_kv_cache:        CPU KV buffer size =    56.00 MiB``), or None when it names none.
+
+    Args:
+        said_lines: the load's log lines (:class:`Said`).
+
+    Returns:
+        Their sum in bytes, or None.
+    """
+    sizes = [float(m.group(1)) for line in said_lines for m in _CACHE_BUFFER.finditer(line)]
+    return round(sum(sizes) * 1024 * 1024) if sizes else None
 
 
 def placement(n_gpu_layers: int, n_layer: int, *, offload: bool) -> str:
@@ -239,6 +257,7 @@ class Model:
         self.n_layer = int(llama_cpp.llama_model_n_layer(self.model))
         if devices is not None:
             self._rpc_placement = rpc_placement(said.lines, labels, self.n_layer)
+        self._cache_bytes = cache_bytes_logged(said.lines)
         # llama.cpp's own numbers: it rounds n_ctx up and caps the batch at the n_ctx asked for.
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
         self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
@@ -319,7 +338,12 @@ class Model:
         return int(llama_cpp.llama_model_size(self.model))
 
     def kv_bytes(self) -> int:
-        """K and V cache size from n_ctx, layers, KV heads and head sizes (f16 cache: 2 bytes)."""
+        """The memory of this model's context: the KV cache and, for a recurrent or hybrid model, its
+        recurrent states with their snapshots, as llama.cpp allocated them (its load log). Without the log
+        (LOCALSPEC_VERBOSE shows it on the terminal instead), the KV cache from n_ctx, layers, KV heads and
+        head sizes (f16: 2 bytes), which counts every layer of a hybrid as attention."""
+        if self._cache_bytes is not None:
+            return self._cache_bytes
         meta = self.metadata
         arch = meta.get("general.architecture", "")
         n_layer = llama_cpp.llama_model_n_layer(self.model)
