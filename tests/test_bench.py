@@ -170,6 +170,23 @@ def _stats(tps: float, **kw) -> dict:
     return base
 
 
+def _drafting_stats(tps: float, t: float, **kw) -> dict:
+    """A k=4 draft model's run: 40 rounds, 160 drafted, 60 accepted, c = 0.4, V(5) = 2.2 (T = ``t`` s)."""
+    return _stats(
+        tps,
+        rounds=40,
+        drafted=160,
+        accepted=60,
+        draft_evals=160,
+        draft_seconds=160 * 0.4 * t,
+        verify_seconds=40 * 2.2 * t,
+        verify_tokens=200,
+        drafted_by_position=[40, 40, 40, 40],
+        total_seconds=100 / tps,
+        **kw,
+    )
+
+
 def test_run_interleaved_calls_baseline_then_each_setting_per_prompt():
     calls = []
 
@@ -194,25 +211,8 @@ def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
         (p, _stats(tps, rounds=100, verify_seconds=100 * t, total_seconds=100 * t * 1.05))
         for p, tps in (("a", 9.5), ("b", 9.0), ("c", 10.0))
     ]
-    spec = []
-    for p, tps in (("a", 19.0), ("b", 9.0), ("c", 12.0)):  # ratios 2.0, 1.0, 1.2 -> median 1.2
-        spec.append(
-            (
-                p,
-                _stats(
-                    tps,
-                    rounds=40,
-                    drafted=160,
-                    accepted=60,
-                    draft_evals=160,
-                    draft_seconds=160 * 0.4 * t,
-                    verify_seconds=40 * 2.2 * t,
-                    verify_tokens=200,
-                    drafted_by_position=[40, 40, 40, 40],
-                    total_seconds=100 / tps,
-                ),
-            )
-        )
+    # ratios 2.0, 1.0, 1.2 -> median 1.2
+    spec = [(p, _drafting_stats(tps, t)) for p, tps in (("a", 19.0), ("b", 9.0), ("c", 12.0))]
     cell = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.75), base, spec)
     assert cell.speedup == pytest.approx(1.2)
     assert cell.baseline_tps == 9.5 and cell.speculative_tps == 12.0
@@ -554,20 +554,7 @@ def test_a_recurrent_targets_rollback_lowers_the_ceiling():
     base = [("a", _stats(10.0, rounds=100, verify_seconds=100 * t, total_seconds=100 * t))]
 
     def spec(rollback_seconds, replayed):
-        stats = _stats(
-            12.0,
-            rounds=40,
-            drafted=160,
-            accepted=60,
-            draft_evals=160,
-            draft_seconds=160 * 0.4 * t,
-            verify_seconds=40 * 2.2 * t,
-            verify_tokens=200,
-            drafted_by_position=[40, 40, 40, 40],
-            total_seconds=100 / 12.0,
-        )
-        stats.update(rollback_seconds=rollback_seconds, replayed_tokens=replayed)
-        return [("a", stats)]
+        return [("a", _drafting_stats(12.0, t, rollback_seconds=rollback_seconds, replayed_tokens=replayed))]
 
     plain = benchmath.summarise_cell("w", DraftSettings("model", 4), base, spec(0.0, 0))
     hybrid = benchmath.summarise_cell("w", DraftSettings("model", 4), base, spec(40 * 0.05 * t, 40))
