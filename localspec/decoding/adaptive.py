@@ -314,9 +314,11 @@ class AdaptiveLength:
         if draft_evals > 1:
             self.step_s = _ema(self.step_s, (draft_seconds - first_seconds) / (draft_evals - 1), d)
         if drafted or replayed:
-            own = self.verify_seconds(drafted + 1)
-            replay = verify_seconds - own if replayed and own is not None else 0.0
-            self.rollback_s = _ema(self.rollback_s, rollback_seconds + max(0.0, replay), d)
+            replay = 0.0
+            if replayed:  # the owed rows' share of this pass (never measured apart from it)
+                own = self.verify_seconds(drafted + 1)
+                replay = max(0.0, verify_seconds - own) if own is not None else 0.0
+            self.rollback_s = _ema(self.rollback_s, rollback_seconds + replay, d)
         width = drafted + 1 + replayed  # the pass as llama.cpp ran it
         self.verify[width] = _ema(self.verify.get(width), verify_seconds, d)
         if width == 1:  # a load or a cold start only slows a pass down: the fastest of the latest

@@ -396,6 +396,11 @@ class Model:
 
     # KV cache ---------------------------------------------------------------------------------
     @property
+    def _held(self) -> int:
+        """Tokens really in llama.cpp's memory: :attr:`tokens` less the owed ones."""
+        return len(self.tokens) - len(self._owed)
+
+    @property
     def owed(self) -> int:
         """Tokens the cache holds in name only (after a checkpoint restore): the next decode evaluates
         them first."""
@@ -415,7 +420,7 @@ class Model:
         if self.memory_kind == "attention":
             return 0.0, 0.0
         probe, stats = recurrent.Checkpoint(), recurrent.RollbackStats()
-        held = len(self.tokens) - len(self._owed)
+        held = self._held
         self._call(lambda: probe.save(self.ctx, held, stats) and probe.restore(self.ctx, stats))
         return stats.save_seconds, stats.restore_seconds
 
@@ -440,7 +445,7 @@ class Model:
             self._save(self._prefix_checkpoint)
 
     def _save(self, checkpoint: recurrent.Checkpoint) -> None:
-        held = len(self.tokens) - len(self._owed)
+        held = self._held
         if checkpoint.n_tokens != held:
             self._call(lambda: checkpoint.save(self.ctx, held, self.rollback))
 
@@ -455,43 +460,44 @@ class Model:
         """
         if n >= len(self.tokens):
             return
-        held = len(self.tokens) - len(self._owed)
+        held = self._held
         if n >= held:  # only owed tokens go
             del self._owed[n - held :]
             del self.tokens[n:]
             return
-        kept = self.tokens[:n]
-        self._owed, self.tokens = [], self.tokens[:held]
+        self._owed = []  # every owed token stood past n
         for checkpoint in (self._round_checkpoint, self._prefix_checkpoint):
             if checkpoint.n_tokens > n:
                 checkpoint.forget()
         if self._call(lambda: llama_cpp.llama_memory_seq_rm(self.memory, 0, n, -1)):
-            self.tokens = kept
+            del self.tokens[n:]
             return
         if self.memory_kind == "attention":
             raise LocalspecError(
                 f"{self.path.name}: llama.cpp cannot roll back part of this model's memory",
                 hint="report it with the model's architecture: its memory type is not one localspec knows",
             )
-        self._call(self._restore)
-        self._owed = kept[len(self.tokens) :]
-        self.tokens = kept
+        at = self._call(lambda: self._restore(n))
+        self._owed = self.tokens[at:n]
+        del self.tokens[n:]
 
-    def _restore(self) -> None:
-        """Sequence 0 back at the latest checkpoint (every one left is at or before the truncation point),
-        or empty; ``tokens`` says which."""
+    def _restore(self, n: int) -> int:
+        """Sequence 0 back at the latest checkpoint (every one left is at or before ``n``), or empty.
+
+        Returns:
+            The token count the sequence now holds.
+        """
         latest = max(self._round_checkpoint, self._prefix_checkpoint, key=lambda c: c.n_tokens)
         at = latest.n_tokens
         # the attention layers' KV cache past the checkpoint goes as on a transformer
         if at >= 0 and latest.restore(self.ctx, self.rollback):
             if llama_cpp.llama_memory_seq_rm(self.memory, 0, at, -1):
-                del self.tokens[at:]
-                return
+                return at
         self._forget_checkpoints()
         if not llama_cpp.llama_memory_seq_rm(self.memory, 0, -1, -1):
             llama_cpp.llama_memory_clear(self.memory, True)
-        self.rollback.resets += bool(self.tokens)
-        self.tokens = []
+        self.rollback.resets += n > 0
+        return 0
 
     def _forget_checkpoints(self) -> None:
         self._round_checkpoint.forget()
