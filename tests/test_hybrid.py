@@ -211,3 +211,18 @@ def test_the_memory_line_counts_recurrent_states_and_their_snapshots(models):
         finally:
             m.close()
     assert 0 < sizes[0] < sizes[1]  # four snapshots of the recurrent state cost memory too
+
+
+def test_the_published_rollback_table_is_its_result_file():
+    """docs/hybrid-models.md's table is what `bench_hybrid.py --from-json` prints from the committed run."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("bench_hybrid", root / "scripts" / "bench_hybrid.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    saved = json.loads((root / "docs" / "results" / "hybrid-rollback.json").read_text())
+    assert script.table(saved["rows"], saved["machine"]) in (root / "docs" / "hybrid-models.md").read_text()
