@@ -392,7 +392,7 @@ def test_session_tables_name_the_workloads_bench_sessions_takes(doc):
 
 
 def test_session_tables_are_found():
-    text = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "archive" / "measured-2026-12.md").read_text(encoding="utf-8")
     assert {"edit-session", "agent", "multi-turn", "repo-code"} <= set(session_table_names(text))
     assert session_table_names("| sessions | x |\n| --- | --- |\n| edit | 1 |\n") == ["edit"]
 
