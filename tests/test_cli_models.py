@@ -123,7 +123,7 @@ def test_pair_ranking(tmp_path):
 
 
 def test_scan_shows_the_shipped_pairs_file_names_whole(tmp_path):
-    """docs/models-and-pairing.md shows the Qwen pair's names whole: the FILE column drops `.gguf`, so they
+    """docs/scan-and-pair.md shows the Qwen pair's names whole: the FILE column drops `.gguf`, so they
     fit."""
     d = tmp_path / "m"
     d.mkdir()

@@ -4,7 +4,7 @@ A preset file holds one or more ``[[preset]]`` tables and an optional ``[default
 into each of them. A preset names a target and (optionally) a draft model, each as a Hub file
 (``{ repo = "...", file = "..." }``, ``file`` may be a glob), a file shipped with localspec
 (``{ embedded = "tiny-target.gguf" }``) or a local path (``{ path = "/models/x.gguf" }``).
-See ``docs/models-and-pairing.md`` for the full format.
+See ``docs/presets.md`` for the full format.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def parse_model_ref(value: Any, where: str, *, base_dir: Path | None = None) -> 
     if not isinstance(value, dict):
         raise PresetError(
             f'{where}: expected a table like {{ repo = "org/name", file = "*.gguf" }}',
-            hint="see docs/models-and-pairing.md for the model reference forms",
+            hint="see docs/presets.md for the model reference forms",
         )
     kinds = [k for k in ("repo", "embedded", "path") if k in value]
     if len(kinds) != 1:
