@@ -9,22 +9,80 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from localspec.errors import SettingsError
 
-#: Every drafting strategy, in the order choices are shown. ``none`` is the target alone (the baseline);
-#: every other one drafts. ``ngram`` looks up the current prompt and output only; ``suffix`` also
-#: remembers earlier requests (and a persisted store and an indexed corpus) and sizes each draft from its
-#: confidence and this machine's verify cost; ``auto`` picks per request between ``suffix`` and
-#: ``model+suffix`` from the measured costs (see :mod:`localspec.decoding.routing`).
-STRATEGIES: tuple[str, ...] = ("auto", "model", "ngram", "suffix", "model+ngram", "model+suffix", "none")
+
+@dataclass(frozen=True)
+class Strategy:
+    """What one strategy name runs, parsed once here (as llama.cpp's draft types: an enum and a name map,
+    :data:`STRATEGY_BY_NAME`); nothing else reads the parts out of a name.
+
+    ``none`` is the target alone (the baseline); every other one drafts. ``ngram`` looks up the current
+    prompt and output only; ``suffix`` also remembers earlier requests (and a persisted store and an
+    indexed corpus) and sizes each draft from its confidence and this machine's verify cost; ``auto`` picks
+    per request between ``suffix`` and ``model+suffix`` from the measured costs (see
+    :mod:`localspec.decoding.routing`).
+    """
+
+    name: str
+    model: bool = False  # a draft model drafts (``auto`` decides per request: see ``routed``)
+    lookup: Literal["ngram", "suffix"] | None = None  # where lookup drafts come from, if any
+    routed: bool = False  # ``auto``: the router picks the drafters per request
+
+    @property
+    def drafts(self) -> bool:
+        """Anything but the target alone."""
+        return self.model or self.lookup is not None
+
+    @property
+    def combined(self) -> bool:
+        """A draft model and lookups in one drafter (``model+ngram``, ``model+suffix``)."""
+        return self.model and self.lookup is not None
+
+    @property
+    def may_use_model(self) -> bool:
+        """A loaded draft model may run: the model strategies, and ``auto`` when it pays."""
+        return self.model or self.routed
+
+
+#: Every drafting strategy by its name, in the order choices are shown.
+STRATEGY_BY_NAME: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy("auto", lookup="suffix", routed=True),
+        Strategy("model", model=True),
+        Strategy("ngram", lookup="ngram"),
+        Strategy("suffix", lookup="suffix"),
+        Strategy("model+ngram", model=True, lookup="ngram"),
+        Strategy("model+suffix", model=True, lookup="suffix"),
+        Strategy("none"),
+    )
+}
+#: Every strategy name, in the order choices are shown.
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_BY_NAME)
 #: The strategies that draft (everything but the target alone).
-SPECULATIVE_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if s != "none")
+SPECULATIVE_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.drafts)
 #: The strategies that need a draft model loaded.
-MODEL_STRATEGIES: tuple[str, ...] = tuple(s for s in STRATEGIES if "model" in s.split("+"))
-#: The strategies whose lookups come from the suffix cache (``auto`` always uses it).
-SUFFIX_STRATEGIES: tuple[str, ...] = ("suffix", "model+suffix", "auto")
+MODEL_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.model)
+#: The strategies whose lookups come from the suffix cache (``auto`` always uses it), ``auto`` last.
+SUFFIX_STRATEGIES: tuple[str, ...] = tuple(
+    sorted((n for n, s in STRATEGY_BY_NAME.items() if s.lookup == "suffix"), key=lambda n: n == "auto")
+)
+
+
+def parse_strategy(name: str) -> Strategy:
+    """The parsed strategy ``name`` names, or a :class:`SettingsError` listing the names."""
+    found = STRATEGY_BY_NAME.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise SettingsError(
+            f"strategy {name!r} is not one of {', '.join(STRATEGIES)}",
+            hint='use "model" for a draft model, "ngram" for prompt lookup, "none" for the target alone',
+        )
+    return found
+
+
 #: The longest draft a suffix-cache strategy may propose when no ``n_max`` was asked for: it sizes each
 #: draft itself (confidence and the verify curve), so the cap is only a bound on one verify pass.
 LOOKUP_N_MAX = 32
@@ -68,11 +126,7 @@ class DraftSettings:
     adaptive: bool = False
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise SettingsError(
-                f"strategy {self.strategy!r} is not one of {', '.join(STRATEGIES)}",
-                hint='use "model" for a draft model, "ngram" for prompt lookup, "none" for the target alone',
-            )
+        parse_strategy(self.strategy)  # a known name, or the error that lists them
         for name in ("n_max", "n_min"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -98,24 +152,29 @@ class DraftSettings:
         object.__setattr__(self, "p_min", float(p))
 
     @property
+    def kind(self) -> Strategy:
+        """What this setting's strategy runs (its name parsed: :data:`STRATEGY_BY_NAME`)."""
+        return STRATEGY_BY_NAME[self.strategy]
+
+    @property
     def is_speculative(self) -> bool:
         """True unless this is the target alone."""
-        return self.strategy != "none"
+        return self.kind.drafts
 
     @property
     def uses_model(self) -> bool:
         """True when this strategy needs a draft model (``auto`` uses one only when it is loaded)."""
-        return self.strategy in MODEL_STRATEGIES
+        return self.kind.model
 
     @property
     def may_use_model(self) -> bool:
         """True when a loaded draft model may run: the model strategies, and ``auto`` when it pays."""
-        return self.uses_model or self.strategy == "auto"
+        return self.kind.may_use_model
 
     @property
     def uses_suffix(self) -> bool:
         """True when this strategy drafts from the suffix cache."""
-        return self.strategy in SUFFIX_STRATEGIES
+        return self.kind.lookup == "suffix"
 
     def with_overrides(self, **values: Any) -> DraftSettings:
         """A copy with every value that is not None replaced (validated again)."""

@@ -42,6 +42,21 @@ def test_suffix_strategies_are_declared_once():
         assert s in STRATEGIES
 
 
+def test_a_strategy_name_is_parsed_in_one_place():
+    from localspec.errors import SettingsError
+    from localspec.settings import MODEL_STRATEGIES, SUFFIX_STRATEGIES, parse_strategy
+
+    assert SUFFIX_STRATEGIES == ("suffix", "model+suffix", "auto")
+    assert MODEL_STRATEGIES == ("model", "model+ngram", "model+suffix")
+    both = parse_strategy("model+ngram")
+    assert both.model and both.lookup == "ngram" and both.combined and both.drafts
+    auto = parse_strategy("auto")
+    assert auto.routed and auto.may_use_model and not auto.model and auto.lookup == "suffix"
+    assert not parse_strategy("none").drafts and not parse_strategy("suffix").combined
+    with pytest.raises(SettingsError, match="is not one of"):
+        parse_strategy("model+model")
+
+
 def test_the_second_request_drafts_from_the_first_and_stays_lossless(home):
     with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix") as pipe:
         assert pipe.settings.n_max == LOOKUP_N_MAX  # the cache sizes its own drafts
@@ -145,7 +160,8 @@ def test_auto_routes_from_measured_costs_and_says_why(home):
         pipe._costs = expensive = MachineCosts(1.0, {1: 1.0, 2: 1.5, 8: 4.0, 32: 14.0}, 0.6)
         result = _argmax_law(pipe, CODE, max_tokens=24)
         assert result.stats.strategy == "suffix"
-        assert result.stats.route.startswith("auto -> suffix") and "would not pay" in result.stats.route
+        route = result.stats.route
+        assert route is not None and route.strategy == "suffix" and "would not pay" in route.reason
         pipe._costs = MachineCosts(1.0, {1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.05)  # a GPU-like curve
         result = _argmax_law(pipe, CODE, max_tokens=24)
         assert result.stats.strategy == "model+suffix" and pipe.route is not None

@@ -283,7 +283,8 @@ def result_panel_html(
         f'<span style="font-size:1rem">({esc(fmt_num(over_pct, 1, " % of target"))})</span></div>'
         f"{unused}{_table(mem)}</div>"
     )
-    strategy = _get(stats, "route") or _get(stats, "strategy", "")  # auto: what it chose, and why
+    route = _get(stats, "route")  # a Route, or its line in a stats dict
+    strategy = str(route) if route else _get(stats, "strategy", "")  # auto: what it chose, and why
     draft_name = _get(stats, "draft_name") or ""
     pairing = _get(stats, "pairing_note") or ""
     meta = " \u00b7 ".join(

@@ -134,7 +134,7 @@ def _run_once(pipe: Any, workload: SessionWorkload, config: SessionConfig, max_t
         for src, n in st.accepted_by_source.items():
             run.accepted_by_source[src] = run.accepted_by_source.get(src, 0) + n
         if st.route:
-            run.routes.append(st.route.split(":")[0])
+            run.routes.append(st.route.label)
         return reply
 
     for session in workload.measured:

@@ -37,6 +37,14 @@ class Route:
     reason: str
     model_speed: float | None = None  # the best expected speed of model drafting, in target-alone units
 
+    @property
+    def label(self) -> str:
+        """What ``auto`` chose, without the reason: ``auto -> suffix``."""
+        return f"auto -> {self.strategy}"
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.reason}"
+
 
 def model_speed(costs: MachineCosts, acceptance: float, n_max: int) -> tuple[float, int]:
     """The best expected speed of draft-model drafting (target alone = 1.0) and the length that gives it."""

@@ -8,6 +8,7 @@ from typing import Any
 
 import psutil
 
+from localspec.decoding.routing import Route
 from localspec.settings import MODEL_STRATEGIES
 
 MB = 1024 * 1024
@@ -105,8 +106,9 @@ class GenerationStats:
     memory: MemoryReport = field(default_factory=MemoryReport)
     # Where each model runs, e.g. {"target": "CPU", "draft": "GPU (all layers)"}.
     placement: dict[str, str] = field(default_factory=dict)
-    # The "auto" strategy's decision for this request and why ("" when a strategy was named).
-    route: str = ""
+    # The "auto" strategy's decision for this request and why (None when a strategy was named); as_dict()
+    # writes it as one line, "auto -> suffix: why" ("" when None).
+    route: Route | None = None
     # What the adaptive controller's measurements predicted for drafting at its best length, in
     # target-alone units (None without an adaptive setting or before its costs were measured).
     predicted_speedup: float | None = None
@@ -180,6 +182,7 @@ class GenerationStats:
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["memory"] = self.memory.as_dict()
+        d["route"] = str(self.route) if self.route else ""
         d.update(
             acceptance_by_source={k: round(v, 4) for k, v in self.acceptance_by_source.items()},
             acceptance_rate=round(self.acceptance_rate, 4),
@@ -194,7 +197,7 @@ class GenerationStats:
     def summary_line(self) -> str:
         parts = [f"{self.generated_tokens} tokens", f"{self.tokens_per_second:.1f} tok/s"]
         if self.route:
-            parts.append(self.route.split(":")[0])  # "auto -> suffix"; the reason is in as_dict()
+            parts.append(self.route.label)  # "auto -> suffix"; the reason is in as_dict()
         if self.strategy != "none":
             parts.append(f"strategy {self.strategy}")
             if self.drafted:

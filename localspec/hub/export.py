@@ -38,17 +38,18 @@ class Export:
 
 def _method(settings: DraftSettings, draft: Path | None, notes: list[str]) -> str:
     """The one drafting method both engines have that stands for ``settings``: model, ngram or none."""
-    strategy = settings.strategy
-    if strategy == "none":
+    kind = settings.kind
+    if not kind.drafts:
         return "none"
-    if strategy == "auto":
+    if kind.routed:
         notes.append("auto picks a strategy per request in localspec; an engine takes one setting")
         return "model" if draft else "ngram"
-    if "model" in strategy:
+    if kind.model:
         if draft is None:
-            raise SettingsError(f"strategy {strategy} needs a draft model", hint="give --draft PATH")
+            raise SettingsError(f"strategy {kind.name} needs a draft model", hint="give --draft PATH")
         return "model"
-    return "ngram" if strategy == "ngram" else "suffix"
+    assert kind.lookup is not None
+    return kind.lookup
 
 
 def llama_server(
@@ -88,7 +89,7 @@ def llama_server(
         if rpc:
             spec += ["--spec-draft-ngl", "0"]
             notes.append("--spec-draft-ngl 0 keeps the draft on this machine's CPU, as localspec does")
-        if "+" in settings.strategy:
+        if settings.kind.combined:
             notes.append(f"{settings.strategy}: llama-server drafts with the model alone here")
     elif method in ("ngram", "suffix"):
         if method == "suffix":
@@ -124,7 +125,7 @@ def vllm(
     config: dict[str, object] = {}
     if method == "model":
         config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
-        if "+" in settings.strategy:
+        if settings.kind.combined:
             notes.append(f"{settings.strategy}: vLLM takes one method; the draft model is kept")
     elif method == "ngram":
         low, high = NGRAM_LOOKUP

@@ -19,7 +19,7 @@ from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
 from localspec.gguf.pairing import check_pair
 from localspec.pipeline.pipeline import Pipeline
 from localspec.pipeline.results import GenerationResult
-from localspec.settings import LOOKUP_N_MAX, MODEL_STRATEGIES, SUFFIX_STRATEGIES, DraftSettings
+from localspec.settings import LOOKUP_N_MAX, STRATEGY_BY_NAME, SUFFIX_STRATEGIES, DraftSettings
 
 
 def _check_file(path: str | os.PathLike, role: str) -> Path:
@@ -73,6 +73,12 @@ def _auto_draft(target: Path) -> tuple[Path | None, str]:
         )
     best = ranked[0]
     return Path(best.model.path), f"automatic pairing picked {Path(best.model.path).name}: {best.why}"
+
+
+def _may_use_model(name: str) -> bool:
+    """True when the strategy ``name`` may run a draft model (an unknown name is refused later)."""
+    kind = STRATEGY_BY_NAME.get(name)
+    return kind is not None and kind.may_use_model
 
 
 def _preset_settings(ds: object) -> DraftSettings:
@@ -173,7 +179,8 @@ def load(
         pair = ensure_preset(preset, progress=progress, check=False)  # checked once, below
         settings = _preset_settings(pair.preset.draft)
         if settings.uses_model and pair.draft is None:  # a preset without a draft model cannot use one
-            settings = settings.with_overrides(strategy="ngram" if "ngram" in settings.strategy else "none")
+            lookup_only = "ngram" if settings.kind.lookup == "ngram" else "none"
+            settings = settings.with_overrides(strategy=lookup_only)
         target_path = Path(pair.target)
         preset_draft = pair.draft
         if n_ctx is None:
@@ -201,7 +208,7 @@ def load(
         note = note or f"draft {draft_path.name}"
     elif preset is not None:
         draft_path = preset_draft
-    elif (strategy or settings.strategy) in (*MODEL_STRATEGIES, "auto"):  # auto may choose the model
+    elif _may_use_model(strategy or settings.strategy):  # auto may choose the model
         draft_path, note = _auto_draft(target_path)
         if draft_path is None and strategy is None:
             settings = settings.with_overrides(strategy="none")

@@ -248,7 +248,7 @@ class Pipeline:
                 "with one, or use strategy 'suffix' or 'ngram'",
             )
         model = self._model_drafter.with_limits(n_min=s.n_min, p_min=s.p_min)
-        return CombinedDrafter(model, lookup) if "+" in s.strategy else model
+        return CombinedDrafter(model, lookup) if s.kind.combined else model
 
     # The suffix cache and the machine's costs ----------------------------------------------------
     def machine_costs(self) -> MachineCosts:
@@ -416,7 +416,7 @@ class Pipeline:
             placement=self.placement,
         )
         if chosen is not None:
-            stats.route = f"auto -> {chosen.strategy}: {chosen.reason}"
+            stats.route = chosen
         stream = self._engine.stream(
             tokens,
             drafter=drafter,
