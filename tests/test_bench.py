@@ -19,6 +19,7 @@ from localspec.bench import arithmetic as benchmath
 from localspec.bench import report, tune, workloads
 from localspec.bench import single as bench
 from localspec.bench.workloads import Prompt, Workload
+from localspec.decoding import speed
 from localspec.errors import BenchError
 from localspec.settings import BASELINE, MAX_TUNE_SWEEP, SPECULATIVE_STRATEGIES, DraftSettings, max_threads
 
@@ -88,37 +89,7 @@ def test_missing_and_empty_prompt_files(tmp_path):
 # ---------------------------------------------------------------------------------------------- arithmetic
 
 
-def test_expected_tokens_per_round_hand_values():
-    assert benchmath.expected_tokens_per_round(0.8, 4) == pytest.approx((1 - 0.8**5) / 0.2)  # 3.3616
-    assert benchmath.expected_tokens_per_round(0.8, 4) == pytest.approx(3.3616)
-    assert benchmath.expected_tokens_per_round(0.5, 1) == pytest.approx(1.5)
-    assert benchmath.expected_tokens_per_round(0.0, 6) == pytest.approx(1.0)
-    assert benchmath.expected_tokens_per_round(1.0, 3) == pytest.approx(4.0)
-
-
-def test_ceiling_hand_values():
-    # draft model: a=0.8, k=4, c=0.45, V(5)=2.8 -> 3.3616 / (1.8 + 2.8)
-    assert benchmath.ceiling_speedup(0.8, 4, 0.45, 2.8) == pytest.approx(3.3616 / 4.6)
-    assert benchmath.ceiling_speedup(0.8, 4, 0.45, 2.8) == pytest.approx(0.73078, abs=1e-5)
-    # n-gram lookup (c = 0): a=0.9, k=3, V(4)=1.9 -> 3.439 / 1.9
-    assert benchmath.ceiling_speedup(0.9, 3, 0.0, 1.9) == pytest.approx(1.81, abs=1e-3)
-    # the issue's numbers for this machine: c=0.44, verifying 4 tokens costs 1.7 passes, a=0.8, k=3
-    assert benchmath.ceiling_speedup(0.8, 3, 0.44, 1.7) == pytest.approx(2.952 / 3.02, abs=1e-4)
-
-
-def test_fit_acceptance_inverts_the_iid_model():
-    for a in (0.1, 0.5, 0.8, 0.97):
-        for k in (1, 3, 6):
-            m = benchmath.expected_tokens_per_round(a, k) - 1.0
-            assert benchmath.fit_acceptance(m, k) == pytest.approx(a, abs=1e-6)
-    assert benchmath.fit_acceptance(0.0, 4) == 0.0
-    assert benchmath.fit_acceptance(4.0, 4) == 1.0
-
-
-def test_verify_slope_and_median():
-    pts = [(2.0, 1.45, 1.0), (5.0, 2.8, 3.0), (3.0, 1.9, 2.0)]
-    assert benchmath.verify_slope(pts) == pytest.approx(0.45)
-    assert math.isnan(benchmath.verify_slope([(1.0, 1.0, 1.0)]))
+def test_median():
     assert benchmath.median([3.0, 1.0, 2.0]) == 2.0
     assert benchmath.median([4.0, 1.0, 2.0, 3.0]) == 2.5
     assert benchmath.median([float("nan"), 5.0]) == 5.0
@@ -220,25 +191,50 @@ def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
     assert cell.mean_accepted_length == pytest.approx(1.5) and cell.tokens_per_round == pytest.approx(2.5)
     assert cell.identical_output == 1.0
     assert cell.c == pytest.approx(0.4) and cell.v_at_batch == pytest.approx(2.2) and cell.batch == 5.0
-    slope = benchmath.add_ceilings([cell])
-    assert slope == pytest.approx(1.2 / 4)
-    a = benchmath.fit_acceptance(1.5, 4)
+    line = benchmath.add_ceilings([cell])
+    assert line == speed.VerifyLine(v2=2.2, slope=0.0)  # one point of 5 rows: a flat line through it
+    line = speed.VerifyLine(v2=1.3, slope=0.3)  # V(5) = 2.2 as measured, V(2) = 1.3
+    benchmath.add_ceilings([cell], line)
+    assert cell.reach == []  # the runs counted nothing by position: the i.i.d. fit stands in
+    a = speed.fit_acceptance(1.5, 4)
     assert cell.a == pytest.approx(a)
-    assert cell.ceiling == pytest.approx(benchmath.ceiling_speedup(a, 4, 0.4, 1 + slope * 4))
-    assert cell.efficiency == pytest.approx(1.2 / cell.ceiling)
-    assert math.prod(cell.losses.values()) == pytest.approx(cell.efficiency)
-    assert cell.losses["baseline_overhead"] == pytest.approx(1.05)
-    # a = 0.46, c = 0.4, V(k+1) = 1 + 0.3 k: the best draft length in theory is shorter than the configured 4
-    ceilings = {k: benchmath.ceiling_speedup(a, k, 0.4, 1 + slope * k) for k in range(1, 5)}
+    reach = speed.iid_reach(a, 4)
+    assert cell.v_k1 == pytest.approx(2.2)
+    assert cell.ceiling == pytest.approx(speed.expected_tokens(reach, 4) / (4 * 0.4 + 2.2))
+    # a = 0.46, c = 0.4: the best draft length in theory is shorter than the configured 4
+    ceilings = {k: speed.expected_tokens(reach, k) / (k * 0.4 + line(k + 1)) for k in range(1, 5)}
     assert cell.best_k == max(ceilings, key=ceilings.get) < 4
     assert cell.best_ceiling == pytest.approx(max(ceilings.values())) and cell.best_ceiling > cell.ceiling
+    assert cell.efficiency == pytest.approx(1.2 / cell.best_ceiling)
+    assert math.prod(cell.losses.values()) == pytest.approx(cell.efficiency)
+    assert cell.losses["baseline_overhead"] == pytest.approx(1.05)
 
     # The same runs as an adaptive setting: it picks its length per round (none included), so its ceiling is
-    # the best over 1..k and never below the target alone.
+    # the best over 0..k: never below the target alone.
     adaptive = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.75, adaptive=True), base, spec)
-    benchmath.add_ceilings([adaptive], slope)
-    assert adaptive.ceiling == pytest.approx(max(1.0, cell.best_ceiling))
+    benchmath.add_ceilings([adaptive], line)
+    assert adaptive.best_ceiling == pytest.approx(max(1.0, cell.best_ceiling))
     assert math.prod(adaptive.losses.values()) == pytest.approx(adaptive.efficiency)
+
+
+def test_the_ceiling_reads_acceptance_per_position_pooled_over_a_strategys_cells():
+    """A p_min stop cuts drafts short (counted as not accepted): the ceiling takes, per position, the most any
+    cell of the same drafter on the same workload reached."""
+    t = 0.1
+    base = [("a", _stats(10.0, rounds=100, verify_seconds=100 * t, total_seconds=100 * t))]
+    stopped = [("a", _drafting_stats(12.0, t, accepted_by_position=[30, 20, 10, 0]))]
+    unstopped = [("a", _drafting_stats(11.0, t, accepted_by_position=[32, 16, 8, 4]))]
+    cells = [
+        benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.75), base, stopped),
+        benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.0), base, unstopped),
+    ]
+    line = speed.VerifyLine(v2=1.3, slope=0.3)
+    benchmath.add_ceilings(cells, line)
+    assert cells[0].reach == [0.75, 0.5, 0.25, 0.0] and cells[1].reach == [0.8, 0.4, 0.2, 0.1]
+    pooled = [0.8, 0.5, 0.25, 0.1]
+    for c in cells:
+        assert c.expected_tokens == pytest.approx(1 + sum(pooled))
+        assert c.ceiling == pytest.approx((1 + sum(pooled)) / (4 * 0.4 + line(5)))
 
 
 # ---------------------------------------------------------------------------------------------- tuner
@@ -558,13 +554,14 @@ def test_a_recurrent_targets_rollback_lowers_the_ceiling():
 
     plain = benchmath.summarise_cell("w", DraftSettings("model", 4), base, spec(0.0, 0))
     hybrid = benchmath.summarise_cell("w", DraftSettings("model", 4), base, spec(40 * 0.05 * t, 40))
-    slope = benchmath.add_ceilings([plain, hybrid], 0.3)
+    line = speed.VerifyLine(v2=1.3, slope=0.3)
+    benchmath.add_ceilings([plain, hybrid], line)
     assert plain.rollback_copies == 0.0 and hybrid.rollback_copies == pytest.approx(0.05)
     assert hybrid.replayed_per_round == pytest.approx(1.0)
-    v = 1 + slope * 4
-    assert plain.ceiling == pytest.approx(benchmath.ceiling_speedup(plain.a, 4, 0.4, v))
-    rollback = 0.05 + slope * 1.0  # the copies, and one replayed row per drafting round
-    assert hybrid.ceiling == pytest.approx(benchmath.ceiling_speedup(hybrid.a, 4, 0.4, v + rollback))
+    tokens = speed.expected_tokens(speed.iid_reach(plain.a, 4), 4)
+    assert plain.ceiling == pytest.approx(tokens / (4 * 0.4 + line(5)))
+    rollback = 0.05 + 0.3 * 1.0  # the copies, and one replayed row per drafting round
+    assert hybrid.ceiling == pytest.approx(tokens / (4 * 0.4 + line(5) + rollback))
     assert hybrid.ceiling < plain.ceiling and hybrid.best_ceiling < plain.best_ceiling
 
 
@@ -593,10 +590,10 @@ def test_a_non_physical_verify_fit_gives_no_ceiling():
             v_at_batch=v,
         )
 
-    busy = [cell("model", 5.0, 1130.0)]
-    assert add_ceilings(busy) > 200 and busy[0].ceiling is None and busy[0].efficiency is None
-    calm = [cell("model", 5.0, 2.6)]
-    assert add_ceilings(calm) == pytest.approx(0.4) and calm[0].ceiling and calm[0].efficiency
+    busy = [cell("model", 2.0, 2.0), cell("model", 5.0, 1130.0)]
+    assert add_ceilings(busy).slope > 200 and busy[0].ceiling is None and busy[0].efficiency is None
+    calm = [cell("model", 2.0, 1.4), cell("model", 5.0, 2.6)]
+    assert add_ceilings(calm).slope == pytest.approx(0.4) and calm[0].ceiling and calm[0].efficiency
 
 
 # ---------------------------------------------------------------------------------------------- the peer
@@ -670,9 +667,9 @@ def test_bench_on_embedded_pair_in_process(embedded_pipe, tmp_path):
         assert c.identical_output is not None
     model_cells = [c for c in cells if c.strategy == "model"]
     assert all(c.c > 0 for c in model_cells)
-    # The fitted verify slope rests on microsecond timings here and can come out <= 0 (then no ceiling, by
-    # design); with a given slope every cell that drafted gets one.
-    cells, _ = benchmath.summarise(ws, cfgs, recs, slope=0.3)
+    # The fitted verify line rests on microsecond timings here and can come out non-physical (then no
+    # ceiling, by design); with a given line every cell that drafted gets one.
+    cells, _ = benchmath.summarise(ws, cfgs, recs, line=speed.VerifyLine(v2=1.3, slope=0.3))
     assert all(c.ceiling and c.best_k for c in cells if c.drafting_rounds)
     rep = _report_from(cells)
     files = report.write_all(rep, tmp_path)

@@ -171,3 +171,19 @@ def test_there_are_about_a_dozen_rooms():
     rooms = {_room(m) for m in _graph() if not m.startswith("localspec.data") and m != "localspec"}
     assert rooms <= set().union(*FLOORS), sorted(rooms - set().union(*FLOORS))
     assert len(rooms) <= 20
+
+
+def test_one_model_of_speed_below_its_users():
+    """Every speedup is computed by localspec.decoding.speed (issue 47): it imports nothing of localspec, and
+    auto's routing, the adaptive controller, the measured costs, the suffix cache's draft sizing and the
+    bench's ceilings call it."""
+    graph = _graph()
+    assert graph["localspec.decoding.speed"] == set()
+    users = [
+        "localspec.decoding.routing",
+        "localspec.decoding.adaptive",
+        "localspec.decoding.costs",
+        "localspec.suffix.confidence",
+        "localspec.bench.arithmetic",
+    ]
+    assert [u for u in users if "localspec.decoding.speed" not in graph[u]] == []

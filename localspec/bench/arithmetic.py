@@ -1,6 +1,7 @@
-"""Benchmark arithmetic: medians, interleaving order, the Leviathan et al. ceiling, efficiency, loss factors.
+"""Benchmark arithmetic: medians, interleaving order, cells, their ceiling, efficiency and loss factors.
 
-Works on plain stats dicts (``GenerationStats.as_dict()``); knows nothing about models or files.
+Works on plain stats dicts (``GenerationStats.as_dict()``); knows nothing about models or files. Every
+expected-tokens and speedup figure comes from the one model of speed, :mod:`localspec.decoding.speed`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from localspec.bench.workloads import Workload
+from localspec.decoding import speed
 from localspec.settings import BASELINE, DraftSettings
 
 BASELINE_LABEL = BASELINE.label
@@ -45,73 +47,24 @@ def interleaved_order(
     return order
 
 
-def expected_tokens_per_round(a: float, k: float) -> float:
-    """Leviathan et al. 2023, eq. 1: tokens a round yields with acceptance ``a`` and draft length ``k``."""
-    if a >= 1.0:
-        return k + 1.0
-    return (1.0 - a ** (k + 1.0)) / (1.0 - a)
-
-
-def ceiling_speedup(a: float, k: float, c: float, v: float) -> float:
-    """Speedup speculative decoding can reach: E(a, k) / (k * c + V(k+1)).
-
-    ``c`` = draft per-token cost / target per-token cost (0 for n-gram lookup); ``v`` = cost of verifying
-    k+1 tokens in one target pass relative to one single-token target pass.
-    """
-    return expected_tokens_per_round(a, k) / (k * c + v)
-
-
-def best_draft_length(
-    a: float, k_max: int, c: float, slope: float, rollback: float = 0.0
-) -> tuple[int, float]:
-    """The draft length in 1..k_max with the highest ceiling (V(k+1) = 1 + slope k, plus ``rollback``: what
-    taking drafts back out of a recurrent target cost per drafting round, in target tokens), and that
-    ceiling."""
-
-    def ceiling(k: int) -> float:
-        return ceiling_speedup(a, k, c, 1.0 + slope * k + rollback)
-
-    best = max(range(1, max(1, k_max) + 1), key=ceiling)
-    return best, ceiling(best)
-
-
-def fit_acceptance(mean_accepted: float, k: float) -> float:
-    """Per-token acceptance a of the i.i.d. model that yields ``mean_accepted`` of ``k`` drafts per round.
-
-    The raw rate accepted/drafted counts the drafts after the first rejection as rejected too, which
-    understates a; Leviathan's E(a, k) needs the per-token probability. Solves a (1 - a^k) / (1 - a) = m.
-    """
-    if k <= 0 or mean_accepted <= 0:
-        return 0.0
-    if mean_accepted >= k:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if expected_tokens_per_round(mid, k) - 1.0 < mean_accepted:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-#: The steepest verify-cost slope a machine can have: V(b) = 1 + s (b - 1) <= b one-token passes, with
+#: The steepest verify-cost slope a machine can have: a pass of b rows costs at most b one-row passes, with
 #: 20% for timing noise (``report.NOISE_MARGIN``). A fit above it (282 seen beside a busy process) gives
-#: no ceiling and a warning.
+#: no ceiling and a warning; so does a two-row pass fitted above 2 x 1.2 one-row passes.
 MAX_PHYSICAL_SLOPE = 1.2
-
-
-def verify_slope(points: Iterable[tuple[float, float, float]]) -> float:
-    """Least-squares slope s of V(b) = 1 + s (b - 1) through (batch size b, V(b), weight) points."""
-    num = den = 0.0
-    for b, v, w in points:
-        num += w * (b - 1.0) * (v - 1.0)
-        den += w * (b - 1.0) ** 2
-    return num / den if den > 1e-9 else float("nan")
 
 
 def _sum(runs: list[dict], key: str) -> float:
     return float(sum(r.get(key) or 0 for r in runs))
+
+
+def _sum_lists(lists: Iterable[list[int] | None]) -> list[int]:
+    out: list[int] = []
+    for xs in lists:
+        for i, n in enumerate(xs or []):
+            if i == len(out):
+                out.append(0)
+            out[i] += n
+    return out
 
 
 @dataclass
@@ -133,7 +86,7 @@ class CellResult:
     tokens_per_round: float
     draft_length: float
     drafting_rounds: int
-    a: float
+    a: float  # the i.i.d. acceptance that yields the measured accepted drafts per drafting round
     generated_tokens: int
     draft_share: float
     verify_share: float
@@ -150,15 +103,18 @@ class CellResult:
     # a restore per drafting round (their rows are in the verify passes); 0 for a transformer
     rollback_copies: float = 0.0
     replayed_per_round: float = 0.0
+    # P(the first i + 1 drafts all accepted) per position, over drafting rounds (a draft cut short counts as
+    # not accepted); [] when the runs did not count by position
+    reach: list[float] = field(default_factory=list)
     v_at_batch: float = float("nan")
     batch: float = float("nan")
-    v_k1: float | None = None
+    v_k1: float | None = None  # V(k + 1) on the fitted verify line, k the configured length
     expected_tokens: float | None = None
     ceiling: float | None = None
     efficiency: float | None = None
     adaptive: bool = False
-    best_k: int | None = None  # the draft length (1..n_max) with the highest ceiling at this acceptance
-    best_ceiling: float | None = None
+    best_k: int | None = None  # the draft length (1..n_max) with the highest speedup in the model
+    best_ceiling: float | None = None  # that speedup: the ceiling efficiency is measured against
     # the adaptive controller's own prediction for its drafting, median over runs (None: not adaptive)
     predicted_speedup: float | None = None
     losses: dict[str, float] = field(default_factory=dict)
@@ -210,7 +166,7 @@ def summarise_cell(
         tokens_per_round=gen / rounds if rounds else 0.0,
         draft_length=drafted / rounds if rounds else 0.0,
         drafting_rounds=int(drafting),
-        a=fit_acceptance(accepted / drafting, drafted / drafting) if drafting else 0.0,
+        a=speed.fit_acceptance(accepted / drafting, drafted / drafting) if drafting else 0.0,
         generated_tokens=int(gen),
         draft_share=draft_s / total if total else 0.0,
         verify_share=verify_s / total if total else 0.0,
@@ -231,6 +187,8 @@ def summarise_cell(
         cell.v_at_batch = (verify_s / rounds) / t_dec
         cell.evals_per_round = evals / rounds if uses_model else 0.0
         if drafting:
+            by_position = _sum_lists(s.get("accepted_by_position") for s in ss)
+            cell.reach = [n / drafting for n in by_position]
             cell.rollback_copies = (_sum(ss, "rollback_seconds") / drafting) / t_dec
             cell.replayed_per_round = _sum(ss, "replayed_tokens") / drafting
         cell.spec_seconds_per_token = total / gen if gen else float("nan")
@@ -238,58 +196,95 @@ def summarise_cell(
     return cell
 
 
-def add_ceilings(cells: list[CellResult], slope: float | None = None) -> float:
-    """Fill ceiling, efficiency and the loss factors of every speculative cell; returns the verify slope used.
+def fit_verify_line(cells: Sequence[CellResult]) -> speed.VerifyLine | None:
+    """The verify line V(b) = v2 + s (b - 2) through every drafting cell's mean pass (its measured cost in
+    one-row passes, weighted by its tokens): :meth:`localspec.decoding.speed.VerifyLine.fit`."""
+    return speed.VerifyLine.fit(
+        (c.batch, c.v_at_batch, c.generated_tokens) for c in cells if c.strategy != BASELINE.strategy
+    )
 
-    V(b) = 1 + s (b - 1) is fitted once over all cells (each cell's measured cost of its mean verify batch),
-    then V(k+1) for the configured draft length k. An adaptive cell picks its draft length per round (none
-    included), so its ceiling is the best over 1..k and never below 1x. The loss factors multiply to the
-    efficiency: ``draft_length`` (rounds yield fewer tokens or cost other than the ideal k-token round:
-    p_min stops, n-gram misses, rejected tails), ``loop_overhead`` (time outside draft and verify passes:
-    sampling, Python; a lookup counts as drafting), ``baseline_overhead`` (the same kind of time in the
-    baseline, which counts in our favour) and ``residual`` (median-of-prompts vs pooled totals, run-to-run
-    noise).
+
+def physical(line: speed.VerifyLine | None) -> bool:
+    """A fit a machine can have: a pass of b rows at most b one-row passes (with the noise margin)."""
+    return line is not None and line.slope <= MAX_PHYSICAL_SLOPE and line.v2 <= 2 * MAX_PHYSICAL_SLOPE
+
+
+def _pooled_reach(cells: list[CellResult]) -> dict[tuple[str, str], list[float]]:
+    """Per (workload, strategy): the highest reach any of its cells measured at each position. A p_min stop,
+    an adaptive length or a shorter n_max only cuts drafts short, which counts as not accepted; the same
+    drafter on the same text accepts what it accepts."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for c in cells:
+        row = out.setdefault((c.workload, c.strategy), [])
+        for i, r in enumerate(c.reach):
+            if i == len(row):
+                row.append(r)
+            row[i] = max(row[i], r)
+    return out
+
+
+def add_ceilings(cells: list[CellResult], line: speed.VerifyLine | None = None) -> speed.VerifyLine | None:
+    """Fill ceiling, efficiency and the loss factors of every speculative cell; returns the verify line used.
+
+    The model is :mod:`localspec.decoding.speed`: reach per position (:func:`_pooled_reach`; the i.i.d.
+    acceptance ``a`` where the runs did not count by position), the draft token's cost ``c``, V(b) on a line
+    fitted once over all cells through passes of two rows and more (:func:`fit_verify_line`, not forced
+    through V(1) = 1), and a recurrent target's rollback per drafting round (its state copies and replayed
+    rows; 0 for a transformer). ``ceiling`` is the speedup at the configured length, ``best_ceiling`` at
+    the best length in 1..n_max (an adaptive cell may also not draft: never below 1x), and efficiency is
+    the speedup over the best one. The loss factors multiply to the efficiency: ``draft_length`` (rounds
+    yield fewer tokens or cost other than the ideal round: p_min stops, n-gram misses, rejected tails),
+    ``loop_overhead`` (time outside draft and verify passes: sampling, Python; a lookup counts as
+    drafting), ``baseline_overhead`` (the same kind of time in the baseline, which counts in our favour)
+    and ``residual`` (median-of-prompts vs pooled totals, run-to-run noise).
     """
     spec = [c for c in cells if c.strategy != BASELINE.strategy and not math.isnan(c.v_at_batch)]
-    if slope is None:
-        slope = verify_slope((c.batch, c.v_at_batch, c.generated_tokens) for c in spec)
+    if line is None:
+        line = fit_verify_line(spec)
+    reach = _pooled_reach(spec)
     for c in spec:
-        a, k = c.a, float(c.n_max or round(c.draft_length) or 1)
-        if math.isnan(slope) or not 0 < slope <= MAX_PHYSICAL_SLOPE or not c.drafting_rounds:
-            # no verify-cost fit, or a non-physical one (wider passes never cost less, and a b-token pass
-            # never more than b one-token passes: past that the timings were taken on a busy machine), or
-            # nothing was drafted: no ceiling to speak of
+        if not physical(line) or not c.drafting_rounds:
+            # no verify-cost fit, or a non-physical one (past that the timings were taken on a busy
+            # machine), or nothing was drafted: no ceiling to speak of
             continue
-        c.v_k1 = 1.0 + slope * k
-        rollback = c.rollback_copies + slope * c.replayed_per_round  # 0 for a transformer target
-        c.expected_tokens = expected_tokens_per_round(a, k)
-        c.ceiling = ceiling_speedup(a, k, c.c, c.v_k1 + rollback)
-        c.best_k, c.best_ceiling = best_draft_length(a, int(k), c.c, slope, rollback)
-        if c.adaptive:
-            c.ceiling = max(1.0, c.best_ceiling)
-        if not c.ceiling or math.isnan(c.speedup):
-            continue
-        c.efficiency = c.speedup / c.ceiling
-        ideal_round = c.evals_per_round * c.c + c.v_at_batch
-        s_len = c.tokens_per_round / ideal_round if ideal_round else float("nan")
-        s_ov = c.target_token_seconds / c.spec_seconds_per_token
-        base_gain = c.base_seconds_per_token / c.target_token_seconds
-        c.losses = {
-            "draft_length": s_len / c.ceiling,
-            "loop_overhead": s_ov / s_len,
-            "baseline_overhead": base_gain,
-            "residual": c.speedup / (s_ov * base_gain),
-        }
-    return slope
+        assert line is not None
+        _fill_ceiling(c, reach.get((c.workload, c.strategy)) or [], line)
+    return line
+
+
+def _fill_ceiling(c: CellResult, pooled: list[float], line: speed.VerifyLine) -> None:
+    """One drafting cell's ceilings, efficiency and loss factors (see :func:`add_ceilings`)."""
+    k = int(c.n_max or round(c.draft_length) or 1)
+    reach = pooled or speed.iid_reach(c.a, k)  # positions never drafted: never accepted
+    rollback = c.rollback_copies + line.slope * c.replayed_per_round  # 0 for a transformer target
+    c.v_k1 = line(k + 1)
+    c.expected_tokens = speed.expected_tokens(reach, k)
+    c.ceiling = speed.speedup_at(reach, k, draft=c.c, verify=line, rollback=rollback)
+    c.best_k, c.best_ceiling = speed.best_length(
+        reach, k, draft=c.c, verify=line, rollback=rollback, k_min=0 if c.adaptive else 1
+    )
+    if not c.best_ceiling or math.isnan(c.speedup):
+        return
+    c.efficiency = c.speedup / c.best_ceiling
+    ideal_round = c.evals_per_round * c.c + c.v_at_batch  # the rounds as measured
+    s_len = c.tokens_per_round / ideal_round if ideal_round else float("nan")
+    s_ov = c.target_token_seconds / c.spec_seconds_per_token
+    base_gain = c.base_seconds_per_token / c.target_token_seconds
+    c.losses = {
+        "draft_length": s_len / c.best_ceiling,
+        "loop_overhead": s_ov / s_len,
+        "baseline_overhead": base_gain,
+        "residual": c.speedup / (s_ov * base_gain),
+    }
 
 
 def summarise(
     workloads: list[Workload],
     configs: list[DraftSettings],
     records: list[dict],
-    slope: float | None = None,
+    line: speed.VerifyLine | None = None,
     engine: str = "localspec",
-) -> tuple[list[CellResult], float]:
+) -> tuple[list[CellResult], speed.VerifyLine | None]:
     """Group run records (``workload``, ``prompt_id``, ``config``, ``repeat``, ``stats``) into cells."""
     cells = []
     for w in workloads:
@@ -305,4 +300,4 @@ def summarise(
             spec = [(r["prompt_id"], r["stats"]) for r in rows if r["config"] == cfg.label]
             if spec:
                 cells.append(summarise_cell(w.name, cfg, base, spec))
-    return cells, add_ceilings(cells, slope)
+    return cells, add_ceilings(cells, line)

@@ -310,7 +310,7 @@ def benchmark(
             peer_configs=peer_configs,
             progress=progress,
         )
-        cells, slope = summarise(wl, configs, records)
+        cells, line = summarise(wl, configs, records)
         settings = {
             "max_tokens": max_tokens,
             "temperature": temperature,
@@ -329,7 +329,8 @@ def benchmark(
             "settings": settings,
             "pair": pair_info(pipe),
             "memory": pipe.memory.as_dict(),
-            "verify_slope": slope,
+            "verify_slope": line.slope if line else None,  # V(b) = verify_v2 + verify_slope (b - 2)
+            "verify_v2": line.v2 if line else None,
             "cells": [c.as_dict() for c in cells],
             "runs": runs,
         }

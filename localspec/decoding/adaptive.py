@@ -44,6 +44,7 @@ which the model sits out still gets the lookup's proposals (the engine asks for 
 
 from __future__ import annotations
 
+from localspec.decoding import speed
 from localspec.decoding.stopping import AcceptanceByConfidence, GainStop
 
 PRIOR_REACH = 0.7  # optimistic enough to try drafting before anything is measured
@@ -91,7 +92,7 @@ class AdaptiveLength:
     # ------------------------------------------------------------------------------------ model
     def expected_tokens(self, k: int, optimistic: bool = False) -> float:
         """Tokens a round asking for k drafts yields on average (the target's own token included)."""
-        return 1.0 + sum(self.reach_estimate(optimistic)[:k])
+        return speed.expected_tokens(self.reach_estimate(optimistic), k)
 
     def reach_estimate(self, optimistic: bool = False) -> list[float]:
         """P(m > i) per position: observed averages, leaning on an i.i.d. extension while observed little.
@@ -165,15 +166,12 @@ class AdaptiveLength:
     def rates(self, optimistic: bool = False) -> dict[int, float] | None:
         """Expected tokens per second for every length 0..n_max; None until the costs are measured."""
         out = {}
-        expected = 1.0
-        reach = self.reach_estimate(optimistic)
+        tokens = speed.expected_tokens_by_length(self.reach_estimate(optimistic), self.n_max)
         for k in range(self.n_max + 1):
             s = self.round_seconds(k)
             if s is None or s <= 0:
                 return None
-            if k:
-                expected += reach[k - 1]
-            out[k] = expected / s
+            out[k] = tokens[k] / s
         return out
 
     # ----------------------------------------------------------------------------------- policy
@@ -250,14 +248,20 @@ class AdaptiveLength:
         )
 
     def predicted_speedup(self) -> float | None:
-        """What the measurements predict for drafting at its best length, in target-alone units."""
+        """What the measurements predict for drafting at its best length, in target-alone units: the one
+        model of speed (:func:`localspec.decoding.speed.speedup`) on the measured reach and round seconds."""
         rates = self.rates()
-        if rates is None or rates[0] <= 0:
+        alone = self.round_seconds(0)
+        if rates is None or rates[0] <= 0 or not alone:
             return None
         if self.stop_rule() is not None:  # every drafting round asks for n_max; the rule ends the draft
-            return rates[self.n_max] / rates[0]
-        tried = [k for k in range(1, self.n_max + 1) if self._asked[k]]  # lengths never asked: no data
-        return max((rates[k] for k in tried), default=rates[0]) / rates[0]
+            best = self.n_max
+        else:
+            tried = [k for k in range(1, self.n_max + 1) if self._asked[k]]  # lengths never asked: no data
+            best = max(tried, key=rates.__getitem__, default=0)
+        tokens = speed.expected_tokens(self.reach_estimate(), best)
+        cost = self.round_seconds(best)
+        return speed.speedup(tokens, cost, alone) if cost else None
 
     def _probe_affordable(self) -> bool:
         v1 = self.verify.get(1)

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localspec import constants
+from localspec.decoding import speed
 
 if TYPE_CHECKING:
     from localspec.llama.runtime import Model
@@ -157,19 +158,20 @@ class MachineCosts:
             The expected cost per round, in one-token passes.
         """
         r = self.details.get("rollback") or {}
-        if not r or k <= int(r.get("snapshots", 0)):
+        if not r:
             return 0.0
-        a = min(max(acceptance, 0.0), 1.0)
-        reject = 1.0 - a**k
-        if reject <= 0.0:
-            return float(r["save"])
-        kept = sum(a**m * (1.0 - a) * (m + 1) for m in range(k)) / reject  # pending token and accepted drafts
-        replay = self.V(round(k + 1 + kept)) - self.V(k + 1)
-        return float(r["save"]) + reject * (float(r["restore"]) + max(0.0, replay))
+        return speed.rollback_passes(
+            k,
+            acceptance,
+            save=float(r["save"]),
+            restore=float(r["restore"]),
+            snapshots=int(r.get("snapshots", 0)),
+            verify=self.V,
+        )
 
     def ceiling(self, k: int) -> float:
         """The speedup of perfect ``k``-token drafts that cost nothing: ``(k + 1) / V(k + 1)``."""
-        return (k + 1) / self.V(k + 1)
+        return speed.speedup_at(speed.iid_reach(1.0, k), k, draft=0.0, verify=self.V)
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)

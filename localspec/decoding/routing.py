@@ -5,9 +5,12 @@ round and sizes each draft from its confidence and the machine's verify curve, s
 worth proposing is a plain target step: it is always on. The draft model costs real time per token
 (``c/T`` of a target token) whether or not its tokens are accepted, so it runs only when the measured
 costs say it can pay: when some draft length ``k`` gives more expected tokens per unit of time than the
-target alone, with acceptance ``a`` per token (what this pipeline measured so far, else a prior):
+target alone, with acceptance ``a`` per token (what this pipeline measured so far, else a prior), in the
+one model of speed (:mod:`localspec.decoding.speed`):
 
-    speed(k) = (1 - a^(k+1)) / (1 - a)  /  (k * c/T + V(k + 1))
+    speed(k) = (1 - a^(k+1)) / (1 - a)  /  (k * c/T + V(k + 1) + R(k))
+
+``R(k)``: a recurrent target's rollback per round (0 for a transformer).
 
 Once the draft model has run, what its adaptive controller measured replaces that formula: the speed
 it predicts from acceptance per draft position, the draft calls and verify widths its rounds really
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localspec.decoding import speed
 from localspec.decoding.costs import MachineCosts
 
 #: Acceptance per token assumed for a draft model before any is measured (same-family drafts at
@@ -47,18 +51,22 @@ class Route:
 
 
 def model_speed(costs: MachineCosts, acceptance: float, n_max: int) -> tuple[float, int]:
-    """The best expected speed of draft-model drafting (target alone = 1.0) and the length that gives it."""
+    """The best expected speed of draft-model drafting (target alone = 1.0) and the length that gives it
+    (0 and 1.0 when no length beats the target alone): :func:`localspec.decoding.speed.best_length` on the
+    measured verify curve and rollback cost, at i.i.d. acceptance ``acceptance``."""
     ratio = costs.draft_ratio
     if ratio is None:
         return 0.0, 0
     a = min(max(acceptance, 0.0), 0.999)
-    best, best_k = 1.0, 0
-    for k in range(1, max(1, n_max) + 1):
-        tokens = (1 - a ** (k + 1)) / (1 - a)
-        speed = tokens / (k * ratio + costs.V(k + 1) + costs.rollback_passes(k, a))
-        if speed > best:
-            best, best_k = speed, k
-    return best, best_k
+    k, best = speed.best_length(
+        speed.iid_reach(a, max(1, n_max)),
+        max(1, n_max),
+        draft=ratio,
+        verify=costs.V,
+        rollback=lambda k: costs.rollback_passes(k, a),
+        k_min=0,
+    )
+    return best, k
 
 
 def route(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from localspec.decoding import speed
 from localspec.suffix.hashing import LEVELS, MIN_MATCH
 
 #: Smoothing strength ``a`` (pseudo-observations at the prior).
@@ -40,16 +41,14 @@ def choose_length(confidence: Sequence[float], verify_cost: Callable[[int], floa
 
 
 def best_length(confidence: Sequence[float], verify_cost: Callable[[int], float]) -> tuple[int, float]:
-    """:func:`choose_length`'s k and its expected tokens per single-pass cost (1.0 for the target alone)."""
-    best_k, best = 0, 1.0 / verify_cost(1)
-    expected, run = 1.0, 1.0
-    for i, c in enumerate(confidence):
+    """:func:`choose_length`'s k and its expected tokens per single-pass cost (1.0 for the target alone):
+    :func:`localspec.decoding.speed.best_length` for free drafts whose reach is the running product of the
+    confidences."""
+    reach, run = [], 1.0
+    for c in confidence:
         run *= min(max(float(c), 0.0), 1.0)
-        expected += run
-        value = expected / verify_cost(i + 2)
-        if value > best + 1e-12:
-            best_k, best = i + 1, value
-    return best_k, best
+        reach.append(run)
+    return speed.best_length(reach, len(reach), draft=0.0, verify=verify_cost, k_min=0)
 
 
 def prior(context_len: int) -> float:
