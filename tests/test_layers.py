@@ -1,6 +1,6 @@
-"""The package's rooms stand on floors and every import runs down them: no cycles, counting imports inside
-functions (only ``if TYPE_CHECKING:`` imports are left out), and the workload vocabulary imports nothing above
-it.
+"""The package's rooms stand on floors and every import runs down them: no cycles at any level, counting
+imports inside functions and ``if TYPE_CHECKING:`` ones (a type-level cycle is a cycle), and the workload
+vocabulary imports nothing above it.
 
 Read from the source with ``ast`` (nothing is imported), so a lazy import cannot hide a cycle.
 """
@@ -37,13 +37,6 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(module: str, path: Path, known: set[str]) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     is_pkg = path.name == "__init__.py"
@@ -54,12 +47,8 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
             name = name.rpartition(".")[0]
         return name or None
 
-    def visit(node: ast.AST) -> None:
+    def visit(node: ast.AST) -> None:  # every import: module level, in functions, under TYPE_CHECKING
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for sub in child.orelse:
-                    visit(sub)
-                continue
             if isinstance(child, ast.Import):
                 for alias in child.names:
                     found.add(alias.name)

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from localspec import constants
 from localspec.decoding.stats import Comparison
 from localspec.errors import SettingsError
-from localspec.settings import REPEATS_RANGE
-
-if TYPE_CHECKING:
-    from localspec.pipeline.pipeline import Pipeline
+from localspec.pipeline.results import GenerationResult
+from localspec.settings import REPEATS_RANGE, DraftSettings
 
 
-def compare(pipe: Pipeline, prompt: str, *, repeats: int = 1, warmup: bool = True, **kwargs) -> Comparison:
+class Compared(Protocol):
+    """What :func:`compare` runs on: a :class:`localspec.pipeline.pipeline.Pipeline` (a protocol, so this
+    module does not import the pipeline that calls it)."""
+
+    settings: DraftSettings
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def check_fits(self, n: int, max_tokens: int) -> None: ...
+
+    def generate(self, prompt: str, **kwargs: Any) -> GenerationResult: ...
+
+
+def compare(pipe: Compared, prompt: str, *, repeats: int = 1, warmup: bool = True, **kwargs) -> Comparison:
     """What :meth:`Pipeline.compare` returns: ``repeats`` runs of each side on ``pipe`` (after a short
     uncounted warm-up of each when ``warmup``), the speedup the ratio of their medians."""
     low, high = REPEATS_RANGE
@@ -33,7 +44,7 @@ def compare(pipe: Pipeline, prompt: str, *, repeats: int = 1, warmup: bool = Tru
     max_tokens = kwargs.get("max_tokens", constants.DEFAULT_MAX_TOKENS)
     counted = isinstance(max_tokens, int) and not isinstance(max_tokens, bool)  # (else the run says)
     if counted:
-        pipe._check_fits(len(pipe.tokenize(prompt)), max_tokens)  # the request's, not the warm-up's
+        pipe.check_fits(len(pipe.tokenize(prompt)), max_tokens)  # the request's, not the warm-up's
     if warmup:
         short = {**kwargs, "max_tokens": min(8, max_tokens) if counted else max_tokens}
         pipe.generate(prompt, baseline=True, **short)

@@ -390,7 +390,7 @@ class Pipeline:
         tokens = _checked_tokens(tokens, self._target.n_vocab, self.info.target_path.name)
         stop = _checked_stop(stop)
         n = len(tokens)
-        self._check_fits(n, max_tokens)
+        self.check_fits(n, max_tokens)
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
         params.validate()
         if strategy is not None and n_max is None and strategy in SUFFIX_STRATEGIES:
@@ -429,7 +429,7 @@ class Pipeline:
         )
         return self._learning(stream) if settings.uses_model else stream
 
-    def _check_fits(self, n: int, max_tokens: int) -> None:
+    def check_fits(self, n: int, max_tokens: int) -> None:
         """A prompt of ``n`` tokens plus ``max_tokens`` within the context, else ContextOverflowError."""
         if n + max_tokens > self.n_ctx:
             raise ContextOverflowError.before_generating(

@@ -4,10 +4,18 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from localspec.serve.worker import Worker
+
+class QueueState(Protocol):
+    """What ``/metrics`` reads of the worker (:class:`localspec.serve.worker.Worker`): its queue and
+    whether a generation runs. A protocol, so the counters below the worker do not import it."""
+
+    @property
+    def waiting(self) -> int: ...
+
+    @property
+    def busy(self) -> bool: ...
 
 
 class Metrics:
@@ -63,7 +71,7 @@ def generation_endpoint(path: str) -> str | None:
     return "completions" if path.endswith("/completions") else None
 
 
-def prometheus_text(metrics: Metrics, worker: Worker, model_id: str) -> str:
+def prometheus_text(metrics: Metrics, worker: QueueState, model_id: str) -> str:
     snap = metrics.snapshot()
     lines: list[str] = []
 
