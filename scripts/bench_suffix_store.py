@@ -38,9 +38,9 @@ from localspec.suffix.store import SuffixStore  # noqa: E402
 def _source_tokens() -> np.ndarray:
     import llama_cpp
 
-    from localspec.llama.runtime import _quiet_stderr
+    from localspec.llama.runtime import quiet_stderr
 
-    with _quiet_stderr():
+    with quiet_stderr():
         llm = llama_cpp.Llama(model_path=str(constants.EMBEDDED_TARGET), vocab_only=True, verbose=False)
     scan = read_corpus(ROOT / "localspec")
     toks = [t for _, text in scan.files for t in llm.tokenize(text.encode(), add_bos=False, special=False)]

@@ -226,7 +226,7 @@ def test_saves_after_the_first_append_to_a_journal_and_load_the_same_index(tmp_p
     for p in (s.path, s.journal_path):
         assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
     # the journal holds the requests (4 bytes a token), the snapshot was not rewritten
-    head = len(store_files._journal_header(FP, "default", "0" * 16))
+    head = len(store_files.journal_header(FP, "default", "0" * 16))
     assert s.journal_path.stat().st_size == head + sum(8 + 4 * len(r) for r in requests)
     assert os.stat(s.path).st_mtime_ns == snapshot.st_mtime_ns
     back = SuffixStore(tmp_path, FP, n_vocab=1000).load()
@@ -502,13 +502,13 @@ def _in_sync(s: SuffixStore, ix: SuffixIndex) -> None:
     says, and the journal's records are the index's last requests."""
     synced = s._synced
     assert synced is not None and synced.history() is ix.history and synced.added == ix.history_added
-    assert store_files._identity(os.stat(s.path)) == synced.snapshot
+    assert store_files.file_identity(os.stat(s.path)) == synced.snapshot
     if synced.journal is None:
         assert not s.journal_path.exists() and synced.journal_tokens == 0
         return
     st = os.stat(s.journal_path)
     assert (st.st_dev, st.st_ino) == synced.journal and st.st_size == synced.journal_end
-    records, end = store_files._parse_journal(
+    records, end = store_files.parse_journal(
         s.journal_path.read_bytes(), FP, "default", synced.snapshot_id, 1000
     )
     assert end == st.st_size and synced.journal_tokens == sum(r.size for r in records)
@@ -528,7 +528,7 @@ def test_a_save_after_another_writers_append_reads_only_its_new_records(tmp_path
     ix_b = b.load()
     snapshot = os.stat(a.path)
     on_disk = [list(range(100, 300))]
-    head = len(store_files._journal_header(FP, "default", "0" * 16))
+    head = len(store_files.journal_header(FP, "default", "0" * 16))
     rng = np.random.default_rng(3)
     for _ in range(6):
         for s, ix in ((a, ix_a), (b, ix_b)):
@@ -573,13 +573,13 @@ def test_interleaved_saves_of_two_writers_keep_every_request_in_disk_order(tmp_p
             pending[w].append(request)
         if step % 37 == 36:
             ix.set_corpus([rng.integers(0, 1000, 30).tolist()])  # `localspec index`: a new snapshot
-        before = store_files._identity(os.stat(s.path)) if s.path.exists() else None
+        before = store_files.file_identity(os.stat(s.path)) if s.path.exists() else None
         assert s.save(ix) and s.problem is None
         on_disk += pending[w]
         pending[w] = []
         loads[w] += stale[w]
         stale[w] = False
-        if store_files._identity(os.stat(s.path)) != before:
+        if store_files.file_identity(os.stat(s.path)) != before:
             stale[1 - w] = True
             snapshots += 1
         assert s.loads == loads[w], step
@@ -609,7 +609,7 @@ def test_files_another_writer_rewrote_are_loaded_whole(tmp_path, change):
         assert a.save(ix_a) and not a.journal_path.exists()
         want = [list(range(50)), [1, 1, 1], [2, 2]]
     elif change == "journal-replaced":  # the same bytes and a record more, under another inode
-        data = a.journal_path.read_bytes() + store_files._record(np.array([2, 2]))
+        data = a.journal_path.read_bytes() + store_files.journal_record(np.array([2, 2]))
         tmp = tmp_path / "swap"
         tmp.write_bytes(data)
         os.chmod(tmp, 0o600)
@@ -757,7 +757,7 @@ def test_clear_waits_for_a_save_in_flight_and_deletes_what_it_wrote(tmp_path):
     ix = s.load()
     ix.add_request([1, 2, 3])
     assert s.save(ix)
-    fd = store_lock._take_lock(s.lock_path, 1.0)  # a save in flight
+    fd = store_lock.take_lock(s.lock_path, 1.0)  # a save in flight
     assert fd is not None
     result: list[list[Path]] = []
     clearing = threading.Thread(target=lambda: result.append(store_info.clear(tmp_path)))
@@ -765,7 +765,7 @@ def test_clear_waits_for_a_save_in_flight_and_deletes_what_it_wrote(tmp_path):
     time.sleep(0.3)
     assert clearing.is_alive() and s.path.exists(), "clear waits for the save"
     s.journal_path.write_bytes(b"written by the save in flight")
-    store_lock._release_lock(s.lock_path, fd)
+    store_lock.release_lock(s.lock_path, fd)
     clearing.join(5)
     assert not clearing.is_alive()
     assert s.journal_path in result[0] and _files(tmp_path) == []

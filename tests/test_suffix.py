@@ -145,7 +145,7 @@ def test_merging_two_parts_is_a_stable_sort_of_both(a, b, big):
     """A few distinct keys, so most keys repeat: ``a``'s positions must stay before ``b``'s within a key."""
     shift = 28 if big else 0  # keys up to the top of the uint32 range
     pa, pb = _sorted_part([k << shift for k in a], 0), _sorted_part([k << shift for k in b], 1000)
-    keys, pos = hashing._merge(pa, pb)
+    keys, pos = hashing.merge_parts(pa, pb)
     both_keys = np.concatenate([pa[0], pb[0]])
     order = np.argsort(both_keys, kind="stable")
     assert keys.dtype == np.uint32 and pos.dtype == np.int32
@@ -231,13 +231,13 @@ def test_hash_collisions_never_propose_a_wrong_continuation(monkeypatch):
 
 # The lookup's fast paths against the plain search they replaced -------------------------------------
 def _plain_keys(tail):
-    """Every level's key at once, the way the index hashed its queries before :class:`hashing._Query`."""
+    """Every level's key at once, the way the index hashed its queries before :class:`hashing.TailQuery`."""
     keys, h, power = {}, 0, 1
     for n in range(1, min(len(tail), LEVELS[-1]) + 1):
         h = (h + (int(tail[-n]) + 1) * power) & hashing._M64
         power = (power * hashing._BASE) & hashing._M64
-        if n in hashing._SALT:
-            keys[n] = hashing._mix_py(h ^ hashing._SALT[n])
+        if n in hashing.SALT:
+            keys[n] = hashing._mix_py(h ^ hashing.SALT[n])
     return keys
 
 
@@ -452,7 +452,7 @@ def test_kind_of_a_proposal():
     assert calibration.kind_of(p) == ("prompt", 0, False, 1)
     p = index.Proposal("corpus", 9, [5], [0.5], [(5, 5)])
     assert calibration.kind_of(p) == ("corpus", 2, True, 2)
-    assert calibration._POSITION[:9] == (0, 1, 2, 2, 3, 3, 3, 3, 4) and calibration._POSITION[-1] == 6
+    assert calibration.POSITION_BAND[:9] == (0, 1, 2, 2, 3, 3, 3, 3, 4) and calibration.POSITION_BAND[-1] == 6
 
 
 def test_tokens_outside_the_vocabulary_are_never_proposed():

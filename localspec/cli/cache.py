@@ -276,10 +276,10 @@ def _tokenize(model: Path, texts: list[str]) -> list[list[int]]:
     """Token ids of each text with the model's own tokenizer (vocab_only: no weights are loaded)."""
     import llama_cpp
 
-    from localspec.llama.runtime import _quiet_stderr
+    from localspec.llama.runtime import quiet_stderr
 
     try:
-        with _quiet_stderr():
+        with quiet_stderr():
             llm = llama_cpp.Llama(model_path=str(model), vocab_only=True, verbose=False)
     except (ValueError, RuntimeError) as exc:
         raise LocalspecError(

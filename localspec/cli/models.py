@@ -12,7 +12,7 @@ from localspec.cli import NO_FIT_EXIT
 from localspec.errors import GGUFError
 from localspec.gguf import scan as scanmod
 from localspec.gguf.pairing import file_size_warning
-from localspec.gguf.scan import ModelInfo, RankedDraft, _params
+from localspec.gguf.scan import ModelInfo, RankedDraft, format_params
 from localspec.units import format_bytes
 
 
@@ -79,7 +79,7 @@ def _model_rows(models: list[ModelInfo]) -> str:
             [
                 _file_label(m.path),
                 m.architecture or "-",
-                _params(m.n_params),
+                format_params(m.n_params),
                 m.quant or "-",
                 format_bytes(m.size_bytes, unknown="-"),
                 f"{m.n_vocab:,}" if m.n_vocab else "-",
@@ -207,7 +207,7 @@ def _print_ranking(t: ModelInfo, ranked: list[RankedDraft], as_json: bool) -> No
 def _print_target(t: ModelInfo) -> None:
     _echo(f"Target: {t.path}")
     _echo(
-        f"  {t.name} | {t.architecture or '-'} | {_params(t.n_params)} params | {t.quant or '-'} | "
+        f"  {t.name} | {t.architecture or '-'} | {format_params(t.n_params)} params | {t.quant or '-'} | "
         f"{t.n_vocab or 0:,} tokens | fingerprint {t.fingerprint_short or '-'}"
     )
     _print_notes(t)
@@ -226,7 +226,7 @@ def _print_ranked(i: int, r: RankedDraft) -> None:
     m = r.model
     _echo(f"  {i}. {m.path}")
     size = format_bytes(m.size_bytes, unknown="-")
-    _echo(f"     {_params(m.n_params)} params, {m.quant or '-'}, {size}: {r.why}")
+    _echo(f"     {format_params(m.n_params)} params, {m.quant or '-'}, {size}: {r.why}")
 
 
 def _unreadable(m: ModelInfo, role: str) -> GGUFError:
@@ -262,7 +262,7 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> bool:
     _print_target(t)
     _echo(f"Draft:  {d.path}")
     _echo(
-        f"  {d.name} | {d.architecture or '-'} | {_params(d.n_params)} params | {d.quant or '-'} | "
+        f"  {d.name} | {d.architecture or '-'} | {format_params(d.n_params)} params | {d.quant or '-'} | "
         f"{d.n_vocab or 0:,} tokens | fingerprint {d.fingerprint_short or '-'}"
     )
     _print_notes(d)

@@ -324,7 +324,7 @@ def rank_drafts(target: ModelInfo, candidates: Iterable[ModelInfo]) -> list[Rank
             rejected.append(RankedDraft(c, None, False, f"cannot run: {c.unusable_reason}"))
             continue
         if target.n_params and c.n_params and c.n_params >= target.n_params:
-            sizes = f"{_params(c.n_params)} vs {_params(target.n_params)}"
+            sizes = f"{format_params(c.n_params)} vs {format_params(target.n_params)}"
             rejected.append(RankedDraft(c, None, False, f"not smaller than the target ({sizes})"))
             continue
         try:
@@ -379,7 +379,7 @@ def find_drafts(
     return rank_drafts(target, scan(roots))
 
 
-def _params(n: int | None) -> str:
+def format_params(n: int | None) -> str:
     if not n:
         return "?"
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):

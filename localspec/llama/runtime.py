@@ -225,7 +225,7 @@ class Model:
         try:
             with (
                 _interrupt_after() as interrupted,
-                _quiet_stderr() as said,
+                quiet_stderr() as said,
                 rpc.load_devices(devices),
                 recurrent.snapshots_asked(rollback_depth),
             ):
@@ -648,7 +648,7 @@ def _interrupt_after() -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[Said]:
+def quiet_stderr() -> Iterator[Said]:
     """llama.cpp prints its load log to fd 2 from C; hide it unless LOCALSPEC_VERBOSE is set (then what
     it says goes to the terminal, and the yielded :class:`Said` stays empty)."""
     if constants.verbose():

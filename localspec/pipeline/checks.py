@@ -9,7 +9,7 @@ from localspec.errors import SettingsError
 from localspec.settings import UTF8_HINT, utf8_problem
 
 
-def _checked_stop(stop: Any) -> list[str] | None:
+def checked_stop(stop: Any) -> list[str] | None:
     """``stop`` as a list of strings: one string is one stop string, as in OpenAI's API (iterated, it
     would stop at each of its characters)."""
     if stop is None or isinstance(stop, str):
@@ -21,7 +21,7 @@ def _checked_stop(stop: Any) -> list[str] | None:
     )
 
 
-def _checked_text(text: Any, what: str) -> str:
+def checked_text(text: Any, what: str) -> str:
     """``text`` when it is a ``str`` llama.cpp's tokenizer takes (:func:`localspec.settings.utf8_problem`)."""
     if not isinstance(text, str):
         hint = "decode it first (text.decode('utf-8'))" if isinstance(text, bytes) else "pass a str"
@@ -33,7 +33,7 @@ def _checked_text(text: Any, what: str) -> str:
     return text
 
 
-def _checked_tokens(tokens: Any, n_vocab: int, model: str) -> list[int]:
+def checked_tokens(tokens: Any, n_vocab: int, model: str) -> list[int]:
     """``tokens`` as a list of the target's token ids; llama.cpp would refuse an id outside its
     vocabulary only with a decode status that reads like a full context."""
     if isinstance(tokens, (str, bytes)):

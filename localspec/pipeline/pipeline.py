@@ -26,9 +26,9 @@ from localspec.llama.runtime import Model, check_load_settings, default_gpu_laye
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.chat_format import ChatFormat
 from localspec.pipeline.chat_turns import chat_messages
-from localspec.pipeline.checks import _checked_stop, _checked_text, _checked_tokens
+from localspec.pipeline.checks import checked_stop, checked_text, checked_tokens
 from localspec.pipeline.compare import compare
-from localspec.pipeline.results import GenerationResult, _collect
+from localspec.pipeline.results import GenerationResult, collect
 from localspec.pipeline.tool_calls import ChatResponse, ToolUse, tool_use
 from localspec.settings import (
     LOOKUP_N_MAX,
@@ -387,8 +387,8 @@ class Pipeline:
             raise SettingsError(
                 f"max_tokens must be a whole number >= 1, got {max_tokens!r}", hint="e.g. 256"
             )
-        tokens = _checked_tokens(tokens, self._target.n_vocab, self.info.target_path.name)
-        stop = _checked_stop(stop)
+        tokens = checked_tokens(tokens, self._target.n_vocab, self.info.target_path.name)
+        stop = checked_stop(stop)
         n = len(tokens)
         self.check_fits(n, max_tokens)
         params = SamplingParams(temperature, top_k, top_p, min_p, seed)
@@ -459,7 +459,7 @@ class Pipeline:
 
     def tokenize(self, text: str) -> list[int]:
         """The target's tokens of a plain prompt (its BOS first, as llama.cpp adds it)."""
-        return self._target.tokenize(_checked_text(text, "prompt"), add_bos=True, special=True)
+        return self._target.tokenize(checked_text(text, "prompt"), add_bos=True, special=True)
 
     def stream(self, prompt: str, **kwargs) -> Iterator[TokenResponse]:
         """Stream a plain completion of ``prompt``.
@@ -491,7 +491,7 @@ class Pipeline:
             SettingsError: as :meth:`stream`.
             ContextOverflowError: the prompt and ``max_tokens`` do not fit the context.
         """
-        return _collect(self.stream(prompt, **kwargs))
+        return collect(self.stream(prompt, **kwargs))
 
     def chat_stream(
         self,
@@ -546,7 +546,7 @@ class Pipeline:
             ContextOverflowError: the formatted prompt and ``max_tokens`` do not fit the context.
         """
         stream, use = self._chat_reply(messages, tools, tool_choice, response_format, kwargs)
-        result = _collect(stream)
+        result = collect(stream)
         result.content, result.tool_calls = use.split(result.text)
         return result
 

@@ -53,7 +53,7 @@ class GenerationResult(str):
         return str(self)
 
 
-def _collect(stream: Iterator[TokenResponse]) -> GenerationResult:
+def collect(stream: Iterator[TokenResponse]) -> GenerationResult:
     parts, tokens, flags, sources = [], [], [], []
     stats = None
     for r in stream:

@@ -2,7 +2,7 @@
 
 Copies run in bursts, so what is learnt is the acceptance of a proposal's i-th token *given the ones
 before it were accepted*, per kind of proposal (:func:`kind_of`: its source, match length band, agreement
-and number of occurrences) and position bucket (:data:`_POSITION`): a run-length survival curve per kind,
+and number of occurrences) and position bucket (:data:`POSITION_BAND`): a run-length survival curve per kind,
 kept as cells of [trials that reached the position, of them accepted]. Beside it, per source and token
 id, a token table: how often a proposed token was reached and accepted, which scales that token's
 acceptance (its *hazard*, :class:`TokenHazard`). A request starts from what the last one carried
@@ -59,13 +59,13 @@ class TokenCell(NamedTuple):
 _BANDS = (4, 8, 12, 16, *EXTENTS)
 _BAND_AT = [sum(length >= edge for edge in _BANDS) for length in range(_BANDS[-1] + 1)]  # by match length
 #: Drafted position -> calibration bucket: 0, 1, 2-3, 4-7, 8-15, 16-31, 32 and later.
-_POSITION = tuple(min(i.bit_length(), 6) for i in range(MAX_DRAFT + 1))
-#: The runs of :data:`_POSITION`: (bucket, first position, end).
-_SEGMENTS = tuple(
-    (bucket, _POSITION.index(bucket), len(_POSITION) - _POSITION[::-1].index(bucket))
-    for bucket in sorted(set(_POSITION))
+POSITION_BAND = tuple(min(i.bit_length(), 6) for i in range(MAX_DRAFT + 1))
+#: The runs of :data:`POSITION_BAND`: (bucket, first position, end).
+SEGMENTS = tuple(
+    (bucket, POSITION_BAND.index(bucket), len(POSITION_BAND) - POSITION_BAND[::-1].index(bucket))
+    for bucket in sorted(set(POSITION_BAND))
 )
-_BUCKET_END = tuple(end for _, start, end in _SEGMENTS for _ in range(start, end))  # by position
+BUCKET_END = tuple(end for _, start, end in SEGMENTS for _ in range(start, end))  # by position
 _CALIBRATION_WEIGHT = 4.0  # pseudo-trials at the prior before measured acceptance dominates
 #: Before any evidence a position is trusted at this fraction of its smoothed frequency: one earlier
 #: occurrence scores ~0.95, but such drafts are accepted far less often, and where a 2-token pass costs
@@ -142,7 +142,7 @@ def cells_from(rows: Iterable[Any]) -> list[Cell]:
             or type(occurrences) is not int
             or not 0 <= occurrences <= 2
             or type(bucket) is not int
-            or not 0 <= bucket <= _POSITION[-1]
+            or not 0 <= bucket <= POSITION_BAND[-1]
             or not all(type(x) in (int, float) and math.isfinite(x) for x in numbers)
             or not 0 <= accepted <= reached <= CARRIED_TRIALS
         ):
@@ -151,7 +151,7 @@ def cells_from(rows: Iterable[Any]) -> list[Cell]:
     return out
 
 
-def _cells_of(cells: Iterable[Cell]) -> Calibration:
+def calibration_of(cells: Iterable[Cell]) -> Calibration:
     """Cells as :attr:`SuffixDrafter.calibration` counts them: (kind, bucket) -> [reached, accepted]."""
     return {
         (Kind(source, band, unanimous, occurrences), bucket): [reached, accepted]

@@ -56,7 +56,7 @@ def prior(context_len: int) -> float:
     return 1.0 - 0.6 * 0.8 ** max(context_len - MIN_MATCH, 0)
 
 
-_PRIORS = [prior(n) for n in range(LEVELS[-1] + MAX_DRAFT + 1)]
+PRIORS = [prior(n) for n in range(LEVELS[-1] + MAX_DRAFT + 1)]
 
 
 def smoothed(count: int, parent: int, context_len: int) -> float:
@@ -67,9 +67,9 @@ def smoothed(count: int, parent: int, context_len: int) -> float:
 _UNANIMOUS: dict[int, list[float]] = {}
 
 
-def _unanimous(c: int) -> list[float]:
+def unanimous(c: int) -> list[float]:
     """By context length: the smoothed frequency of a token all ``c`` occurrences continue with."""
     row = _UNANIMOUS.get(c)
     if row is None:
-        row = _UNANIMOUS[c] = [(c + SMOOTHING * p) / (c + SMOOTHING) for p in _PRIORS]
+        row = _UNANIMOUS[c] = [(c + SMOOTHING * p) / (c + SMOOTHING) for p in PRIORS]
     return row

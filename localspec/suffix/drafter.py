@@ -20,17 +20,17 @@ import numpy as np
 from localspec.decoding.drafters import Draft
 from localspec.llama.sampling import SamplingParams
 from localspec.suffix.calibration import (
-    _BUCKET_END,
-    _POSITION,
-    _SEGMENTS,
+    BUCKET_END,
+    POSITION_BAND,
     PRIOR_TRUST,
+    SEGMENTS,
     TOKEN_WEIGHT,
     WATCHES_PER_KIND,
     Cell,
     Kind,
     TokenCell,
     TokenHazard,
-    _cells_of,
+    calibration_of,
     carried_cells,
     carried_token_cells,
     kind_of,
@@ -136,7 +136,7 @@ class SuffixDrafter:
         self.learn = learn
         #: per (kind, position bucket): [tokens that reached that position, of them accepted]; starts from
         #: ``calibration`` (what the store kept from the last process, see :data:`CARRIED_TRIALS`)
-        self.calibration = _cells_of(calibration)
+        self.calibration = calibration_of(calibration)
         self._watches: list[_Watch] = []
         self._costs: list[float] = []  # verify_cost(b) by b, read once per width
         self._costs_of: Callable[[int], float] | None = None
@@ -146,7 +146,7 @@ class SuffixDrafter:
         so a request drafts the same in a long-lived server as from the command line (see
         :data:`CARRIED_SOURCES`)."""
         self._watches = []
-        self.calibration = _cells_of(self.carried_calibration())
+        self.calibration = calibration_of(self.carried_calibration())
         self._set_tokens(self.carried_tokens())
         self.index.begin(context)
 
@@ -245,7 +245,7 @@ class SuffixDrafter:
         best_k, best = 0, 1.0 / costs[0]
         expected, run = 1.0, 1.0
         n, i = len(confidence), 0
-        for bucket, lo, hi in _SEGMENTS:  # the cells change only at bucket edges (7 over 64 positions)
+        for bucket, lo, hi in SEGMENTS:  # the cells change only at bucket edges (7 over 64 positions)
             if lo >= n:
                 break
             a, b = pulled(self.calibration, self.prior_trust, chain, bucket)
@@ -270,7 +270,7 @@ class SuffixDrafter:
         its kind, at that position bucket; then, when ``token`` is given, scaled by that token's hazard
         (see the class docstring), at most 1."""
         chain = (*lineage_of(kind), kind)
-        a, b = pulled(self.calibration, self.prior_trust, chain, _POSITION[min(position, MAX_DRAFT)])
+        a, b = pulled(self.calibration, self.prior_trust, chain, POSITION_BAND[min(position, MAX_DRAFT)])
         x = a + b * c
         hazard = self._hazard(kind[0])
         if hazard is not None and token is not None:
@@ -291,7 +291,7 @@ class SuffixDrafter:
         cells = self.calibration
         n = len(context)
         keep: list[_Watch] = []
-        positions, ends = _POSITION, _BUCKET_END
+        positions, ends = POSITION_BAND, BUCKET_END
         for w in self._watches:
             at = w.at
             if n < at or context[at - 1] != w.anchor:

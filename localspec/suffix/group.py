@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.suffix.hashing import _EMPTY_PART, _build, _merge, _Query
+from localspec.suffix.hashing import EMPTY_PART, TailQuery, build_part, merge_parts
 
 #: At most this many occurrences (the most recent ones) are followed per source and round.
 MAX_HITS = 32
@@ -34,8 +34,8 @@ class SourceGroup:
         self.buf = np.full(1024, -1, dtype=np.int32)
         self.size = 0  # tokens used in buf (requests are followed by a -1)
         self.starts: list[int] = []  # where each request begins in buf
-        self.base = _EMPTY_PART
-        self.recent = _EMPTY_PART
+        self.base = EMPTY_PART
+        self.recent = EMPTY_PART
         self.recent_from = 0  # buf offset where the recent part begins
         self.added = 0  # requests ever added (restored ones included)
         self.dropped = 0  # requests ever evicted: the group holds requests dropped .. added - 1
@@ -69,17 +69,17 @@ class SourceGroup:
         self.size = need
         self.starts.append(at)
         self.added += 1
-        part = _build(self.buf[at : self.size])
+        part = build_part(self.buf[at : self.size])
         part = (part[0], part[1] + np.int32(at))
-        self.recent = _merge(self.recent, part) if self.recent[0].size else part
+        self.recent = merge_parts(self.recent, part) if self.recent[0].size else part
         if self.size - self.recent_from > max(self.merge_at, self.recent_from // 4):
             self.compact()
 
     def compact(self) -> None:
         """Merge the recent part into the base part."""
         if self.recent[0].size:
-            self.base = _merge(self.base, self.recent) if self.base[0].size else self.recent
-        self.recent = _EMPTY_PART
+            self.base = merge_parts(self.base, self.recent) if self.base[0].size else self.recent
+        self.recent = EMPTY_PART
         self.recent_from = self.size
 
     def withdraw(self, n: int) -> bool:
@@ -127,7 +127,7 @@ class SourceGroup:
             return 0
         return self.size - self.starts[i] - (len(self.starts) - i)
 
-    def occurrences(self, query: _Query) -> tuple[int, list[int]]:
+    def occurrences(self, query: TailQuery) -> tuple[int, list[int]]:
         """The longest level whose n-gram occurs (verified), and its most recent positions (oldest first).
 
         Levels are searched longest first (the longest is usually the answer), one key at a time: each
@@ -159,7 +159,7 @@ class SourceGroup:
                     return n, hits
         return 0, []
 
-    def _verified(self, cands: list[int], n: int, query: _Query) -> list[int]:
+    def _verified(self, cands: list[int], n: int, query: TailQuery) -> list[int]:
         """The :data:`MAX_HITS` most recent candidate positions preceded by the query's last n tokens
         (ascending, unique: colliding levels share positions). Checked newest first and only until there
         are enough: usually a few byte comparisons in Python instead of a gather over every candidate.
@@ -248,6 +248,6 @@ class SourceGroup:
         self.size = int(tokens.size)
         self.starts = [int(s) for s in arrays[f"{prefix}starts"]]
         self.base = (arrays[f"{prefix}keys"], arrays[f"{prefix}pos"])
-        self.recent = _EMPTY_PART
+        self.recent = EMPTY_PART
         self.recent_from = self.size  # everything restored is in the base part
         self.added, self.dropped = len(self.starts), 0

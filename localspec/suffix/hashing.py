@@ -3,9 +3,9 @@
 Tokens of earlier requests live in one int32 array (requests separated by ``-1``). For every n in
 :data:`LEVELS` and every position ``p`` that has ``n`` tokens before it and one after it inside the same
 request, the hash of ``tokens[p-n:p]`` (salted by n) is stored; all levels share one sorted key array with a
-parallel int32 array of positions (a *part*: :func:`_build` makes one, :func:`_merge` joins two). The same
-hash is computed in bulk with numpy (:func:`_build`, :func:`_tail_keys`) and per lookup in Python
-(:class:`_Query`), so the two sides always agree. A key only narrows the search: occurrences are verified
+parallel int32 array of positions (a *part*: :func:`build_part` makes one, :func:`merge_parts` joins two).
+The same hash is computed in bulk with numpy (:func:`build_part`, :func:`tail_keys`) and per lookup in Python
+(:class:`TailQuery`), so the two sides always agree. A key only narrows the search: occurrences are verified
 token by token, so a collision never proposes a wrong continuation.
 """
 
@@ -26,7 +26,7 @@ _M64 = (1 << 64) - 1
 _BASE = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
-_SALT = {n: (0xD6E8FEB86659FD93 * (n + 1)) & _M64 for n in LEVELS}
+SALT = {n: (0xD6E8FEB86659FD93 * (n + 1)) & _M64 for n in LEVELS}
 
 
 def _mix_np(x: np.ndarray) -> np.ndarray:
@@ -53,7 +53,7 @@ _OFFSETS = [sum(_POWERS[:n]) for n in range(LEVELS[-1] + 1)]
 _LEVELS_UPTO = [tuple(lv for lv in LEVELS if lv <= n) for n in range(LEVELS[-1] + 1)]
 
 
-class _Query:
+class TailQuery:
     """The context's last tokens as the groups look them up: the key of each level (mixed when first
     needed: the longest level is usually the only one searched) and the bytes of its n-gram."""
 
@@ -69,10 +69,10 @@ class _Query:
         self._bytes: bytes | None = None
 
     def key(self, n: int) -> int:
-        """The hash key of the last n tokens (what :func:`_build` stores for them)."""
+        """The hash key of the last n tokens (what :func:`build_part` stores for them)."""
         key = self._keys.get(n)
         if key is None:
-            h = ((self._sums[n - 1] + _OFFSETS[n]) & _M64) ^ _SALT[n]
+            h = ((self._sums[n - 1] + _OFFSETS[n]) & _M64) ^ SALT[n]
             key = self._keys[n] = _mix_py(h)
         return key
 
@@ -81,12 +81,12 @@ class _Query:
         int32 array cannot hold)."""
         data = self._bytes
         if data is None:
-            data = self._bytes = _int32_bytes(self.tail)
+            data = self._bytes = int32_bytes(self.tail)
         return data[len(data) - 4 * n :] if len(data) >= 4 * n else b""
 
 
-_Part = tuple[np.ndarray, np.ndarray]  # sorted uint32 keys, int32 continuation positions
-_EMPTY_PART: _Part = (np.zeros(0, np.uint32), np.zeros(0, np.int32))
+Part = tuple[np.ndarray, np.ndarray]  # sorted uint32 keys, int32 continuation positions
+EMPTY_PART: Part = (np.zeros(0, np.uint32), np.zeros(0, np.int32))
 
 
 def _rolling(tokens: np.ndarray, top: int):
@@ -101,7 +101,7 @@ def _rolling(tokens: np.ndarray, top: int):
             yield n, h
 
 
-def _build(tokens: np.ndarray) -> _Part:
+def build_part(tokens: np.ndarray) -> Part:
     """Sorted (keys, continuation positions) of every level's n-grams in ``tokens``.
 
     An entry (n, p) stands for the n tokens before position p; p itself must be a token of the same
@@ -110,21 +110,21 @@ def _build(tokens: np.ndarray) -> _Part:
     sep = np.concatenate([[0], np.cumsum(tokens < 0)])
     all_keys, all_pos = [], []
     for n, h in _rolling(tokens, LEVELS[-1]):
-        if n not in _SALT:
+        if n not in SALT:
             continue
         p = np.arange(n, len(tokens), dtype=np.int64)
         p = p[(sep[p + 1] - sep[p - n]) == 0]
-        all_keys.append(_mix_np(h[p - 1] ^ np.uint64(_SALT[n])))
+        all_keys.append(_mix_np(h[p - 1] ^ np.uint64(SALT[n])))
         all_pos.append(p.astype(np.int32))
     if not all_keys:
-        return _EMPTY_PART
+        return EMPTY_PART
     keys = np.concatenate(all_keys)
     pos = np.concatenate(all_pos)
     order = np.argsort(keys, kind="stable")
     return keys[order], pos[order]
 
 
-def _merge(a: _Part, b: _Part) -> _Part:
+def merge_parts(a: Part, b: Part) -> Part:
     """Two sorted parts as one; within a key, ``a``'s positions stay first.
 
     ``b``'s entries go where a binary search in ``a`` puts them (after ``a``'s equal keys) and ``a``'s fill
@@ -143,7 +143,7 @@ def _merge(a: _Part, b: _Part) -> _Part:
     return keys, pos
 
 
-def _int32_bytes(tokens: list[int]) -> bytes:
+def int32_bytes(tokens: list[int]) -> bytes:
     """Tokens as the bytes of an int32 array (empty, so equal to no stored slice, where one does not fit)."""
     try:
         return array("i", tokens).tobytes() if _INT_IS_32 else np.asarray(tokens, np.int32).tobytes()
@@ -154,9 +154,9 @@ def _int32_bytes(tokens: list[int]) -> bytes:
 _INT_IS_32 = array("i").itemsize == 4
 
 
-def _tail_keys(tokens: np.ndarray, n: int) -> np.ndarray:
-    """Keys of level n for every run of n consecutive tokens (the query side of :func:`_build`)."""
+def tail_keys(tokens: np.ndarray, n: int) -> np.ndarray:
+    """Keys of level n for every run of n consecutive tokens (the query side of :func:`build_part`)."""
     for level, h in _rolling(tokens, n):
         if level == n:
-            return _mix_np(h[n - 1 :] ^ np.uint64(_SALT[n]))
+            return _mix_np(h[n - 1 :] ^ np.uint64(SALT[n]))
     return np.zeros(0, np.uint32)

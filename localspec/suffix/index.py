@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from localspec.suffix.confidence import _PRIORS, MAX_DRAFT, SMOOTHING, _unanimous, prior
+from localspec.suffix.confidence import MAX_DRAFT, PRIORS, SMOOTHING, prior, unanimous
 from localspec.suffix.group import MAX_HITS, SourceGroup
-from localspec.suffix.hashing import _SALT, LEVELS, MIN_MATCH, _build, _int32_bytes, _Query, _tail_keys
+from localspec.suffix.hashing import LEVELS, MIN_MATCH, SALT, TailQuery, build_part, int32_bytes, tail_keys
 
 #: How far back a match of the longest level is followed (:attr:`Match.extent`): a proposal after a 64-token
 #: match is a copy under way, and runs longer than one after a 16-token match
@@ -214,7 +214,7 @@ class SuffixIndex:
             group.buf = flat
             group.size = int(flat.size)
             group.starts = list(np.concatenate([[0], np.cumsum([p.size + 1 for p in parts])[:-1]]).tolist())
-            group.base = _build(flat)
+            group.base = build_part(flat)
             group.recent_from = group.size
             group.added = len(group.starts)
         self.corpus = group
@@ -256,7 +256,7 @@ class SuffixIndex:
         live = self._live_match(k)
         if live is not None:
             out.append(live)
-        query = _Query(list(map(int, context[-LEVELS[-1] :])))
+        query = TailQuery(list(map(int, context[-LEVELS[-1] :])))
         for group in (self.history, self.corpus):
             if group.size:
                 n, pos = group.occurrences(query)
@@ -285,9 +285,9 @@ class SuffixIndex:
     def overlap(self, context: Sequence[int], *, n: int = 4, window: int = 512) -> float:
         """Fraction of the last ``window`` tokens' n-grams (n in :data:`LEVELS`) seen in history or corpus."""
         tail = np.asarray(context[-window:], dtype=np.int32)
-        if tail.size < n or n not in _SALT:
+        if tail.size < n or n not in SALT:
             return 0.0
-        want = _tail_keys(tail, n)
+        want = tail_keys(tail, n)
         seen = np.zeros(want.size, dtype=bool)
         for group in (self.history, self.corpus):
             for keys, _ in (group.base, group.recent):
@@ -326,7 +326,7 @@ def _extent(hits: list[int], seq: Sequence[int] | memoryview, context: Sequence[
         want: Any = list(context[n - extent : n - best])
         scale = 1
         if raw:
-            want, scale = _int32_bytes(want), 4
+            want, scale = int32_bytes(want), 4
         found = False
         for p in reversed(hits):
             if p < extent:
@@ -374,7 +374,7 @@ def walk(match: Match, k: int) -> Proposal:
             at = match.length + i
             tokens.extend(rows[0][i : i + same])
             counts.extend([(c, c)] * same)
-            confidence.extend(_unanimous(c)[at : at + same])
+            confidence.extend(unanimous(c)[at : at + same])
             i += same
         else:
             col = [r[i] for r in rows]
@@ -387,7 +387,7 @@ def walk(match: Match, k: int) -> Proposal:
             tokens.append(int(tok))
             counts.append((most, len(col)))
             at = match.length + i
-            p = _PRIORS[at] if at < len(_PRIORS) else prior(at)
+            p = PRIORS[at] if at < len(PRIORS) else prior(at)
             confidence.append((most + SMOOTHING * p) / (len(col) + SMOOTHING))  # smoothed(), from the table
             rows = [r for r in rows if r[i] == tok]
             i += 1

@@ -26,7 +26,7 @@ of the files always gives the index the last writer holds. The protocol, per sav
    saves go on unlocked. ``localspec cache clear`` deletes a store's files under the same lock, so a save
    in flight finishes first and its files go too.
 2. **Know what the files hold.** After every load and write a store notes what the files hold for its
-   index (:class:`~localspec.suffix.store_sync._Synced`): the snapshot's identity (device, inode, size,
+   index (:class:`~localspec.suffix.store_sync.Synced`): the snapshot's identity (device, inode, size,
    mtime), how many bytes of the journal are complete records it knows, and the index's request counters
    at that point.
 3. **Take in what another writer saved** (:meth:`SuffixStore._take_in`):
@@ -70,38 +70,38 @@ from localspec.suffix.index import SuffixIndex
 from localspec.suffix.store_files import (
     DEFAULT_MAX_TOKENS,
     MAX_CALIBRATION_BYTES,
-    _Bad,
-    _calibration_bytes,
-    _check,
-    _check_owner,
-    _fdatasync,
-    _Identity,
-    _identity,
-    _journal_cap,
-    _journal_header,
-    _parse_calibration,
-    _parse_header,
-    _parse_journal,
-    _payload,
-    _read,
-    _record,
-    _replace_file,
-    _snapshot,
-    _Stale,
+    BadStoreFile,
+    FileIdentity,
+    StaleJournal,
+    calibration_bytes,
     calibration_path,
+    check_arrays,
+    check_owner,
     default_dir,
+    fdatasync,
+    file_identity,
+    journal_cap,
+    journal_header,
     journal_path,
+    journal_record,
     lock_path,
+    parse_calibration,
+    parse_header,
+    parse_journal,
+    payload_arrays,
+    read_file,
+    replace_file,
+    snapshot_chunks,
     store_path,
 )
 from localspec.suffix.store_info import (
     StoreInfo,
-    _count_journal,
-    _header_info,
+    count_journal,
+    header_info,
     what_is_lost,
 )
-from localspec.suffix.store_lock import _Busy, _NoLock, _release_lock, _take_lock
-from localspec.suffix.store_sync import _read_appended, _Synced, _synced
+from localspec.suffix.store_lock import LockBusy, NoLock, release_lock, take_lock
+from localspec.suffix.store_sync import Synced, read_appended, synced_with
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class SuffixStore:
         #: the drafter's token table as the last process saved it, for its ``tokens``
         self.tokens: list[TokenCell] = []
         self.corpus_root = ""
-        self._synced: _Synced | None = None
+        self._synced: Synced | None = None
         self._lock_stuck = False  # the last save found the lock held past LOCK_WAIT_SECONDS
         self._unlocked_said = False  # the lock file could not be used (said once)
 
@@ -168,9 +168,9 @@ class SuffixStore:
         self.calibration, self.tokens = self._load_calibration()
         fresh = SuffixIndex(max_history_tokens=self.max_tokens, n_vocab=self.n_vocab)
         try:
-            data, st = _read(self.path)
+            data, st = read_file(self.path)
         except FileNotFoundError:
-            self._synced = _synced(fresh)
+            self._synced = synced_with(fresh)
             return fresh
         except OSError as exc:
             return self._ignore(
@@ -178,29 +178,29 @@ class SuffixStore:
             )
         held = StoreInfo(self.path, len(data))
         try:
-            header = _parse_header(data, len(data), self.path)
-            _check_owner(header, self.fingerprint, self.namespace)
-            held = _header_info(self.path, len(data), header)  # ours, and it reads: it says what is lost
-            arrays = _payload(data, header)
+            header = parse_header(data, len(data), self.path)
+            check_owner(header, self.fingerprint, self.namespace)
+            held = header_info(self.path, len(data), header)  # ours, and it reads: it says what is lost
+            arrays = payload_arrays(data, header)
             snapshot_id = header.get("snapshot_id")
             if not isinstance(snapshot_id, str) or not snapshot_id:
-                raise _Bad("its header lacks the snapshot id")
-            _check(arrays, self.n_vocab)
-        except _Bad as exc:
+                raise BadStoreFile("its header lacks the snapshot id")
+            check_arrays(arrays, self.n_vocab)
+        except BadStoreFile as exc:
             held.problem = str(exc)
             if held.fingerprint:
-                _count_journal(held, header)  # its journal's requests are lost with it
+                count_journal(held, header)  # its journal's requests are lost with it
             return self._ignore(held, fresh)
         self.corpus_root = str(header.get("corpus_root", ""))
         index = SuffixIndex.from_state(arrays, max_history_tokens=self.max_tokens, n_vocab=self.n_vocab)
-        synced = _synced(index, self.corpus_root, snapshot_id, _identity(st))
+        synced = synced_with(index, self.corpus_root, snapshot_id, file_identity(st))
         # a journal is never larger than a share of its snapshot: one far larger is not replayed
-        self._replay(index, synced, _journal_cap(max(self.max_tokens, int(header.get("history_tokens", 0)))))
+        self._replay(index, synced, journal_cap(max(self.max_tokens, int(header.get("history_tokens", 0)))))
         # requests evicted while loading (a smaller cap than the writer's): the next save writes it all
         self._synced = synced if index.history_dropped == 0 else None
         return index
 
-    def _replay(self, index: SuffixIndex, synced: _Synced, cap: int) -> None:
+    def _replay(self, index: SuffixIndex, synced: Synced, cap: int) -> None:
         """Add the journal's complete records to ``index`` (and note how much of the journal is ours)."""
         try:
             fd = os.open(self.journal_path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -216,12 +216,12 @@ class SuffixStore:
                 return
             data = fh.read()
         try:
-            records, end = _parse_journal(
+            records, end = parse_journal(
                 data, self.fingerprint, self.namespace, synced.snapshot_id, self.n_vocab
             )
-        except _Stale:
+        except StaleJournal:
             return  # left behind by a writer killed while it wrote a new snapshot: the snapshot has it all
-        except _Bad as exc:
+        except BadStoreFile as exc:
             self._warn(f"its journal {self.journal_path.name}: {exc}; loaded without it")
             return
         for tokens in records:
@@ -251,8 +251,8 @@ class SuffixStore:
         with os.fdopen(fd, "rb") as fh:
             data = fh.read(MAX_CALIBRATION_BYTES + 1)
         try:
-            return _parse_calibration(data, self.fingerprint, self.namespace, self.n_vocab)
-        except _Bad as exc:
+            return parse_calibration(data, self.fingerprint, self.namespace, self.n_vocab)
+        except BadStoreFile as exc:
             self._warn_calibration(str(exc))
             return [], []
 
@@ -308,7 +308,7 @@ class SuffixStore:
                 if not self._append(index):
                     self._write(index)
             if calibration is not None:
-                doc = _calibration_bytes(self.fingerprint, self.namespace, calibration, tokens)
+                doc = calibration_bytes(self.fingerprint, self.namespace, calibration, tokens)
                 self._replace(self.calibration_path, [doc])
         except OSError as exc:
             self.problem = (
@@ -331,25 +331,25 @@ class SuffixStore:
         """
         try:
             fd = self._lock()
-        except _Busy:
+        except LockBusy:
             yield False
             return
         try:
             yield True
         finally:
             if fd is not None:
-                _release_lock(self.lock_path, fd)
+                release_lock(self.lock_path, fd)
 
     def _lock(self) -> int | None:
         """The descriptor of the held lock file, or None: no lock to be had here (see :meth:`_locked`).
-        Raises :class:`_Busy` when another process held it past the wait."""
+        Raises :class:`LockBusy` when another process held it past the wait."""
         try:
             wait = 0.0 if self._lock_stuck else store_lock.LOCK_WAIT_SECONDS
-            fd = _take_lock(self.lock_path, wait)
-        except _Busy:
+            fd = take_lock(self.lock_path, wait)
+        except LockBusy:
             self._lock_stuck = True
             raise
-        except _NoLock as exc:
+        except NoLock as exc:
             self._unlocked(str(exc))
             return None
         self._lock_stuck = False
@@ -368,7 +368,7 @@ class SuffixStore:
         if s is None or s.history() is not index.history:
             return True  # files this index never held, or unusable ones: the save replaces them
         try:
-            now: _Identity | None = _identity(os.stat(self.path, follow_symlinks=False))
+            now: FileIdentity | None = file_identity(os.stat(self.path, follow_symlinks=False))
         except FileNotFoundError:
             now = None
         except OSError:
@@ -389,10 +389,10 @@ class SuffixStore:
         (:meth:`SuffixIndex.forget`); the next request starts the store again."""
         index.forget()
         self.corpus_root, self.calibration, self.tokens = "", [], []
-        self._synced = _synced(index)
+        self._synced = synced_with(index)
         log.info("suffix cache %s was cleared; this process forgot what it held too", self.path)
 
-    def _reload(self, index: SuffixIndex, s: _Synced) -> None:
+    def _reload(self, index: SuffixIndex, s: Synced) -> None:
         """The files are not the ones this store knows (another process wrote a snapshot, or replaced,
         truncated or damaged the journal): load them as that process left them, add the requests this
         index added since it was last in sync, and make ``index`` hold the result
@@ -416,7 +416,7 @@ class SuffixStore:
             len(ours),
         )
 
-    def _catch_up(self, index: SuffixIndex, s: _Synced) -> bool:
+    def _catch_up(self, index: SuffixIndex, s: Synced) -> bool:
         """Take in the records another writer appended to the journal since this store was in sync (the
         snapshot is still the one it knows); False when that is not all that happened, and the caller
         reloads everything (:meth:`_reload`, which handles each case as a load does).
@@ -426,8 +426,8 @@ class SuffixStore:
         them: the order the journal holds them in once :meth:`_append` wrote them."""
         if index.history_dropped != s.dropped or index.history_added < s.added:
             return False  # evicted since: the save writes a snapshot anyway, which costs more than a reload
-        cap = _journal_cap(max(self.max_tokens, s.snapshot_tokens))
-        appended = _read_appended(self.journal_path, s, cap, self.fingerprint, self.namespace, self.n_vocab)
+        cap = journal_cap(max(self.max_tokens, s.snapshot_tokens))
+        appended = read_appended(self.journal_path, s, cap, self.fingerprint, self.namespace, self.n_vocab)
         if appended is None:
             return False
         ours = [np.array(a) for a in index.history_since(s.added)]  # copies: buf is reused below
@@ -451,7 +451,7 @@ class SuffixStore:
         )
         return True
 
-    def _journal_moved(self, s: _Synced) -> bool:
+    def _journal_moved(self, s: Synced) -> bool:
         """True when the journal is not the one this store last wrote or loaded (another writer appended
         to it, or replaced it); a journal that is gone is not (the next save writes a snapshot anyway)."""
         try:
@@ -475,7 +475,7 @@ class SuffixStore:
         ):
             return False
         try:
-            if _identity(os.stat(self.path, follow_symlinks=False)) != s.snapshot:
+            if file_identity(os.stat(self.path, follow_symlinks=False)) != s.snapshot:
                 return False  # replaced (another process saved) or deleted (the cache was cleared)
         except OSError:
             return False
@@ -486,9 +486,9 @@ class SuffixStore:
         share = max(store_files.JOURNAL_MIN_TOKENS, int(s.snapshot_tokens * store_files.JOURNAL_FRACTION))
         if s.journal_tokens + n_new > share:
             return False  # fold the journal into a new snapshot: replaying it would make loading slow
-        records = b"".join(_record(a) for a in new)
+        records = b"".join(journal_record(a) for a in new)
         if s.journal is None:  # the first append after a snapshot: create the journal whole
-            head = _journal_header(self.fingerprint, self.namespace, s.snapshot_id)
+            head = journal_header(self.fingerprint, self.namespace, s.snapshot_id)
             st = self._replace(self.journal_path, [head, records])
             s.journal, s.journal_end = (st.st_dev, st.st_ino), len(head) + len(records)
         else:
@@ -503,7 +503,7 @@ class SuffixStore:
                 view = memoryview(records)
                 while view:
                     view = view[os.write(fd, view) :]
-                _fdatasync(fd)
+                fdatasync(fd)
             finally:
                 os.close(fd)
             s.journal_end += len(records)
@@ -524,7 +524,7 @@ class SuffixStore:
             "corpus_documents": index.corpus_documents,
             "corpus_root": self.corpus_root,
         }
-        snapshot_id, chunks = _snapshot(index.state(), facts)
+        snapshot_id, chunks = snapshot_chunks(index.state(), facts)
         first = not any(self.directory.glob(f"*{store_files.SUFFIX}"))
         st = self._replace(self.path, chunks)
         if first:
@@ -533,9 +533,9 @@ class SuffixStore:
         # the previous snapshot's id and is ignored)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.journal_path)
-        self._synced = _synced(index, self.corpus_root, snapshot_id, _identity(st))
+        self._synced = synced_with(index, self.corpus_root, snapshot_id, file_identity(st))
 
     def _replace(self, path: Path, chunks: list[bytes | memoryview]) -> os.stat_result:
-        """Write one of this store's files whole and atomically (:func:`_replace_file`)."""
+        """Write one of this store's files whole and atomically (:func:`replace_file`)."""
         names = (self.path.name, self.journal_path.name, self.calibration_path.name)
-        return _replace_file(path, chunks, names)
+        return replace_file(path, chunks, names)

@@ -22,20 +22,20 @@ that the save after a request appends a few kilobytes instead of rewriting the s
     record: u32 token count n | u32 CRC-32 of (the count's 4 bytes and the tokens) | n int32 tokens
 
 (all little-endian). A journal is replayed only if it names the snapshot's id (one left behind by a writer
-killed while it wrote a new snapshot is :class:`_Stale`), and only up to its first record that is
+killed while it wrote a new snapshot is :class:`StaleJournal`), and only up to its first record that is
 incomplete, fails its checksum or holds a token outside the vocabulary: a writer killed in the middle of an
 append leaves a torn last record, and every complete record before it loads. It never holds more than a
-share of its snapshot's tokens (:data:`JOURNAL_FRACTION`, :func:`_journal_cap`).
+share of its snapshot's tokens (:data:`JOURNAL_FRACTION`, :func:`journal_cap`).
 
 The calibration (``<fingerprint>-<namespace>.lscal``, JSON) keeps the drafter's carried calibration and
 token table (:mod:`localspec.suffix.calibration`), so that a new process (every ``localspec run`` is one)
 drafts where the last one would have; the ``tokens`` field is optional (older versions ignore it).
 
 A file that is truncated, corrupted, of another version, vocabulary or namespace, or whose arrays are out of
-bounds raises :class:`_Bad` with one line saying why; a store is never used for the wrong vocabulary.
+bounds raises :class:`BadStoreFile` with one line saying why; a store is never used for the wrong vocabulary.
 
 Writes are crash-safe: a snapshot, a calibration, and a journal's first write go to a temp file in the same
-folder (created 0600), fsync, ``os.replace``, fsync of the folder (:func:`_replace_file`), so a writer
+folder (created 0600), fsync, ``os.replace``, fsync of the folder (:func:`replace_file`), so a writer
 killed at any moment leaves the old file or the new one; appends are checked record by record at load. The
 files hold the user's text (as token ids), hence mode 0600 and a 0700 folder; separate namespaces (one per
 API key, say) keep users apart: hit timing would reveal what another user's requests contained.
@@ -139,14 +139,14 @@ def store_path(directory: str | os.PathLike[str], fingerprint: str, namespace: s
     return Path(directory) / f"{fingerprint[:16]}-{namespace}{SUFFIX}"
 
 
-_Identity = tuple[int, int, int, int]  # device, inode, size, mtime (ns) of a file
+FileIdentity = tuple[int, int, int, int]  # device, inode, size, mtime (ns) of a file
 
 
-def _identity(st: os.stat_result) -> _Identity:
+def file_identity(st: os.stat_result) -> FileIdentity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-class _Bad(Exception):
+class BadStoreFile(Exception):
     """A store file that cannot be used (the message says why, for one line)."""
 
 
@@ -154,7 +154,7 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def _read(path: Path) -> tuple[bytes, os.stat_result]:
+def read_file(path: Path) -> tuple[bytes, os.stat_result]:
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags)
     with os.fdopen(fd, "rb") as fh:
@@ -164,41 +164,41 @@ def _read(path: Path) -> tuple[bytes, os.stat_result]:
 def _header(data: bytes, magic: bytes, version: int, kind: str) -> tuple[dict, int]:
     """The checked JSON header of a store file or journal (``kind`` names it in errors), and where it ends."""
     if len(data) < _PREAMBLE.size:
-        raise _Bad("it is truncated (no header)")
+        raise BadStoreFile("it is truncated (no header)")
     found, found_version, n, crc = _PREAMBLE.unpack_from(data)
     if found != magic:
-        raise _Bad(f"it is not a localspec {kind}")
+        raise BadStoreFile(f"it is not a localspec {kind}")
     if found_version != version:
-        raise _Bad(f"it has format version {found_version}, this localspec reads version {version}")
+        raise BadStoreFile(f"it has format version {found_version}, this localspec reads version {version}")
     if n > MAX_HEADER or _PREAMBLE.size + n > len(data):
-        raise _Bad("it is truncated (header cut short)")
+        raise BadStoreFile("it is truncated (header cut short)")
     blob = data[_PREAMBLE.size : _PREAMBLE.size + n]
     if zlib.crc32(blob) != crc:
-        raise _Bad("its header is corrupted (checksum mismatch)")
+        raise BadStoreFile("its header is corrupted (checksum mismatch)")
     try:
         header = json.loads(blob)
     except ValueError as exc:
-        raise _Bad("its header is not valid JSON") from exc
+        raise BadStoreFile("its header is not valid JSON") from exc
     if not isinstance(header, dict):
-        raise _Bad("its header is not an object")
+        raise BadStoreFile("its header is not an object")
     return header, _PREAMBLE.size + n
 
 
-def _check_owner(header: dict, fingerprint: str, namespace: str) -> None:
+def check_owner(header: dict, fingerprint: str, namespace: str) -> None:
     """A file (snapshot, journal, calibration) is only ever used for the vocabulary and namespace it names."""
     if header.get("fingerprint") != fingerprint:
-        raise _Bad("it belongs to another vocabulary")
+        raise BadStoreFile("it belongs to another vocabulary")
     if header.get("namespace") != namespace:
-        raise _Bad("it belongs to another namespace")
+        raise BadStoreFile("it belongs to another namespace")
 
 
-def _parse_header(data: bytes, size: int, path: Path) -> dict:
+def parse_header(data: bytes, size: int, path: Path) -> dict:
     header, end = _header(data, MAGIC, VERSION, "suffix cache")
     header["_payload_at"] = _aligned(end)
     return header
 
 
-def _payload(data: bytes, header: dict) -> dict[str, np.ndarray]:
+def payload_arrays(data: bytes, header: dict) -> dict[str, np.ndarray]:
     """The arrays of a snapshot whose header is checked: its length, the payload's CRC-32, the table."""
     start = header["_payload_at"]
     try:
@@ -206,62 +206,62 @@ def _payload(data: bytes, header: dict) -> dict[str, np.ndarray]:
         table = header["arrays"]
         crc = int(header["payload_crc32"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise _Bad("its header lacks the array table") from exc
+        raise BadStoreFile("its header lacks the array table") from exc
     if len(data) < start + total:
-        raise _Bad(f"it is truncated ({len(data)} of {start + total} bytes)")
+        raise BadStoreFile(f"it is truncated ({len(data)} of {start + total} bytes)")
     if len(data) > start + total:
-        raise _Bad("it has trailing bytes")
+        raise BadStoreFile("it has trailing bytes")
     payload = memoryview(data)[start : start + total]
     if zlib.crc32(payload) != crc:
-        raise _Bad("its contents are corrupted (checksum mismatch)")
+        raise BadStoreFile("its contents are corrupted (checksum mismatch)")
     arrays: dict[str, np.ndarray] = {}
     try:
         for name, dtype, length, offset in table:
             if ARRAYS.get(name) != dtype:
-                raise _Bad(f"it has an unexpected array {name!r} ({dtype})")
+                raise BadStoreFile(f"it has an unexpected array {name!r} ({dtype})")
             nbytes = int(length) * np.dtype(dtype).itemsize
             if not (0 <= int(offset) and int(offset) + nbytes <= total and int(length) >= 0):
-                raise _Bad(f"array {name!r} lies outside the file")
+                raise BadStoreFile(f"array {name!r} lies outside the file")
             arrays[name] = np.frombuffer(payload, dtype=dtype, count=int(length), offset=int(offset))
     except (TypeError, ValueError) as exc:
-        raise _Bad("its array table is malformed") from exc
+        raise BadStoreFile("its array table is malformed") from exc
     missing = sorted(set(ARRAYS) - set(arrays))
     if missing:
-        raise _Bad(f"it lacks array(s) {', '.join(missing)}")
+        raise BadStoreFile(f"it lacks array(s) {', '.join(missing)}")
     return arrays
 
 
-def _check(arrays: dict[str, np.ndarray], n_vocab: int | None) -> None:
+def check_arrays(arrays: dict[str, np.ndarray], n_vocab: int | None) -> None:
     """Structural checks a hostile file with a valid checksum could still fail (cheap: a few ms per 1M)."""
     for group in ("history", "corpus"):
         tokens, starts = arrays[f"{group}_tokens"], arrays[f"{group}_starts"]
         keys, pos = arrays[f"{group}_keys"], arrays[f"{group}_pos"]
         size = tokens.size
         if keys.size != pos.size:
-            raise _Bad(f"its {group} index arrays differ in length")
+            raise BadStoreFile(f"its {group} index arrays differ in length")
         if tokens.size and (int(tokens.min()) < -1 or (n_vocab is not None and int(tokens.max()) >= n_vocab)):
-            raise _Bad(f"its {group} holds token ids outside the vocabulary")
+            raise BadStoreFile(f"its {group} holds token ids outside the vocabulary")
         if size and tokens[-1] != -1:
-            raise _Bad(f"its {group} does not end a request")
+            raise BadStoreFile(f"its {group} does not end a request")
         if starts.size:
             if int(starts[0]) != 0 or int(starts.max()) >= size or np.any(np.diff(starts) <= 0):
-                raise _Bad(f"its {group} request table is inconsistent")
+                raise BadStoreFile(f"its {group} request table is inconsistent")
             if np.any(tokens[starts[1:] - 1] != -1):
-                raise _Bad(f"its {group} request table does not match its separators")
+                raise BadStoreFile(f"its {group} request table does not match its separators")
         elif size:
-            raise _Bad(f"its {group} has tokens but no requests")
+            raise BadStoreFile(f"its {group} has tokens but no requests")
         if pos.size:
             if int(pos.min()) < 2 or int(pos.max()) >= size:
-                raise _Bad(f"its {group} index points outside its tokens")
+                raise BadStoreFile(f"its {group} index points outside its tokens")
             if np.any(keys[1:] < keys[:-1]):
-                raise _Bad(f"its {group} index is not sorted")
+                raise BadStoreFile(f"its {group} index is not sorted")
 
 
-class _Stale(Exception):
+class StaleJournal(Exception):
     """A journal of another snapshot (left behind when a new snapshot replaced its own)."""
 
 
-def _journal_header(fingerprint: str, namespace: str, snapshot_id: str) -> bytes:
+def journal_header(fingerprint: str, namespace: str, snapshot_id: str) -> bytes:
     blob = json.dumps(
         {"fingerprint": fingerprint, "namespace": namespace, "snapshot_id": snapshot_id},
         separators=(",", ":"),
@@ -269,32 +269,32 @@ def _journal_header(fingerprint: str, namespace: str, snapshot_id: str) -> bytes
     return _PREAMBLE.pack(JOURNAL_MAGIC, JOURNAL_VERSION, len(blob), zlib.crc32(blob)) + blob
 
 
-def _record(tokens: np.ndarray) -> bytes:
+def journal_record(tokens: np.ndarray) -> bytes:
     body = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
     count = struct.pack("<I", len(body) // 4)
     return count + struct.pack("<I", zlib.crc32(body, zlib.crc32(count))) + body
 
 
-def _journal_cap(max_tokens: int) -> int:
+def journal_cap(max_tokens: int) -> int:
     """Bytes that a journal of a store of ``max_tokens`` never reaches (it holds at most a share of them,
     at 4 bytes a token and 8 a record; twice over, with room to spare)."""
     return MAX_HEADER + 2 * (_RECORD.size + 4) * (max_tokens + JOURNAL_MIN_TOKENS)
 
 
-def _parse_journal(
+def parse_journal(
     data: bytes, fingerprint: str, namespace: str, snapshot_id: str | None, n_vocab: int | None
 ) -> tuple[list[np.ndarray], int]:
     """The complete records of a journal (up to the first incomplete, corrupt or out-of-vocabulary one)
-    and where they end. Raises :class:`_Bad` for an unusable header, :class:`_Stale` for a journal of
-    another snapshot (``snapshot_id`` None: any)."""
+    and where they end. Raises :class:`BadStoreFile` for an unusable header, :class:`StaleJournal` for a
+    journal of another snapshot (``snapshot_id`` None: any)."""
     header, at = _header(data, JOURNAL_MAGIC, JOURNAL_VERSION, "suffix cache journal")
-    _check_owner(header, fingerprint, namespace)
+    check_owner(header, fingerprint, namespace)
     if snapshot_id is not None and header.get("snapshot_id") != snapshot_id:
-        raise _Stale
-    return _parse_records(data, at, n_vocab)
+        raise StaleJournal
+    return parse_records(data, at, n_vocab)
 
 
-def _parse_records(data: bytes, at: int, n_vocab: int | None) -> tuple[list[np.ndarray], int]:
+def parse_records(data: bytes, at: int, n_vocab: int | None) -> tuple[list[np.ndarray], int]:
     """The complete records of journal bytes from ``at`` on (up to the first incomplete, corrupt or
     out-of-vocabulary one) and where they end."""
     view = memoryview(data)
@@ -314,7 +314,7 @@ def _parse_records(data: bytes, at: int, n_vocab: int | None) -> tuple[list[np.n
     return records, at
 
 
-def _fdatasync(fd: int) -> None:
+def fdatasync(fd: int) -> None:
     getattr(os, "fdatasync", os.fsync)(fd)
 
 
@@ -331,35 +331,35 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _parse_calibration(
+def parse_calibration(
     data: bytes, fingerprint: str, namespace: str, n_vocab: int | None
 ) -> tuple[list[Cell], list[TokenCell]]:
     """The checked cells and token table of a calibration file's bytes (read up to one byte past
     :data:`MAX_CALIBRATION_BYTES`); a file without a token table, as older versions wrote it, has an empty
-    one. Raises :class:`_Bad` saying why it cannot be used."""
+    one. Raises :class:`BadStoreFile` saying why it cannot be used."""
     if len(data) > MAX_CALIBRATION_BYTES:
-        raise _Bad("it is larger than a calibration file can be")
+        raise BadStoreFile("it is larger than a calibration file can be")
     try:
         doc = json.loads(data)
     except ValueError as exc:
-        raise _Bad("it is not valid JSON") from exc
+        raise BadStoreFile("it is not valid JSON") from exc
     if not isinstance(doc, dict) or doc.get("format") != CALIBRATION_FORMAT:
-        raise _Bad("it is not a localspec calibration file")
+        raise BadStoreFile("it is not a localspec calibration file")
     if doc.get("version") != CALIBRATION_VERSION:
-        raise _Bad(f"it has format version {doc.get('version')!r}, this localspec reads 1")
-    _check_owner(doc, fingerprint, namespace)
+        raise BadStoreFile(f"it has format version {doc.get('version')!r}, this localspec reads 1")
+    check_owner(doc, fingerprint, namespace)
     rows, token_rows = doc.get("cells"), doc.get("tokens", [])
     if not isinstance(rows, list):
-        raise _Bad("it has no list of cells")
+        raise BadStoreFile("it has no list of cells")
     if not isinstance(token_rows, list):
-        raise _Bad("its token table is not a list")
+        raise BadStoreFile("its token table is not a list")
     try:
         return cells_from(rows), token_cells_from(token_rows, n_vocab)
     except ValueError as exc:
-        raise _Bad(str(exc)) from exc
+        raise BadStoreFile(str(exc)) from exc
 
 
-def _calibration_bytes(
+def calibration_bytes(
     fingerprint: str, namespace: str, calibration: Iterable[Cell], tokens: Iterable[TokenCell]
 ) -> bytes:
     """A calibration file's contents."""
@@ -377,7 +377,7 @@ def _calibration_bytes(
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _snapshot(state: dict[str, np.ndarray], header: dict) -> tuple[str, list[bytes | memoryview]]:
+def snapshot_chunks(state: dict[str, np.ndarray], header: dict) -> tuple[str, list[bytes | memoryview]]:
     """A new snapshot of an index's :meth:`~localspec.suffix.index.SuffixIndex.state`: its random id and
     the file's contents, ``header``'s fields (owner, counts, corpus root) written with the array table."""
     arrays = {name: np.ascontiguousarray(a, dtype=ARRAYS[name]) for name, a in state.items()}
@@ -408,7 +408,7 @@ def _snapshot(state: dict[str, np.ndarray], header: dict) -> tuple[str, list[byt
     return snapshot_id, chunks
 
 
-def _replace_file(path: Path, chunks: list[bytes | memoryview], siblings: Iterable[str]) -> os.stat_result:
+def replace_file(path: Path, chunks: list[bytes | memoryview], siblings: Iterable[str]) -> os.stat_result:
     """Write ``path`` whole and atomically: temp file (0600), fsync, rename, fsync of the folder (created
     0700). Temp files of killed writers of ``siblings`` (file names in the same folder) older than
     :data:`STALE_TEMP_SECONDS` are removed first."""

@@ -27,20 +27,20 @@ from localspec.suffix.store_files import (
     JOURNAL_SUFFIX,
     LOCK_SUFFIX,
     SUFFIX,
-    _Bad,
-    _check,
-    _check_owner,
-    _journal_cap,
-    _parse_header,
-    _parse_journal,
-    _payload,
-    _read,
-    _Stale,
+    BadStoreFile,
+    StaleJournal,
     calibration_path,
+    check_arrays,
+    check_owner,
     default_dir,
+    journal_cap,
     journal_path,
+    parse_header,
+    parse_journal,
+    payload_arrays,
+    read_file,
 )
-from localspec.suffix.store_lock import _Busy, _NoLock, _release_lock, _take_lock
+from localspec.suffix.store_lock import LockBusy, NoLock, release_lock, take_lock
 
 
 @dataclass
@@ -78,33 +78,33 @@ def _check_store(path: Path) -> StoreInfo:
     """One store as :meth:`SuffixStore.load` would find it: the vocabulary and namespace are those its
     file name carries (:func:`store_path`), the vocabulary size the one its header names."""
     try:
-        data, _ = _read(path)
+        data, _ = read_file(path)
     except OSError as exc:
         return StoreInfo(path, 0, problem=f"cannot read it ({exc.strerror or exc})")
     info = StoreInfo(path, len(data))
     header: dict = {}
     try:
-        header = _parse_header(data, len(data), path)
+        header = parse_header(data, len(data), path)
         prefix, _, namespace = path.name[: -len(SUFFIX)].partition("-")
         fingerprint = str(header.get("fingerprint", ""))
-        _check_owner(header, fingerprint if fingerprint[:16] == prefix else prefix, namespace)
-        info = _header_info(path, len(data), header)
-        arrays = _payload(data, header)
+        check_owner(header, fingerprint if fingerprint[:16] == prefix else prefix, namespace)
+        info = header_info(path, len(data), header)
+        arrays = payload_arrays(data, header)
         if not isinstance(header.get("snapshot_id"), str) or not header["snapshot_id"]:
-            raise _Bad("its header lacks the snapshot id")
+            raise BadStoreFile("its header lacks the snapshot id")
         n_vocab = header.get("n_vocab")
-        _check(arrays, n_vocab if isinstance(n_vocab, int) and not isinstance(n_vocab, bool) else None)
-    except _Bad as exc:
+        check_arrays(arrays, n_vocab if isinstance(n_vocab, int) and not isinstance(n_vocab, bool) else None)
+    except BadStoreFile as exc:
         info.problem = str(exc)
     del data
     if info.fingerprint:
-        _count_journal(info, header)
+        count_journal(info, header)
     with contextlib.suppress(OSError):
         info.size_bytes += calibration_path(path).stat().st_size
     return info
 
 
-def _header_info(path: Path, size: int, header: dict) -> StoreInfo:
+def header_info(path: Path, size: int, header: dict) -> StoreInfo:
     """What a checked snapshot header says its store holds (a field of the wrong type counts as absent)."""
 
     def number(key: str, kind: type = int) -> float:
@@ -186,25 +186,25 @@ def _same_folder(a: Path, b: Path) -> bool:
         return a == b
 
 
-def _count_journal(info: StoreInfo, header: dict) -> None:
+def count_journal(info: StoreInfo, header: dict) -> None:
     """Add the requests of a snapshot's journal (when it has one of its own) to ``info``; a journal a load
     would not replay (a damaged or foreign header, too large) is noted in ``info.journal_problem``."""
     path = journal_path(info.path)
     try:
         st = path.stat()
-        if st.st_size > _journal_cap(max(DEFAULT_MAX_TOKENS, info.history_tokens)):
+        if st.st_size > journal_cap(max(DEFAULT_MAX_TOKENS, info.history_tokens)):
             info.size_bytes += st.st_size
             info.journal_problem = "it is larger than a store of this size writes"
             return
-        data, _ = _read(path)
-        records, _ = _parse_journal(
+        data, _ = read_file(path)
+        records, _ = parse_journal(
             data, info.fingerprint, info.namespace, str(header.get("snapshot_id", "")), header.get("n_vocab")
         )
-    except _Bad as exc:
+    except BadStoreFile as exc:
         info.size_bytes += st.st_size
         info.journal_problem = str(exc)
         return
-    except (OSError, _Stale):
+    except (OSError, StaleJournal):
         return
     info.size_bytes += st.st_size
     info.history_tokens += sum(r.size for r in records)
@@ -240,14 +240,14 @@ def clear(directory: str | os.PathLike[str] | None = None) -> list[Path]:
         lock = d / f"{stem}{LOCK_SUFFIX}"
         left = lock.exists()  # by a writer killed while it saved (or one saving now, which is waited for)
         try:
-            fd = _take_lock(lock, store_lock.LOCK_WAIT_SECONDS)
-        except _Busy:
+            fd = take_lock(lock, store_lock.LOCK_WAIT_SECONDS)
+        except LockBusy:
             raise CacheError(
                 f"cannot clear {d / (stem + SUFFIX)}: another localspec process has been saving to it for "
                 f"over {store_lock.LOCK_WAIT_SECONDS:g} s",
                 hint="stop the server or run using this cache (or wait for it to finish), then clear again",
             ) from None
-        except _NoLock:
+        except NoLock:
             fd = None  # no lock to be had here: delete as saves go on, unlocked
         try:
             for p in files(glob.escape(stem)):  # what is there now the lock is held
@@ -264,7 +264,7 @@ def clear(directory: str | os.PathLike[str] | None = None) -> list[Path]:
                 gone.append(p)
         finally:
             if fd is not None:
-                _release_lock(lock, fd)
+                release_lock(lock, fd)
                 if left:
                     gone.append(lock)
     return gone

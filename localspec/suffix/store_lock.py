@@ -27,19 +27,19 @@ except ImportError:  # Windows: no advisory locks; saves go on unlocked, as they
 LOCK_WAIT_SECONDS = 5.0
 
 
-class _NoLock(Exception):
+class NoLock(Exception):
     """A store's lock file cannot be used here (the message says why); saves go on without it."""
 
 
-class _Busy(Exception):
+class LockBusy(Exception):
     """Another process held a store's lock past the wait."""
 
 
-def _take_lock(path: Path, wait: float) -> int | None:
+def take_lock(path: Path, wait: float) -> int | None:
     """Take the advisory lock ``path`` (created 0600 in an existing or new 0700 folder, never followed
     if a symlink), waiting up to ``wait`` seconds; its descriptor, or None where there is no ``fcntl``.
-    Raises :class:`_Busy` past the wait and :class:`_NoLock` (why) when the file cannot be used.
-    The holder deletes the file before it lets go (:func:`_release_lock`): a waiter that then gets its
+    Raises :class:`LockBusy` past the wait and :class:`NoLock` (why) when the file cannot be used.
+    The holder deletes the file before it lets go (:func:`release_lock`): a waiter that then gets its
     lock on the deleted file starts over with the path's current one."""
     if fcntl is None:
         return None
@@ -50,7 +50,7 @@ def _take_lock(path: Path, wait: float) -> int | None:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         except OSError as exc:
-            raise _NoLock(f"cannot open its lock file ({exc.strerror or exc})") from exc
+            raise NoLock(f"cannot open its lock file ({exc.strerror or exc})") from exc
         try:
             while True:
                 try:
@@ -58,7 +58,7 @@ def _take_lock(path: Path, wait: float) -> int | None:
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        raise _Busy from None
+                        raise LockBusy from None
                     time.sleep(delay)
                     delay = min(2 * delay, 0.05)  # most saves hold it for a millisecond or two
             held = os.fstat(fd)
@@ -68,7 +68,7 @@ def _take_lock(path: Path, wait: float) -> int | None:
                 now = None
         except OSError as exc:
             os.close(fd)
-            raise _NoLock(f"cannot lock it ({exc.strerror or exc})") from exc
+            raise NoLock(f"cannot lock it ({exc.strerror or exc})") from exc
         except BaseException:
             os.close(fd)
             raise
@@ -77,7 +77,7 @@ def _take_lock(path: Path, wait: float) -> int | None:
         os.close(fd)  # the holder deleted it as it let go: lock the path's file now
 
 
-def _release_lock(path: Path, fd: int) -> None:
+def release_lock(path: Path, fd: int) -> None:
     """Delete the lock file ``path`` if it is still the one ``fd`` holds, then let go of the lock."""
     with contextlib.suppress(OSError):
         held = os.fstat(fd)

@@ -1,7 +1,7 @@
 """What a store knows the files hold for its index, and what another writer appended to the journal since.
 
 Steps 2 and 3 of the protocol in :mod:`localspec.suffix.store` read from here: after every load and write a
-store notes a :class:`_Synced`; before a save, :func:`_read_appended` reads the records another writer
+store notes a :class:`Synced`; before a save, :func:`read_appended` reads the records another writer
 appended after the part of the journal that note covers.
 """
 
@@ -17,11 +17,17 @@ from typing import NamedTuple
 import numpy as np
 
 from localspec.suffix.index import SuffixIndex
-from localspec.suffix.store_files import _Bad, _Identity, _parse_journal, _parse_records, _Stale
+from localspec.suffix.store_files import (
+    BadStoreFile,
+    FileIdentity,
+    StaleJournal,
+    parse_journal,
+    parse_records,
+)
 
 
 @dataclass
-class _Synced:
+class Synced:
     """What the files on disk hold, as this store last wrote or loaded them."""
 
     history: Callable[[], object | None]  # weak references: the index's groups at that time
@@ -30,20 +36,20 @@ class _Synced:
     added: int  # the history's added / dropped counters the files account for
     dropped: int
     snapshot_id: str
-    snapshot: _Identity | None  # None: there was no snapshot (this index started empty, or was cleared)
+    snapshot: FileIdentity | None  # None: there was no snapshot (this index started empty, or was cleared)
     snapshot_tokens: int
     journal: tuple[int, int] | None = None  # device and inode of our journal; None: there is none yet
     journal_end: int = 0  # its bytes that are ours (complete records)
     journal_tokens: int = 0
 
 
-def _synced(
-    index: SuffixIndex, corpus_root: str = "", snapshot_id: str = "", snapshot: _Identity | None = None
-) -> _Synced:
+def synced_with(
+    index: SuffixIndex, corpus_root: str = "", snapshot_id: str = "", snapshot: FileIdentity | None = None
+) -> Synced:
     """In sync with files that hold ``index`` as it is now: the snapshot ``snapshot`` (named
     ``snapshot_id``) of it whole and no journal, or, with ``snapshot`` None, no files at all (``index``,
     empty or forgotten after a clear, was never saved)."""
-    return _Synced(
+    return Synced(
         weakref.ref(index.history),
         weakref.ref(index.corpus),
         corpus_root,
@@ -56,15 +62,15 @@ def _synced(
 
 
 class _Appended(NamedTuple):
-    """Records another writer appended to the journal (:func:`_read_appended`)."""
+    """Records another writer appended to the journal (:func:`read_appended`)."""
 
     records: list[np.ndarray]
     journal: tuple[int, int]  # the journal's device and inode
     end: int  # where its complete records end
 
 
-def _read_appended(
-    journal_path: Path, s: _Synced, cap: int, fingerprint: str, namespace: str, n_vocab: int | None
+def read_appended(
+    journal_path: Path, s: Synced, cap: int, fingerprint: str, namespace: str, n_vocab: int | None
 ) -> _Appended | None:
     """The complete records after the part of the journal ``s`` knows (the whole journal when it knew
     none: the other writer started it after that snapshot, and its header must name it), checked as at
@@ -89,10 +95,10 @@ def _read_appended(
         data = fh.read()
     try:
         if start == 0:
-            records, end = _parse_journal(data, fingerprint, namespace, s.snapshot_id, n_vocab)
+            records, end = parse_journal(data, fingerprint, namespace, s.snapshot_id, n_vocab)
         else:
-            records, end = _parse_records(data, 0, n_vocab)
-    except (_Bad, _Stale):
+            records, end = parse_records(data, 0, n_vocab)
+    except (BadStoreFile, StaleJournal):
         return None
     if end != len(data):
         return None  # a torn or damaged record: the reload keeps the complete ones
