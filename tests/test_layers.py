@@ -176,3 +176,37 @@ def test_one_model_of_speed_below_its_users():
         "localspec.bench.arithmetic",
     ]
     assert [u for u in users if "localspec.decoding.speed" not in graph[u]] == []
+
+
+def _base(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module an ``ImportFrom`` reads from (relative ones resolved against ``module``)."""
+    base = node.module or ""
+    if node.level:
+        parent = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            parent = parent.rpartition(".")[0]
+        base = f"{parent}.{base}" if base else parent
+    return base
+
+
+def _private(name: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in name.split("."))
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A name one module shares with another is its interface: public. Counts every import (module level,
+    inside functions, under ``if TYPE_CHECKING:``)."""
+    wrong = []
+    for module, path in sorted(_modules().items()):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = _base(module, path, node)
+                if base.split(".")[0] != "localspec" or base == module:
+                    continue
+                names = [f"{base}.{a.name}" for a in node.names if _private(a.name) or _private(base)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("localspec.") and _private(a.name)]
+            else:
+                continue
+            wrong += [f"{module}:{node.lineno} imports {name}" for name in names]
+    assert wrong == [], "private names imported across modules: " + "; ".join(wrong)
