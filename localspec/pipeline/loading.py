@@ -11,8 +11,9 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from localspec import constants
 from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
@@ -126,26 +127,14 @@ def load(
         preset: a preset name (downloaded on first use); not with ``target``.
         n_ctx: the context; None: the preset's, else the default. Lowered to the target's trained
             context when it asks for more.
-        n_threads: CPU threads of the target (None: the default for this machine).
-        n_gpu_layers: layers of the target on a GPU; None: all when llama.cpp can offload, else none.
-        draft_n_threads: CPU threads of the draft (None: the target's).
-        draft_n_gpu_layers: layers of the draft on a GPU, as ``n_gpu_layers``.
         strategy: the drafting strategy (see :class:`DraftSettings`).
         n_max: the longest draft.
         n_min: the draft model drafts at least this many tokens before ``p_min`` may stop it.
         p_min: the draft model's top probability below which its draft stops.
         adaptive: let the adaptive controller pick the draft model's lengths.
         progress: called as ``progress(what, done, total)`` while a preset downloads.
-        suffix_store: for the ``suffix``/``model+suffix``/``auto`` strategies, keep what earlier
-            requests wrote in a store on disk (per target vocabulary and ``store_namespace``, mode 0600) so
-            a new process drafts from it too; False keeps it in memory for this pipeline only.
-        corpus: a folder whose text files the suffix cache drafts from (tokenized once at the first
-            suffix generation).
-        store_namespace: the store's namespace (1-64 letters, digits, ``.``, ``_`` or ``-``).
-        rpc: llama.cpp rpc-servers (``"HOST:PORT,..."`` or a list) that hold the target's layers; the
-            draft stays on this machine (docs/rpc.md). ``n_gpu_layers`` then counts layers on the servers
-            (default all).
-        tensor_split: each RPC device's share of those layers (default: by their free memory).
+        n_threads, n_gpu_layers, draft_n_threads, draft_n_gpu_layers, suffix_store, corpus,
+            store_namespace, rpc, tensor_split: as :class:`Pipeline` takes them.
 
     Returns:
         The loaded :class:`Pipeline` (close it, or use it as a context manager, to free the models).
@@ -158,89 +147,123 @@ def load(
         LocalspecError: any other reason the pair cannot load (an incompatible pair, an unknown preset,
             a failed download, a namespace no file can be named by, ...), with a hint.
     """
-    settings = DraftSettings()
-    note = ""
-    for name, value in (("target", target), ("draft", draft), ("preset", preset)):
-        if isinstance(value, str) and not value.strip():  # Path("") is ".", the current folder
-            raise SettingsError(
-                f"{name} is an empty string",
-                hint="give a path" + (", 'ngram', 'none' or 'auto'" if name == "draft" else "")
-                if name != "preset"
-                else "give a preset name (`localspec presets` lists them)",
-            )
+    _refuse_empty_names(target=target, draft=draft, preset=preset)
     if preset is None and target is None:  # the embedded pair, with its preset's draft settings
         preset = constants.EMBEDDED_PRESET
-    preset_draft: Path | None = None
-    if preset is not None:
-        if target is not None:
-            raise ValueError("give either preset= or target=, not both")
-        from localspec.hub.download import ensure_preset
-
-        pair = ensure_preset(preset, progress=progress, check=False)  # checked once, below
-        settings = _preset_settings(pair.preset.draft)
-        if settings.uses_model and pair.draft is None:  # a preset without a draft model cannot use one
-            lookup_only = "ngram" if settings.kind.lookup == "ngram" else "none"
-            settings = settings.with_overrides(strategy=lookup_only)
-        target_path = Path(pair.target)
-        preset_draft = pair.draft
-        if n_ctx is None:
-            n_ctx = pair.preset.n_ctx
-        note = "embedded default pair" if preset == constants.EMBEDDED_PRESET else f"preset {preset}"
-    else:
-        assert target is not None
-        target_path = _check_file(target, "target")
-    if not target_path.is_file():
-        raise ModelNotFoundError(
-            f"target model {target_path}: no such file",
-            hint="reinstall localspec, or name a model with target=PATH",
-        )
-
-    draft_path: Path | None = None
-    if draft is not None and str(draft) == "auto":  # the word every command's --draft takes
-        draft = None
-    if draft is not None and str(draft) in ("none", "ngram"):
-        settings = settings.with_overrides(strategy=str(draft))
-        note = note or ("target alone" if draft == "none" else "n-gram prompt lookup, no draft model")
-    elif draft is not None:
-        draft_path = _check_file(draft, "draft")
-        if not settings.may_use_model:
-            settings = settings.with_overrides(strategy="model")
-        note = note or f"draft {draft_path.name}"
-    elif preset is not None:
-        draft_path = preset_draft
-    elif _may_use_model(strategy or settings.strategy):  # auto may choose the model
-        draft_path, note = _auto_draft(target_path)
-        if draft_path is None and strategy is None:
-            settings = settings.with_overrides(strategy="none")
-    if n_max is None and strategy in SUFFIX_STRATEGIES and not settings.uses_suffix:
-        n_max = LOOKUP_N_MAX  # the suffix cache sizes its own drafts; n_max only bounds one pass
-    settings = settings.with_overrides(
-        strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive
-    )
-    if not settings.may_use_model and draft_path is not None:
-        note += f" (strategy {settings.strategy}: draft model not loaded)"
-        draft_path = None  # a strategy without the draft model must not pay for loading it
-    if not note:
-        note = (
-            "target alone" if not settings.is_speculative else f"strategy {settings.strategy}, no draft model"
-        )
-
-    info = check_pair(target_path, draft_path, label=f"preset '{preset}'" if preset else "")
-    info.note = note + "".join(f"; warning: {w}" for w in info.warnings)  # (a swapped pair, say)
+    plan = _plan_target(target, preset, n_ctx, progress)
+    _plan_draft(plan, draft, preset, strategy)
+    _plan_settings(plan, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive)
+    info = check_pair(plan.target, plan.draft, label=f"preset '{preset}'" if preset else "")
+    info.note = plan.note + "".join(f"; warning: {w}" for w in info.warnings)  # (a swapped pair, say)
     return Pipeline(
         info,
-        n_ctx=constants.DEFAULT_N_CTX if n_ctx is None else n_ctx,
+        n_ctx=constants.DEFAULT_N_CTX if plan.n_ctx is None else plan.n_ctx,
         n_threads=n_threads,
         n_gpu_layers=n_gpu_layers,
         draft_n_threads=draft_n_threads,
         draft_n_gpu_layers=draft_n_gpu_layers,
-        settings=settings,
+        settings=plan.settings,
         suffix_store=suffix_store,
         corpus=corpus,
         store_namespace=store_namespace,
         rpc=rpc,
         tensor_split=tensor_split,
     )
+
+
+@dataclass
+class _LoadPlan:
+    """What :func:`load` settles, step by step, before anything loads: the files and the settings."""
+
+    target: Path
+    settings: DraftSettings
+    note: str = ""  # what the pipeline says it runs (``PairInfo.note``)
+    n_ctx: int | None = None
+    preset_draft: Path | None = None  # the preset's draft model, if it has one
+    draft: Path | None = None  # the draft model to load (None: none)
+
+
+def _refuse_empty_names(**names: str | os.PathLike | None) -> None:
+    """An empty string for a file or preset is a mistake (``Path("")`` is ".", the current folder)."""
+    for name, value in names.items():
+        if isinstance(value, str) and not value.strip():
+            raise SettingsError(
+                f"{name} is an empty string",
+                hint="give a path" + (", 'ngram', 'none' or 'auto'" if name == "draft" else "")
+                if name != "preset"
+                else "give a preset name (`localspec presets` lists them)",
+            )
+
+
+def _plan_target(
+    target: str | os.PathLike | None,
+    preset: str | None,
+    n_ctx: int | None,
+    progress: Callable[[str, int, int], None] | None,
+) -> _LoadPlan:
+    """The target file and the starting settings: the preset's (downloaded, not checked yet: the pair is
+    checked once, in :func:`load`), or a target path's with the default settings."""
+    if preset is None:
+        assert target is not None
+        plan = _LoadPlan(_check_file(target, "target"), DraftSettings(), n_ctx=n_ctx)
+    else:
+        if target is not None:
+            raise ValueError("give either preset= or target=, not both")
+        from localspec.hub.download import ensure_preset
+
+        pair = ensure_preset(preset, progress=progress, check=False)  # checked once, in load()
+        settings = _preset_settings(pair.preset.draft)
+        if settings.uses_model and pair.draft is None:  # a preset without a draft model cannot use one
+            lookup_only = "ngram" if settings.kind.lookup == "ngram" else "none"
+            settings = settings.with_overrides(strategy=lookup_only)
+        note = "embedded default pair" if preset == constants.EMBEDDED_PRESET else f"preset {preset}"
+        n_ctx = pair.preset.n_ctx if n_ctx is None else n_ctx
+        plan = _LoadPlan(Path(pair.target), settings, note, n_ctx, preset_draft=pair.draft)
+    if not plan.target.is_file():
+        raise ModelNotFoundError(
+            f"target model {plan.target}: no such file",
+            hint="reinstall localspec, or name a model with target=PATH",
+        )
+    return plan
+
+
+def _plan_draft(
+    plan: _LoadPlan, draft: str | os.PathLike | None, preset: str | None, strategy: str | None
+) -> None:
+    """The draft model: the one named, a model-free drafter named instead, the preset's, or (for a strategy
+    that may use one) the best compatible draft the scanner finds."""
+    if draft is not None and str(draft) == "auto":  # the word every command's --draft takes
+        draft = None
+    if draft is not None and str(draft) in ("none", "ngram"):
+        plan.settings = plan.settings.with_overrides(strategy=str(draft))
+        plan.note = plan.note or (
+            "target alone" if draft == "none" else "n-gram prompt lookup, no draft model"
+        )
+    elif draft is not None:
+        plan.draft = _check_file(draft, "draft")
+        if not plan.settings.may_use_model:
+            plan.settings = plan.settings.with_overrides(strategy="model")
+        plan.note = plan.note or f"draft {plan.draft.name}"
+    elif preset is not None:
+        plan.draft = plan.preset_draft
+    elif _may_use_model(strategy or plan.settings.strategy):  # auto may choose the model
+        plan.draft, plan.note = _auto_draft(plan.target)
+        if plan.draft is None and strategy is None:
+            plan.settings = plan.settings.with_overrides(strategy="none")
+
+
+def _plan_settings(plan: _LoadPlan, *, strategy: str | None, n_max: int | None, **overrides: Any) -> None:
+    """The explicit arguments over the settings so far; a draft model the result does not use is dropped
+    (a strategy without the draft model must not pay for loading it)."""
+    if n_max is None and strategy in SUFFIX_STRATEGIES and not plan.settings.uses_suffix:
+        n_max = LOOKUP_N_MAX  # the suffix cache sizes its own drafts; n_max only bounds one pass
+    plan.settings = plan.settings.with_overrides(strategy=strategy, n_max=n_max, **overrides)
+    if not plan.settings.may_use_model and plan.draft is not None:
+        plan.note += f" (strategy {plan.settings.strategy}: draft model not loaded)"
+        plan.draft = None
+    if not plan.note:
+        s = plan.settings
+        plan.note = "target alone" if not s.is_speculative else f"strategy {s.strategy}, no draft model"
 
 
 _LOAD_KEYS = {

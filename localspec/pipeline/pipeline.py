@@ -53,6 +53,24 @@ class Pipeline:
     below), lowered to the target's trained context when it asks for more; :attr:`n_ctx` is the result.
     ``rpc`` (``HOST:PORT`` items) puts the target's layers on llama.cpp rpc-servers (all of them unless
     ``n_gpu_layers`` keeps some here; ``tensor_split`` shares them out), the draft stays local.
+
+    Args:
+        info: the checked pair (:func:`localspec.gguf.pairing.check_pair`).
+        n_threads: CPU threads of the target (None: the default for this machine).
+        n_gpu_layers: layers of the target on a GPU; None: all when llama.cpp can offload, else none.
+        draft_n_threads: CPU threads of the draft (None: the target's).
+        draft_n_gpu_layers: layers of the draft on a GPU, as ``n_gpu_layers``.
+        settings: what every call runs unless it says otherwise.
+        suffix_store: for the ``suffix``/``model+suffix``/``auto`` strategies, keep what earlier
+            requests wrote in a store on disk (per target vocabulary and ``store_namespace``, mode 0600) so
+            a new process drafts from it too; False keeps it in memory for this pipeline only.
+        corpus: a folder whose text files the suffix cache drafts from (tokenized once at the first
+            suffix generation).
+        store_namespace: the store's namespace (1-64 letters, digits, ``.``, ``_`` or ``-``).
+        rpc: llama.cpp rpc-servers (``"HOST:PORT,..."`` or a list) that hold the target's layers; the
+            draft stays on this machine (docs/rpc.md). ``n_gpu_layers`` then counts layers on the servers
+            (default all).
+        tensor_split: each RPC device's share of those layers (default: by their free memory).
     """
 
     def __init__(
