@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -119,80 +121,108 @@ def run(
         grammar=grammar,
     )
     with pipe:
-        try:  # a grammar is parsed here, with the target's vocabulary: a broken one is a usage error
-            if chat:
-                stream = pipe.chat_stream([{"role": "user", "content": prompt}], **kw)
-            else:
-                stream = pipe.stream(prompt, **kw)
-        except GrammarError as exc:
-            option = "--grammar-file" if grammar_file is not None else "--json-schema"
-            raise click.BadParameter(str(exc), param_hint=option) from None
-        except ContextOverflowError as exc:  # the same numbers, in this command's own option names
-            raise exc.reworded(max_tokens="-n", n_ctx="--n-ctx", load="run again") from None
-        parts = []
-        last = None
-        tty = sys.stdout.isatty()  # (piped, the two streams are not one line: nothing to keep apart)
-        for last in stream:
-            parts.append(last.text)
-            if not as_json:
-                click.echo(last.text, nl=False)
-                if last.text:
-                    WARNING_LINES.mid_line = tty and not last.text.endswith("\n")
-        if not as_json:
-            click.echo()
-            WARNING_LINES.mid_line = False
-        assert last is not None, "max_tokens >= 1: the engine yields at least one token"
-        stats = last.stats
+        option = "--grammar-file" if grammar_file is not None else "--json-schema"
+        stream = _start(pipe, prompt, chat, option, kw)
+        text, stats = _echo_stream(stream, as_json)
         if baseline and stats.strategy != "none":
-            base = (
-                pipe.chat([{"role": "user", "content": prompt}], baseline=True, **kw)
-                if chat
-                else pipe.generate(prompt, baseline=True, **kw)
-            )
-            if base.stats.tokens_per_second:
-                stats.speedup = stats.tokens_per_second / base.stats.tokens_per_second
+            _measure_baseline(pipe, prompt, chat, stats, kw)
         if as_json:
-            click.echo(
-                json.dumps(
-                    {
-                        "text": "".join(parts),
-                        "stats": stats.as_dict(),
-                        "pair": {
-                            "target": str(pipe.info.target_path),
-                            "draft": str(pipe.info.draft_path) if pipe.info.draft_path else None,
-                            "verdict": pipe.info.verdict,
-                            "note": pipe.info.note,
-                        },
-                    },
-                    indent=2,
-                )
-            )
+            _echo_json(pipe, text, stats)
         else:
             click.echo(f"[{pipe.info.note}] {stats.summary_line()}", err=True)
             if baseline and stats.strategy == "none":
                 click.echo("note: --baseline skipped: this run was the target alone already", err=True)
             if grammar is not None and stats.finish_reason == "length":
-                # a JSON schema's grammar ends with the value, so a cut one is unfinished; a GBNF grammar
-                # may accept where it was cut (root ::= [a-z]*)
-                said = (
-                    "before the output was complete, so it does not match the schema yet"
-                    if json_schema
-                    else "before the grammar ended it, so it may be unfinished"
-                )
-                click.echo(
-                    f"note: stopped at --max-tokens {max_tokens} {said}: raise -n (a small model may never "
-                    "finish it: the embedded toy pair can write spaces for ever)",
-                    err=True,
-                )
+                _echo_cut_grammar(max_tokens, schema=bool(json_schema))
             if stats.speedup is not None and stats.speedup < 1.0 and stats.strategy != "none":
-                tries = [] if model["adaptive"] else ["--adaptive (drafts only when it pays)"]
-                tries += ["--draft ngram"] if stats.strategy != "ngram" else ["--draft none"]
-                click.echo(
-                    f"hint: drafting made this run slower than the target alone ({stats.speedup:.2f}x, "
-                    f"one run each) on this machine; try {', '.join(tries)}, "
-                    "or `localspec bench --tune` to measure what pays over several prompts",
-                    err=True,
-                )
+                _echo_slower(stats, adaptive=model["adaptive"])
+
+
+def _start(pipe: Any, prompt: str, chat: bool, option: str, kw: dict[str, Any]) -> Iterator[Any]:
+    """The token stream of the run; a grammar is parsed here, with the target's vocabulary: a broken one
+    is a usage error of ``option``."""
+    try:
+        if chat:
+            return pipe.chat_stream([{"role": "user", "content": prompt}], **kw)
+        return pipe.stream(prompt, **kw)
+    except GrammarError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+    except ContextOverflowError as exc:  # the same numbers, in this command's own option names
+        raise exc.reworded(max_tokens="-n", n_ctx="--n-ctx", load="run again") from None
+
+
+def _echo_stream(stream: Iterator[Any], as_json: bool) -> tuple[str, Any]:
+    """Print each token as it comes (not with ``--json``); the whole text and the last token's stats."""
+    parts = []
+    last = None
+    tty = sys.stdout.isatty()  # (piped, the two streams are not one line: nothing to keep apart)
+    for last in stream:
+        parts.append(last.text)
+        if not as_json:
+            click.echo(last.text, nl=False)
+            if last.text:
+                WARNING_LINES.mid_line = tty and not last.text.endswith("\n")
+    if not as_json:
+        click.echo()
+        WARNING_LINES.mid_line = False
+    assert last is not None, "max_tokens >= 1: the engine yields at least one token"
+    return "".join(parts), last.stats
+
+
+def _measure_baseline(pipe: Any, prompt: str, chat: bool, stats: Any, kw: dict[str, Any]) -> None:
+    """``--baseline``: the target alone on the same prompt, once; its speed sets ``stats.speedup``."""
+    base = (
+        pipe.chat([{"role": "user", "content": prompt}], baseline=True, **kw)
+        if chat
+        else pipe.generate(prompt, baseline=True, **kw)
+    )
+    if base.stats.tokens_per_second:
+        stats.speedup = stats.tokens_per_second / base.stats.tokens_per_second
+
+
+def _echo_json(pipe: Any, text: str, stats: Any) -> None:
+    click.echo(
+        json.dumps(
+            {
+                "text": text,
+                "stats": stats.as_dict(),
+                "pair": {
+                    "target": str(pipe.info.target_path),
+                    "draft": str(pipe.info.draft_path) if pipe.info.draft_path else None,
+                    "verdict": pipe.info.verdict,
+                    "note": pipe.info.note,
+                },
+            },
+            indent=2,
+        )
+    )
+
+
+def _echo_cut_grammar(max_tokens: int, *, schema: bool) -> None:
+    """A constrained output cut by ``--max-tokens``: a JSON schema's grammar ends with the value, so a cut
+    one is unfinished; a GBNF grammar may accept where it was cut (root ::= [a-z]*)."""
+    said = (
+        "before the output was complete, so it does not match the schema yet"
+        if schema
+        else "before the grammar ended it, so it may be unfinished"
+    )
+    click.echo(
+        f"note: stopped at --max-tokens {max_tokens} {said}: raise -n (a small model may never "
+        "finish it: the embedded toy pair can write spaces for ever)",
+        err=True,
+    )
+
+
+def _echo_slower(stats: Any, *, adaptive: bool) -> None:
+    """Drafting made this run slower than the target alone: what to try."""
+    tries = [] if adaptive else ["--adaptive (drafts only when it pays)"]
+    tries += ["--draft ngram"] if stats.strategy != "ngram" else ["--draft none"]
+    click.echo(
+        f"hint: drafting made this run slower than the target alone ({stats.speedup:.2f}x, "
+        f"one run each) on this machine; try {', '.join(tries)}, "
+        "or `localspec bench --tune` to measure what pays over several prompts",
+        err=True,
+    )
 
 
 def _grammar(json_schema: str | None, grammar_file: Path | None) -> Grammar | None:
