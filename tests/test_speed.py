@@ -76,3 +76,15 @@ def test_auto_routes_by_the_same_model():
     assert model_speed(costs, 0.5, 2) == (pytest.approx(1.5 / 1.3), 1)
     assert model_speed(costs, 0.0, 2) == (1.0, 0)
     assert linear_costs(0.5).ceiling(3) == pytest.approx(4 / 2.5)
+
+
+def test_a_draft_that_stops_at_its_first_rejection_bounds_any_stopping_rule():
+    line = speed.VerifyLine(v2=1.6, slope=0.3)
+    reach = [0.8, 0.6, 0.4, 0.2]
+    # k = 3: it drafts E(2) = 2.4 tokens on average, verifies 3.4 rows: 2.8 / (0.24 + 2.02)
+    assert speed.stopped_round_cost(reach, 3, draft=0.1, verify=line) == pytest.approx(0.24 + 2.02)
+    assert speed.stopped_round_cost(reach, 0, draft=0.1, verify=line) == 1.0
+    k, best = speed.best_length(reach, 4, draft=0.1, verify=line, stops=True)
+    by_k = {1: 1.8 / 1.7, 2: 2.4 / (0.18 + 1.84), 3: 2.8 / 2.26, 4: 3.0 / (0.28 + 2.14)}
+    assert (k, best) == (4, pytest.approx(by_k[4]))
+    assert best >= speed.best_length(reach, 4, draft=0.1, verify=line)[1]

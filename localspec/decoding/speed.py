@@ -136,6 +136,26 @@ def round_cost(k: int, *, draft: float, verify: Verify, rollback: float = 0.0) -
     return k * draft + verify(k + 1) + rollback
 
 
+def stopped_round_cost(
+    reach: Sequence[float], k: int, *, draft: float, verify: Verify, rollback: float = 0.0
+) -> float:
+    """A round whose draft of at most ``k`` stops at its first rejected token (the best any stopping rule can
+    do: a ``p_min`` stop, the adaptive length, a lookup's match): it drafts ``E(k - 1) = E[min(m + 1, k)]``
+    tokens on average and verifies one row more. ``verify`` is read at that mean width (:func:`at_width`),
+    exact for a line (every drafting pass has two rows or more)."""
+    if k <= 0:
+        return verify(1)
+    drafted = expected_tokens(reach, k - 1)
+    return drafted * draft + at_width(verify, 1 + drafted) + rollback
+
+
+def at_width(verify: Verify, b: float) -> float:
+    """``verify`` at a mean width ``b``: straight between the whole widths around it."""
+    lo = math.floor(b)
+    frac = b - lo
+    return verify(lo) if frac == 0 else (1 - frac) * verify(lo) + frac * verify(lo + 1)
+
+
 def speedup(tokens: float, cost: float, alone: float = 1.0) -> float:
     """Tokens per unit of cost over the target alone's (one token per ``alone``); nan for a free round."""
     return tokens * alone / cost if cost > 0 else float("nan")
@@ -157,20 +177,24 @@ def best_length(
     verify: Verify,
     rollback: Callable[[int], float] | float = 0.0,
     k_min: int = 1,
+    stops: bool = False,
 ) -> tuple[int, float]:
     """The ceiling: the draft length in ``k_min..k_max`` with the highest :func:`speedup_at`, and that speedup
-    (ties go to the shorter length). ``k_min = 0`` lets the target alone (1x) win.
+    (ties go to the shorter length). ``k_min = 0`` lets the target alone (1x) win; ``stops``: each round's
+    draft stops at its first rejected token (:func:`stopped_round_cost`).
 
-    Runs once per round in the suffix drafter, so the expected tokens are summed as it goes."""
+    Summed as it goes: the suffix cache's length choice calls it."""
     at = _per_round(rollback)
     alone = verify(1)
     best_k, best = (0, 1.0) if k_min <= 0 else (k_min, -math.inf)
     tokens = 1.0
     for k in range(1, k_max + 1):
+        drafted = tokens if stops else float(k)  # E(k - 1): the mean draft that stops where first wrong
         tokens += reach[k - 1] if k <= len(reach) else 0.0
         if k < k_min:
             continue
-        s = speedup(tokens, k * draft + verify(k + 1) + at(k), alone)
+        width = at_width(verify, 1 + drafted) if stops else verify(k + 1)
+        s = speedup(tokens, drafted * draft + width + at(k), alone)
         if s > best + 1e-12:
             best_k, best = k, s
     return best_k, best
