@@ -11,6 +11,7 @@ import math
 import os
 import re
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -184,7 +185,7 @@ def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
     ]
     # ratios 2.0, 1.0, 1.2 -> median 1.2
     spec = [(p, _drafting_stats(tps, t)) for p, tps in (("a", 19.0), ("b", 9.0), ("c", 12.0))]
-    cell = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.75), base, spec)
+    cell = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.0), base, spec)  # a fixed length
     assert cell.speedup == pytest.approx(1.2)
     assert cell.baseline_tps == 9.5 and cell.speculative_tps == 12.0
     assert cell.acceptance_rate == pytest.approx(60 / 160)
@@ -209,11 +210,18 @@ def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
     assert math.prod(cell.losses.values()) == pytest.approx(cell.efficiency)
     assert cell.losses["baseline_overhead"] == pytest.approx(1.05)
 
-    # The same runs as an adaptive setting: it picks its length per round (none included), so its ceiling is
-    # the best over 0..k: never below the target alone.
+    # The same runs as an adaptive setting: it picks its length per round (none included) and may end a draft
+    # early, so its ceiling is the best over 0..k of rounds whose draft stops at its first rejected token:
+    # never below the target alone, nor below a fixed length's.
     adaptive = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.75, adaptive=True), base, spec)
     benchmath.add_ceilings([adaptive], line)
-    assert adaptive.best_ceiling == pytest.approx(max(1.0, cell.best_ceiling))
+    stopped = {
+        k: speed.expected_tokens(reach, k)
+        / (0.4 * speed.expected_tokens(reach, k - 1) + line(1 + speed.expected_tokens(reach, k - 1)))
+        for k in range(1, 5)
+    }
+    assert adaptive.best_ceiling == pytest.approx(max(1.0, *stopped.values()))
+    assert adaptive.best_ceiling >= cell.best_ceiling
     assert math.prod(adaptive.losses.values()) == pytest.approx(adaptive.efficiency)
 
 
@@ -232,9 +240,10 @@ def test_the_ceiling_reads_acceptance_per_position_pooled_over_a_strategys_cells
     benchmath.add_ceilings(cells, line)
     assert cells[0].reach == [0.75, 0.5, 0.25, 0.0] and cells[1].reach == [0.8, 0.4, 0.2, 0.1]
     pooled = [0.8, 0.5, 0.25, 0.1]
-    for c in cells:
-        assert c.expected_tokens == pytest.approx(1 + sum(pooled))
-        assert c.ceiling == pytest.approx((1 + sum(pooled)) / (4 * 0.4 + line(5)))
+    assert [c.expected_tokens for c in cells] == [pytest.approx(1 + sum(pooled))] * 2
+    assert cells[1].ceiling == pytest.approx(2.65 / (4 * 0.4 + line(5)))  # p_min 0: four drafts a round
+    # p_min 0.75 may stop: at best where the first draft is wrong, E(3) = 2.55 drafts a round
+    assert cells[0].ceiling == pytest.approx(2.65 / (2.55 * 0.4 + line(3.55)))
 
 
 # ---------------------------------------------------------------------------------------------- tuner
@@ -377,9 +386,10 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     from localspec.hub.presets import get_preset
 
     t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
-    rep = {
-        "pair": {"target": str(t), "draft": str(d), "n_ctx": 2048},
-        "tuning": {
+    rep = _report_from(
+        [],
+        pair={"target": str(t), "draft": str(d), "n_ctx": 2048},
+        tuning={
             "overall": {
                 "config": "ngram k=5",
                 "strategy": "ngram",
@@ -418,10 +428,10 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
                 },
             },
         },
-    }
+    )
     paths = tune.save_winners(rep, "my-tuned")
     assert len(paths) == 4 and all(Path(p).is_file() for p in paths)
-    assert rep["tuning"]["replaced"] == []
+    assert rep.tuning["replaced"] == []
     p = get_preset("my-tuned")
     assert (p.draft.strategy, p.draft.n_max) == ("ngram", 5)
     assert get_preset("my-tuned-chat").draft.strategy == "none"
@@ -432,27 +442,49 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     # a second save over the same names says which paths held a preset before (the CLI prints "replaced")
     Path(paths[1]).unlink()
     again = tune.save_winners(rep, "my-tuned")
-    assert again == paths and rep["tuning"]["replaced"] == [paths[0], *paths[2:]]
+    assert again == paths and rep.tuning["replaced"] == [paths[0], *paths[2:]]
 
 
 # ---------------------------------------------------------------------------------------------- reports
 
 
-def _report_from(cells, **extra) -> dict:
-    return {
-        "machine": report.machine_info(2),
-        "settings": {"max_tokens": 8, "temperature": 0.0, "repeats": 1},
-        "pair": {"target": "t.gguf", "draft": "d.gguf"},
-        "memory": {
+def _report_from(cells, **extra) -> report.BenchReport:
+    extra.setdefault("pair", {"target": "t.gguf", "draft": "d.gguf"})
+    return report.BenchReport(
+        machine=report.machine_info(2),
+        settings={"max_tokens": 8, "temperature": 0.0, "repeats": 1},
+        memory={
             "draft_overhead_bytes": 5 * 10**6,
             "draft_overhead_pct": 25.0,
             "draft_weights_bytes": 4 * 10**6,
             "draft_kv_bytes": 10**6,
             "draft_rss_delta_bytes": 3 * 10**6,
         },
-        "cells": [c.as_dict() for c in cells],
+        cells=list(cells),
         **extra,
-    }
+    )
+
+
+def _cell(**kw) -> benchmath.CellResult:
+    """A cell with every required field filled (a drafting model row, 1.3x), overridden by ``kw``."""
+    values = dict(
+        **dict.fromkeys(["p_min", "identical_output"]),
+        **dict.fromkeys(["prompts", "drafting_rounds", "generated_tokens"], 10),
+        **dict.fromkeys(["baseline_tps", "speculative_tps", "draft_share", "verify_share"], 1.0),
+        **dict.fromkeys(["other_share", "prompt_seconds_baseline", "prompt_seconds_speculative"], 1.0),
+        **dict.fromkeys(["mean_accepted_length", "tokens_per_round", "draft_length"], 3.0),
+        workload="code",
+        config="model k=4",
+        strategy="model",
+        n_max=4,
+        speedup=1.3,
+        speedup_per_prompt=[1.3],
+        acceptance_rate=0.8,
+        a=0.8,
+        c=0.5,
+    )
+    values.update(kw)
+    return benchmath.CellResult(**values)
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -486,14 +518,23 @@ def test_report_files_written_and_parseable(tmp_path):
             {"workload": "edit", "prompt_id": "a", "config": "ngram k=2", "repeat": 0, "stats": spec[0][1]},
         ],
     )
-    peer = {"cells": [{**cells[0].as_dict(), "speedup": 1.1, "acceptance_rate": 0.4}], "note": "test peer"}
-    rep = _report_from(cells, peer=peer)
+    theirs = [
+        replace(cells[0], speedup=1.1, acceptance_rate=0.4, speculative_tps=11.0),
+        replace(cells[0], speedup=0.9, acceptance_rate=0.3, config="ngram k=3", n_max=3, speculative_tps=9.0),
+    ]
+    rep = _report_from(cells, peer=report.PeerResult(theirs, "test peer"))
     files = report.write_all(rep, tmp_path / "out")
     data = json.loads(files["json"].read_text())
     assert data["cells"][0]["config"] == "ngram k=2" and data["cells"][0]["speedup"] == pytest.approx(1.2)
     md = files["markdown"].read_text()
-    assert "## code edit" in md and "| config |" in md and "1.20x" in md and "1.10x" in md
+    assert "## code edit" in md and "| config |" in md and "1.20x" in md
+    assert "1.10x (40%, k=2)" in md  # llama.cpp at its best of the same strategy
     assert "ours/llama.cpp" in md and "1.09" in md  # 1.2 / 1.1
+    assert "edit: ours at its best (ngram k=2) / llama.cpp at its best (ngram k=2): 1.09 (tokens/s)" in md
+    # bench.json reads back as the same report (--from-json)
+    again = report.read_json(files["json"])
+    assert again.cells[0].speedup == pytest.approx(1.2) and again.peer and again.peer.note == "test peer"
+    assert report.format_text(again) == report.format_text(report.BenchReport.from_json(rep.as_json()))
     assert "Draft memory: +5.0 MB" in md and "weights 4.0 MB + KV 1.0 MB" in md  # units.format_bytes
     w, h = _png_size(files["png"])
     assert w == 900 and 100 < h < 2000
@@ -506,41 +547,18 @@ def test_figures_no_drafter_can_produce_are_flagged_as_noise():
     """From a run beside another busy process: a model row at 603% of its ceiling, an n-gram row that
     accepted nothing yet ran 5.3x: the report says they are noise rather than print them as results."""
     rows = [
-        {
-            "workload": "code",
-            "config": "model k=4",
-            "speedup": 5.5,
-            "efficiency": 6.03,
-            "acceptance_rate": 0.5,
-        },
-        {
-            "workload": "code",
-            "config": "ngram k=4",
-            "speedup": 5.26,
-            "efficiency": None,
-            "acceptance_rate": 0.0,
-        },
-        {
-            "workload": "chat",
-            "config": "ngram k=4",
-            "speedup": 1.1,
-            "efficiency": None,
-            "acceptance_rate": 0.0,
-        },
-        {
-            "workload": "chat",
-            "config": "model k=4",
-            "speedup": 0.9,
-            "efficiency": 1.05,
-            "acceptance_rate": 0.9,
-        },
+        _cell(workload="code", config="model k=4", speedup=5.5, efficiency=6.03, acceptance_rate=0.5),
+        _cell(workload="code", config="ngram k=4", speedup=5.26, acceptance_rate=0.0),
+        _cell(workload="chat", config="ngram k=4", speedup=1.1, acceptance_rate=0.0),
+        _cell(workload="chat", config="model k=4", speedup=0.9, efficiency=1.05, acceptance_rate=0.9),
     ]
-    (line,) = report.noise_lines({"cells": rows})
+    (line,) = report.noise_lines(_report_from(rows))
     assert "code / model k=4 5.50x is 603% of its ceiling" in line
     assert "code / ngram k=4 5.26x with no draft accepted" in line
     assert "chat" not in line and "--repeats 3" in line
-    assert report.noise_lines({"cells": rows[2:]}) == []
-    (line,) = report.noise_lines({"cells": rows[2:], "verify_slope": 282.7})
+    assert report.noise_lines(_report_from(rows[2:])) == []
+    busy = speed.VerifyLine(v2=1.5, slope=282.7)
+    (line,) = report.noise_lines(_report_from(rows[2:], verify_line=busy))
     assert "each extra token of a verify pass fitted at 283 one-token passes" in line
 
 
@@ -552,8 +570,10 @@ def test_a_recurrent_targets_rollback_lowers_the_ceiling():
     def spec(rollback_seconds, replayed):
         return [("a", _drafting_stats(12.0, t, rollback_seconds=rollback_seconds, replayed_tokens=replayed))]
 
-    plain = benchmath.summarise_cell("w", DraftSettings("model", 4), base, spec(0.0, 0))
-    hybrid = benchmath.summarise_cell("w", DraftSettings("model", 4), base, spec(40 * 0.05 * t, 40))
+    plain = benchmath.summarise_cell("w", DraftSettings("model", 4, p_min=0.0), base, spec(0.0, 0))
+    hybrid = benchmath.summarise_cell(
+        "w", DraftSettings("model", 4, p_min=0.0), base, spec(40 * 0.05 * t, 40)
+    )
     line = speed.VerifyLine(v2=1.3, slope=0.3)
     benchmath.add_ceilings([plain, hybrid], line)
     assert plain.rollback_copies == 0.0 and hybrid.rollback_copies == pytest.approx(0.05)
@@ -568,27 +588,10 @@ def test_a_recurrent_targets_rollback_lowers_the_ceiling():
 def test_a_non_physical_verify_fit_gives_no_ceiling():
     """Beside a busy process the fit gave V(b) = 1 + 282 (b - 1): ceilings of 0.00x, efficiencies of
     222094%, shown as results. A slope past one pass per token gives none."""
-    from localspec.bench.arithmetic import CellResult, add_ceilings
+    from localspec.bench.arithmetic import add_ceilings
 
     def cell(strategy, batch, v):
-        return CellResult(
-            **dict.fromkeys(["p_min", "identical_output"]),
-            **dict.fromkeys(["prompts", "drafting_rounds", "generated_tokens"], 10),
-            **dict.fromkeys(["baseline_tps", "speculative_tps", "draft_share", "verify_share"], 1.0),
-            **dict.fromkeys(["other_share", "prompt_seconds_baseline", "prompt_seconds_speculative"], 1.0),
-            **dict.fromkeys(["mean_accepted_length", "tokens_per_round", "draft_length"], 3.0),
-            workload="code",
-            config=strategy,
-            strategy=strategy,
-            n_max=4,
-            speedup=1.3,
-            speedup_per_prompt=[1.3],
-            acceptance_rate=0.8,
-            a=0.8,
-            c=0.5,
-            batch=batch,
-            v_at_batch=v,
-        )
+        return _cell(config=strategy, strategy=strategy, batch=batch, v_at_batch=v)
 
     busy = [cell("model", 2.0, 2.0), cell("model", 5.0, 1130.0)]
     assert add_ceilings(busy).slope > 200 and busy[0].ceiling is None and busy[0].efficiency is None
@@ -1066,3 +1069,87 @@ def test_a_prompt_too_long_for_the_context_is_named_before_the_first_run(tmp_pat
         benchmark(prompts_file=prompts, max_tokens=4, threads=2, strategies=["ngram"])
     assert "prompt 'mine-02' of mine is" in err.value.message and "--max-tokens 4" in err.value.message
     assert "raise --n-ctx" not in (err.value.hint or "")  # the embedded pair is at its trained context
+
+
+# ---------------------------------------------------------------------------------------------- saved runs
+
+_RESULTS = Path(__file__).resolve().parent.parent
+
+
+def _saved_bench_runs() -> list[Path]:
+    """Every committed bench.json (a report with cells and the run records behind them)."""
+    out = []
+    for folder in (_RESULTS / "docs" / "results", _RESULTS / "tests" / "data"):
+        for path in sorted(folder.rglob("*.json")):
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict) and "cells" in data and (data.get("runs") or data.get("records")):
+                out.append(path)
+    return out
+
+
+@pytest.mark.parametrize(
+    "path",
+    _saved_bench_runs()
+    or [
+        pytest.param(
+            None, marks=pytest.mark.skip(reason="no bench run is committed (docs/results, tests/data)")
+        )
+    ],
+)
+def test_no_saved_run_beats_its_ceiling(path):
+    """The model of speed replayed on each saved run's records: no setting above 100% of its ceiling."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    saved = report.BenchReport.from_json(data)
+    runs = data.get("runs") or data.get("records")
+    configs = list(
+        {
+            c.config: DraftSettings(c.strategy, c.n_max or 1, p_min=c.p_min or 0.0, adaptive=c.adaptive)
+            for c in saved.cells
+        }.values()
+    )
+    workloads_run = [Workload(w, []) for w in dict.fromkeys(c.workload for c in saved.cells)]
+    cells, _ = benchmath.summarise(workloads_run, configs, runs)
+    assert cells
+    over = [f"{c.workload} / {c.config}: {c.efficiency:.0%}" for c in cells if (c.efficiency or 0) > 1.0]
+    assert over == []
+
+
+def test_llama_cpp_runs_its_draft_simple_over_a_grid_with_its_defaults():
+    from localspec.bench import peer
+    from localspec.bench.session_run import DEFAULT_SESSION_ROWS, SESSION_ROWS
+    from localspec.cli import bench as cli_bench
+
+    ours = [DraftSettings("model", 4, p_min=0.75), DraftSettings("ngram", 4), DraftSettings("suffix", 8)]
+    got = [c.label for c in peer.peer_configs(ours, [2, 4], [0.5])]
+    assert got == ["model k=2 p_min=0.5", "model k=3 p_min=0", "model k=4 p_min=0.5", "ngram k=4"]
+    assert len(peer.peer_configs(ours)) == 7 * 3 + 1  # n-max 2..8 x p-min 0, 0.5, 0.75 (3/0 among them)
+    assert peer.peer_configs([DraftSettings("model", 4, adaptive=True)]) == []
+    # the command's defaults and names are the library's (kept apart so that --help imports neither)
+    assert tune.parse_int_range(cli_bench._PEER_N_MAX) == list(peer.PEER_N_MAX)
+    assert tune.parse_p_min_list(cli_bench._PEER_P_MIN) == list(peer.PEER_P_MIN)
+    assert cli_bench._SESSION_ROWS == tuple(SESSION_ROWS)
+    assert cli_bench._DEFAULT_SESSION_ROWS == DEFAULT_SESSION_ROWS
+    assert cli_bench._SESSION_MODES == peer.SESSION_MODES
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--peer-n-max", "2-4"], "--peer-n-max needs --peer"),
+        (["--session-rows", "ngram-4"], "--session-rows needs --sessions"),
+        (["--sessions", "agent", "--peer-modes", "none"], "--peer-modes needs --sessions and --peer"),
+        (
+            ["--sessions", "agent", "--peer", "--peer-p-min", "0"],
+            "--peer-p-min does not apply with --sessions",
+        ),
+        (["--from-json", __file__, "--limit", "2"], "--from-json runs nothing: --limit does not apply"),
+    ],
+)
+def test_bench_options_that_need_another_are_refused_as_parsed(no_model_loads, tmp_path, args, says):
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    res = CliRunner().invoke(main, ["bench", "-q", "--out", str(tmp_path / "out"), *args])
+    assert res.exit_code == 2, res.output
+    assert says in " ".join(res.output.split()), res.output

@@ -16,3 +16,23 @@ def test_script_help_runs(script):
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "usage" in out.stdout.lower()
+
+
+def test_the_comparisons_are_bench_options_not_scripts():
+    """scripts/ keeps developer tools; the big-target and session comparisons are `localspec bench`'s."""
+    from click.testing import CliRunner
+
+    from localspec.cli.bench import bench
+
+    names = {p.name for p in SCRIPTS}
+    assert not names & {"bench_big_target.py", "bench_sessions.py"}
+    said = CliRunner().invoke(bench, ["--help"]).output
+    for option in (
+        "--wide-target",
+        "--peer-n-max",
+        "--peer-p-min",
+        "--sessions",
+        "--session-rows",
+        "--from-json",
+    ):
+        assert option in said, option

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from localspec.bench.workloads import Workload
@@ -121,6 +121,17 @@ class CellResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CellResult:
+        """A cell read back from :meth:`as_dict` (a bench.json): unknown keys are left out, and a float
+        written as null (NaN) is NaN again."""
+        known = {f.name: f for f in fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        for name, f in known.items():
+            if values.get(name, 0) is None and f.type == "float":
+                values[name] = float("nan")
+        return cls(**values)
 
 
 def _per_prompt_tps(runs: Sequence[tuple[str, dict]]) -> dict[str, float]:
@@ -252,6 +263,12 @@ def add_ceilings(cells: list[CellResult], line: speed.VerifyLine | None = None) 
     return line
 
 
+def _full_round_cost(
+    reach: Sequence[float], k: int, *, draft: float, verify: speed.Verify, rollback: float = 0.0
+) -> float:
+    return speed.round_cost(k, draft=draft, verify=verify, rollback=rollback)
+
+
 def _fill_ceiling(c: CellResult, pooled: list[float], line: speed.VerifyLine) -> None:
     """One drafting cell's ceilings, efficiency and loss factors (see :func:`add_ceilings`)."""
     k = int(c.n_max or round(c.draft_length) or 1)
@@ -259,9 +276,15 @@ def _fill_ceiling(c: CellResult, pooled: list[float], line: speed.VerifyLine) ->
     rollback = c.rollback_copies + line.slope * c.replayed_per_round  # 0 for a transformer target
     c.v_k1 = line(k + 1)
     c.expected_tokens = speed.expected_tokens(reach, k)
-    c.ceiling = speed.speedup_at(reach, k, draft=c.c, verify=line, rollback=rollback)
+    # a round that can end its draft early (p_min, the adaptive length, a lookup's match) is bounded by one
+    # that stops at its first rejected token; a fixed-length draft model's by its full k drafts
+    stops = c.adaptive or c.strategy != "model" or bool(c.p_min)
+    cost = (speed.stopped_round_cost if stops else _full_round_cost)(
+        reach, k, draft=c.c, verify=line, rollback=rollback
+    )
+    c.ceiling = speed.speedup(c.expected_tokens, cost)
     c.best_k, c.best_ceiling = speed.best_length(
-        reach, k, draft=c.c, verify=line, rollback=rollback, k_min=0 if c.adaptive else 1
+        reach, k, draft=c.c, verify=line, rollback=rollback, k_min=0 if c.adaptive else 1, stops=stops
     )
     if not c.best_ceiling or math.isnan(c.speedup):
         return

@@ -27,7 +27,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,12 @@ RPC_SERVER = "ggml-rpc-server"
 ARCHS = "test-llama-archs"
 #: The strategies llama.cpp's own speculative decoding has an equivalent for.
 PEER_STRATEGIES: tuple[str, ...] = ("model", "ngram")
+#: llama.cpp's own defaults for draft-simple (``common/common.h``: n_max 3, p_min 0): always measured
+PEER_DEFAULT = (3, 0.0)
+#: The grid llama.cpp's draft-simple runs over by default (``bench --peer-n-max``, ``--peer-p-min``), so that
+#: it is compared at its best, not at our p_min: 21 settings with its defaults among them.
+PEER_N_MAX: tuple[int, ...] = tuple(range(2, 9))
+PEER_P_MIN: tuple[float, ...] = (0.0, 0.5, 0.75)
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",  # what scikit-build-core uses for llama-cpp-python
     "-DBUILD_SHARED_LIBS=ON",
@@ -470,6 +476,29 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def peer_configs(
+    ours: Sequence[DraftSettings],
+    n_max_values: Sequence[int] = PEER_N_MAX,
+    p_min_values: Sequence[float] = PEER_P_MIN,
+) -> list[DraftSettings]:
+    """The settings llama.cpp runs for ours: its draft-simple over the grid of ``n_max_values`` x
+    ``p_min_values`` plus its own defaults (:data:`PEER_DEFAULT`) where we draft with the model,
+    ngram-simple at our length where we look up n-grams; nothing for a strategy it has no equivalent of,
+    or an adaptive one. Each setting once."""
+    out: dict[str, DraftSettings] = {}
+    for c in ours:
+        if c.strategy not in PEER_STRATEGIES or c.adaptive:
+            continue
+        if c.strategy == "model":
+            grid = {(k, float(p)) for k in n_max_values for p in p_min_values} | {PEER_DEFAULT}
+            for k, p in sorted(grid):
+                cfg = DraftSettings(strategy="model", n_max=k, p_min=p)
+                out.setdefault(cfg.label, cfg)
+        else:
+            out.setdefault(c.label, c)
+    return list(out.values())
 
 
 def server_args(

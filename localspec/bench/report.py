@@ -1,4 +1,5 @@
-"""Benchmark report: one JSON-able dict, written as bench.json, bench.md, a PNG chart and console tables."""
+"""Benchmark report: one :class:`BenchReport` record, written as bench.json, bench.md, a PNG chart and
+console tables, and read back from bench.json (``localspec bench --from-json``)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import json
 import math
 import os
 import platform
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localspec.bench.arithmetic import MAX_PHYSICAL_SLOPE
+from localspec.bench.arithmetic import MAX_PHYSICAL_SLOPE, CellResult
 from localspec.bench.workloads import WORKLOAD_TITLES
+from localspec.decoding.speed import VerifyLine
 from localspec.units import format_bytes
 
 LOSS_NAMES = {
@@ -80,29 +83,109 @@ def _f(v: Any, fmt: str = "{:.2f}", none: str = "-") -> str:
     return fmt.format(v)
 
 
-def peer_lookup(report: dict[str, Any]) -> dict[tuple[str, str], dict]:
-    peer = report.get("peer") or {}
-    return {(c["workload"], c["config"]): c for c in peer.get("cells", [])}
+@dataclass
+class PeerResult:
+    """llama.cpp's side of a ``--peer`` run: its cells (its own target alone as their baseline)."""
+
+    cells: list[CellResult]
+    note: str = ""
 
 
-def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """One flat row per workload x config, with the peer's numbers and ours/theirs when present."""
-    peers = peer_lookup(report)
-    out = []
-    for c in report["cells"]:
-        p = peers.get((c["workload"], c["config"]))
-        ratio = None
-        if p and p.get("speedup") and c.get("speedup"):
-            ratio = c["speedup"] / p["speedup"]
-        out.append(
-            {
-                **c,
-                "peer_speedup": p.get("speedup") if p else None,
-                "peer_acceptance": p.get("acceptance_rate") if p else None,
-                "ours_over_peer": ratio,
-            }
+@dataclass
+class BenchReport:
+    """What one ``localspec bench`` measured: where, with what, each cell, and llama.cpp's side.
+
+    Written as bench.json by :meth:`as_json` (the keys are the fields; a cell is
+    :meth:`~localspec.bench.arithmetic.CellResult.as_dict`) and read back by :meth:`from_json`."""
+
+    machine: dict[str, Any]  # machine_info(): CPU, cores, RAM, OS, versions
+    settings: dict[str, Any]  # max_tokens, temperature, repeats, threads, workloads, ...
+    pair: dict[str, Any]  # target, draft, verdict, n_ctx, n_max, p_min, placement
+    cells: list[CellResult]  # one per workload x speculative setting, ours
+    memory: dict[str, Any] = field(default_factory=dict)  # MemoryReport.as_dict()
+    verify_line: VerifyLine | None = None  # V(b) fitted over our cells (None: no fit)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # every run record (text cut to 300 chars)
+    peer: PeerResult | None = None
+    wide_target: str | None = None  # the line saying how the target was re-encoded (--wide-target)
+    tuning: dict[str, Any] | None = None  # --tune: the sweep per workload, the winners, presets saved
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "machine": self.machine,
+            "settings": self.settings,
+            "pair": self.pair,
+            "memory": self.memory,
+            "verify_slope": self.verify_line.slope if self.verify_line else None,
+            "verify_v2": self.verify_line.v2 if self.verify_line else None,
+            "cells": [c.as_dict() for c in self.cells],
+            "runs": self.runs,
+        }
+        if self.peer is not None:
+            out["peer"] = {"cells": [c.as_dict() for c in self.peer.cells], "note": self.peer.note}
+        if self.wide_target:
+            out["wide_target"] = self.wide_target
+        if self.tuning is not None:
+            out["tuning"] = self.tuning
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> BenchReport:
+        """A report read back from bench.json (one written before the verify line kept only its slope,
+        through V(1) = 1: its line is that one)."""
+        slope, v2 = d.get("verify_slope"), d.get("verify_v2")
+        line = None
+        if isinstance(slope, (int, float)):
+            line = VerifyLine(v2=float(v2) if isinstance(v2, (int, float)) else 1.0 + slope, slope=slope)
+        peer = d.get("peer")
+        return cls(
+            machine=dict(d.get("machine") or {}),
+            settings=dict(d.get("settings") or {}),
+            pair=dict(d.get("pair") or {}),
+            cells=[CellResult.from_dict(c) for c in d.get("cells") or []],
+            memory=dict(d.get("memory") or {}),
+            verify_line=line,
+            runs=list(d.get("runs") or []),
+            peer=PeerResult([CellResult.from_dict(c) for c in peer.get("cells") or []], peer.get("note", ""))
+            if peer
+            else None,
+            wide_target=d.get("wide_target"),
+            tuning=d.get("tuning"),
         )
-    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the tables: our cell and llama.cpp's best setting of the same strategy on its workload."""
+
+    cell: CellResult
+    peer: CellResult | None = None
+
+    @property
+    def ours_over_peer(self) -> float | None:
+        """Our speedup over llama.cpp's, each over its own target alone."""
+        p, c = self.peer, self.cell
+        if p is None or not _number(p.speedup) or not _number(c.speedup):
+            return None
+        return c.speedup / p.speedup
+
+
+def _number(v: float | None) -> bool:
+    return v is not None and not math.isnan(v) and v != 0
+
+
+def best_peer(report: BenchReport, workload: str, strategy: str) -> CellResult | None:
+    """llama.cpp at its best: the setting of ``strategy`` with the highest speedup on ``workload``."""
+    cells = [
+        c
+        for c in (report.peer.cells if report.peer else [])
+        if c.workload == workload and c.strategy == strategy and _number(c.speedup)
+    ]
+    return max(cells, key=lambda c: c.speedup, default=None)
+
+
+def rows(report: BenchReport) -> list[Row]:
+    """One row per workload x config, with llama.cpp at its best for the same strategy when it ran."""
+    return [Row(c, best_peer(report, c.workload, c.strategy)) for c in report.cells]
 
 
 HEADERS = [
@@ -117,28 +200,32 @@ HEADERS = [
     "ceiling",
     "efficiency",
     "best k",
-    "llama.cpp",
+    "llama.cpp at its best",
     "ours/llama.cpp",
 ]
 
 
-def _row_cells(r: dict[str, Any]) -> list[str]:
-    split = f"{r['draft_share']:.0%}/{r['verify_share']:.0%}/{r['other_share']:.0%}"
+def _row_cells(r: Row) -> list[str]:
+    c, p = r.cell, r.peer
+    split = f"{c.draft_share:.0%}/{c.verify_share:.0%}/{c.other_share:.0%}"
+    peer = "-"
+    if p is not None:
+        setting = p.config.removeprefix(f"{p.strategy} ")
+        peer = f"{_f(p.speedup, '{:.2f}x')} ({p.acceptance_rate:.0%}, {setting})"
     return [
-        r["config"],
-        f"{r['acceptance_rate']:.0%}",
-        _f(r["mean_accepted_length"]),
-        _f(r["baseline_tps"], "{:.1f}"),
-        _f(r["speculative_tps"], "{:.1f}"),
-        _f(r["speedup"], "{:.2f}x"),
-        _f(r.get("predicted_speedup"), "{:.2f}x"),
+        c.config,
+        f"{c.acceptance_rate:.0%}",
+        _f(c.mean_accepted_length),
+        _f(c.baseline_tps, "{:.1f}"),
+        _f(c.speculative_tps, "{:.1f}"),
+        _f(c.speedup, "{:.2f}x"),
+        _f(c.predicted_speedup, "{:.2f}x"),
         split,
-        _f(r.get("ceiling"), "{:.2f}x"),
-        _f(r.get("efficiency"), "{:.0%}"),
-        f"{r['best_k']} ({r['best_ceiling']:.2f}x)" if r.get("best_k") and r.get("best_ceiling") else "-",
-        _f(r.get("peer_speedup"), "{:.2f}x")
-        + (f" ({r['peer_acceptance']:.0%})" if r.get("peer_acceptance") is not None else ""),
-        _f(r.get("ours_over_peer")),
+        _f(c.ceiling, "{:.2f}x"),
+        _f(c.efficiency, "{:.0%}"),
+        f"{c.best_k} ({c.best_ceiling:.2f}x)" if c.best_k and c.best_ceiling else "-",
+        peer,
+        _f(r.ours_over_peer),
     ]
 
 
@@ -160,18 +247,18 @@ def _md_table(headers: list[str], body: list[list[str]]) -> str:
 TUNE_ROWS = 8
 
 
-def _by_workload(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def _by_workload(report: BenchReport) -> dict[str, list[Row]]:
     """Rows grouped per workload; after a tuning sweep only the best few per workload."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[Row]] = {}
     for r in rows(report):
-        groups.setdefault(r["workload"], []).append(r)
-    if report.get("tuning"):
+        groups.setdefault(r.cell.workload, []).append(r)
+    if report.tuning:
         groups = {w: rs[:TUNE_ROWS] for w, rs in groups.items()}
     return groups
 
 
-def _memory_line(report: dict[str, Any]) -> str:
-    m = report.get("memory") or {}
+def _memory_line(report: BenchReport) -> str:
+    m = report.memory
     if not m.get("draft_overhead_bytes"):
         return "Draft memory: none (n-gram lookup needs no model)."
     return (
@@ -181,20 +268,18 @@ def _memory_line(report: dict[str, Any]) -> str:
     )
 
 
-def _losses_line(r: dict[str, Any]) -> str:
-    if not r.get("losses"):
+def _losses_line(c: CellResult) -> str:
+    if not c.losses:
         return ""
-    parts = [f"{LOSS_NAMES.get(k, k)} x{v:.2f}" for k, v in r["losses"].items()]
-    return f"{r['workload']} / {r['config']}: efficiency {_f(r.get('efficiency'), '{:.0%}')} = " + " * ".join(
-        parts
-    )
+    parts = [f"{LOSS_NAMES.get(k, k)} x{v:.2f}" for k, v in c.losses.items()]
+    return f"{c.workload} / {c.config}: efficiency {_f(c.efficiency, '{:.0%}')} = " + " * ".join(parts)
 
 
-def format_text(report: dict[str, Any]) -> str:
+def format_text(report: BenchReport) -> str:
     """The console output: a table per workload, then memory and a one-line summary per strategy."""
-    out = [report["wide_target"]] if report.get("wide_target") else []
+    out = [report.wide_target] if report.wide_target else []
     for w, rs in _by_workload(report).items():
-        out.append(f"\n{WORKLOAD_TITLES.get(w, w)} ({rs[0]['prompts']} prompts)")
+        out.append(f"\n{WORKLOAD_TITLES.get(w, w)} ({rs[0].cell.prompts} prompts)")
         out.append(_text_table(HEADERS, [_row_cells(r) for r in rs]))
     out.append("")
     out.append(_memory_line(report))
@@ -202,26 +287,63 @@ def format_text(report: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def summary_lines(report: dict[str, Any]) -> list[str]:
+def summary_lines(report: BenchReport) -> list[str]:
     lines = []
-    by_strategy: dict[str, list[dict]] = {}
+    by_strategy: dict[str, list[Row]] = {}
     for r in rows(report):
-        by_strategy.setdefault(r["config"], []).append(r)
+        by_strategy.setdefault(r.cell.config, []).append(r)
     for label, rs in by_strategy.items():
-        sp = [r["speedup"] for r in rs if r.get("speedup")]
+        sp = [r.cell.speedup for r in rs if _number(r.cell.speedup)]
         if not sp:
             continue
         geo = math.exp(sum(math.log(s) for s in sp) / len(sp))
         line = f"{label}: speedup {min(sp):.2f}x-{max(sp):.2f}x (geometric mean {geo:.2f}x)"
-        ratios = [r["ours_over_peer"] for r in rs if r.get("ours_over_peer")]
+        ratios = [x for r in rs if (x := r.ours_over_peer)]
         if ratios:
-            line += f"; ours/llama.cpp {min(ratios):.2f}-{max(ratios):.2f}"
+            line += f"; ours/llama.cpp at its best {min(ratios):.2f}-{max(ratios):.2f}"
         lines.append(line)
-    tuning = report.get("tuning")
-    if tuning:
-        for w, t in tuning["workloads"].items():
+    lines += best_against_best_lines(report) + auto_lines(report)
+    if report.tuning:
+        for w, t in report.tuning["workloads"].items():
             lines.append(f"tuned {w}: {t['note']}")
     return lines + noise_lines(report)
+
+
+def best_against_best_lines(report: BenchReport) -> list[str]:
+    """Per workload: ours at our best over llama.cpp at its best, in tokens/s (the same token ids)."""
+    if report.peer is None:
+        return []
+    out = []
+    for w in dict.fromkeys(c.workload for c in report.cells):
+        ours = _fastest(c for c in report.cells if c.workload == w)
+        theirs = _fastest(c for c in report.peer.cells if c.workload == w)
+        if ours is not None and theirs is not None:
+            out.append(
+                f"{w}: ours at its best ({ours.config}) / llama.cpp at its best ({theirs.config}): "
+                f"{ours.speculative_tps / theirs.speculative_tps:.2f} (tokens/s)"
+            )
+    return out
+
+
+def auto_lines(report: BenchReport) -> list[str]:
+    """Per workload where ``auto`` ran beside fixed settings: its speedup over the best fixed one's."""
+    out = []
+    for w in dict.fromkeys(c.workload for c in report.cells):
+        cells = [c for c in report.cells if c.workload == w and _number(c.speedup)]
+        autos = [c for c in cells if c.strategy == "auto"]
+        fixed = [c for c in cells if c.strategy != "auto" and not c.adaptive]
+        if autos and fixed:
+            best = max(fixed, key=lambda c: c.speedup)
+            out += [
+                f"{w}: {a.config} / the best fixed ({best.config}): {a.speedup / best.speedup:.2f}"
+                for a in autos
+            ]
+    return out
+
+
+def _fastest(cells: Any) -> CellResult | None:
+    usable = [c for c in cells if _number(c.speculative_tps)]
+    return max(usable, key=lambda c: c.speculative_tps, default=None)
 
 
 #: A speedup this far above its ceiling, or this far from 1x for a strategy that drafted nothing, is
@@ -229,22 +351,23 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 NOISE_MARGIN = 0.2
 
 
-def noise_lines(report: dict[str, Any]) -> list[str]:
+def noise_lines(report: BenchReport) -> list[str]:
     """Warnings for figures no drafter can produce: a speedup far above its ceiling, or far from 1x with
     no draft accepted (then it ran the target alone). They come from a machine busy with something else
     during the run, or from too few tokens to time."""
     odd = []
-    for r in rows(report):
-        speedup, efficiency = r.get("speedup"), r.get("efficiency")
-        if not speedup:
+    for c in report.cells:
+        if not _number(c.speedup):
             continue
-        if efficiency and efficiency > 1 + NOISE_MARGIN:
-            odd.append(f"{r['workload']} / {r['config']} {speedup:.2f}x is {efficiency:.0%} of its ceiling")
-        elif not r.get("acceptance_rate") and abs(speedup - 1) > NOISE_MARGIN:
-            odd.append(f"{r['workload']} / {r['config']} {speedup:.2f}x with no draft accepted")
-    slope = report.get("verify_slope")
-    if isinstance(slope, (int, float)) and slope > MAX_PHYSICAL_SLOPE:
-        odd.append(f"each extra token of a verify pass fitted at {slope:.3g} one-token passes (1 at most)")
+        if c.efficiency and c.efficiency > 1 + NOISE_MARGIN:
+            odd.append(f"{c.workload} / {c.config} {c.speedup:.2f}x is {c.efficiency:.0%} of its ceiling")
+        elif not c.acceptance_rate and abs(c.speedup - 1) > NOISE_MARGIN:
+            odd.append(f"{c.workload} / {c.config} {c.speedup:.2f}x with no draft accepted")
+    line = report.verify_line
+    if line is not None and line.slope > MAX_PHYSICAL_SLOPE:
+        odd.append(
+            f"each extra token of a verify pass fitted at {line.slope:.3g} one-token passes (1 at most)"
+        )
     if not odd:
         return []
     return [
@@ -253,14 +376,14 @@ def noise_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
-def write_markdown(report: dict[str, Any], path: Path) -> Path:
-    s = report["settings"]
+def write_markdown(report: BenchReport, path: Path) -> Path:
+    s = report.settings
     out = [
         "# localspec bench",
         "",
-        f"Machine: {machine_label(report['machine'])}.",
-        f"Pair: target `{report['pair'].get('target')}`, draft `{report['pair'].get('draft')}`.",
-        *([f"Regime: {report['wide_target']}.", ""] if report.get("wide_target") else []),
+        f"Machine: {machine_label(report.machine)}.",
+        f"Pair: target `{report.pair.get('target')}`, draft `{report.pair.get('draft')}`.",
+        *([f"Regime: {report.wide_target}.", ""] if report.wide_target else []),
         f"Settings: max_tokens {s.get('max_tokens')}, temperature {s.get('temperature')}, "
         f"repeats {s.get('repeats')}, runs interleaved (target alone, then each strategy, per prompt); "
         "speedup = median over prompts of speculative tok/s / target-alone tok/s.",
@@ -268,20 +391,20 @@ def write_markdown(report: dict[str, Any], path: Path) -> Path:
         _memory_line(report),
     ]
     for w, rs in _by_workload(report).items():
-        out += ["", f"## {WORKLOAD_TITLES.get(w, w)} ({rs[0]['prompts']} prompts)", ""]
+        out += ["", f"## {WORKLOAD_TITLES.get(w, w)} ({rs[0].cell.prompts} prompts)", ""]
         out.append(_md_table(HEADERS, [_row_cells(r) for r in rs]))
     out += ["", "## Summary", ""] + [f"- {ln}" for ln in summary_lines(report)]
-    losses = [_losses_line(r) for r in rows(report) if r.get("losses")]
+    losses = [_losses_line(c) for c in report.cells if c.losses]
     if losses:
         out += ["", "## Where the rest went (factors multiply to the efficiency)", ""]
         out += [f"- {ln}" for ln in losses]
-    if report.get("peer", {}).get("note"):
-        out += ["", f"llama.cpp peer: {report['peer']['note']}"]
+    if report.peer is not None and report.peer.note:
+        out += ["", f"llama.cpp peer: {report.peer.note}"]
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
     return path
 
 
-def write_json(report: dict[str, Any], path: Path) -> Path:
+def write_json(report: BenchReport, path: Path) -> Path:
     def clean(o: Any) -> Any:
         if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
             return None
@@ -291,20 +414,25 @@ def write_json(report: dict[str, Any], path: Path) -> Path:
             return [clean(v) for v in o]
         return o
 
-    path.write_text(json.dumps(clean(report), indent=1) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(clean(report.as_json()), indent=1) + "\n", encoding="utf-8")
     return path
+
+
+def read_json(path: Path) -> BenchReport:
+    """A bench.json written by :func:`write_json`, as a report again."""
+    return BenchReport.from_json(json.loads(path.read_text(encoding="utf-8")))
 
 
 COLOURS = [(52, 101, 164), (115, 210, 22), (245, 121, 0), (117, 80, 123), (193, 125, 17), (204, 0, 0)]
 
 
-def write_png(report: dict[str, Any], path: Path) -> Path:
+def write_png(report: BenchReport, path: Path) -> Path:
     """Horizontal bars: speedup per workload and setting, llama.cpp's (hatched) under ours, a 1.0x line."""
     from PIL import Image, ImageDraw, ImageFont
 
     groups = _by_workload(report)
-    labels = list(dict.fromkeys(r["config"] for rs in groups.values() for r in rs))
-    peered = {r["config"] for rs in groups.values() for r in rs if r.get("peer_speedup")}
+    labels = list(dict.fromkeys(r.cell.config for rs in groups.values() for r in rs))
+    peered = {r.cell.config for rs in groups.values() for r in rs if r.peer is not None}
     series = [(lbl, p) for lbl in labels for p in ((False, True) if lbl in peered else (False,))]
     colour_of = {lbl: COLOURS[i % len(COLOURS)] for i, lbl in enumerate(labels)}
     bar, gap, left, top, width = 14, 12, 150, 60, 900
@@ -315,14 +443,14 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     legend = [(lbl, False, lbl) for lbl in labels]
     if peered:
-        note = "hatched: llama.cpp's own speculative decoding, same setting"
+        note = "hatched: llama.cpp's own speculative decoding at its best, same strategy"
         legend.append((next(iter(peered)), True, note))
     places = _legend_places([t for _, _, t in legend], lambda t: probe.textlength(t, font=font), width)
     rows = 1 + max((row for _, row in places), default=0)
     height = top + len(groups) * (len(series) * bar + gap) + 20 + rows * 18 + 10
     img = Image.new("RGB", (width, height), "white")
     d = ImageDraw.Draw(img)
-    vals = [r.get(k) or 0 for rs in groups.values() for r in rs for k in ("speedup", "peer_speedup")]
+    vals = [v or 0 for rs in groups.values() for r in rs for v in _bar_values(r)]
     vmax = max(1.5, max(vals, default=1.0) * 1.1)
     plot_w = width - left - 40
     x_of = lambda v: left + int(plot_w * v / vmax)  # noqa: E731
@@ -330,10 +458,10 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
     y = top
     for w, rs in groups.items():
         d.text((10, y + 2), WORKLOAD_TITLES.get(w, w), fill="black", font=font)
-        by_cfg = {r["config"]: r for r in rs}
+        by_cfg = {r.cell.config: r for r in rs}
         for lbl, is_peer in series:
             r = by_cfg.get(lbl)
-            v = (r.get("peer_speedup") if is_peer else r.get("speedup")) if r else None
+            v = _bar_values(r)[1 if is_peer else 0] if r else None
             if v:
                 _bar(d, left, y, x_of(v), bar, colour_of[lbl], is_peer)
                 d.text((x_of(v) + 4, y), f"{v:.2f}x", fill="black", font=font)
@@ -347,6 +475,13 @@ def write_png(report: dict[str, Any], path: Path) -> Path:
         d.text((lx + 16, ly - 2), text, fill="black", font=font)
     img.save(path, format="PNG", optimize=True)
     return path
+
+
+def _bar_values(r: Row) -> tuple[float | None, float | None]:
+    """Ours and llama.cpp's speedup for a row (None where there is none or it is not a number)."""
+    ours = r.cell.speedup if _number(r.cell.speedup) else None
+    theirs = r.peer.speedup if r.peer is not None and _number(r.peer.speedup) else None
+    return ours, theirs
 
 
 def _legend_places(texts: list[str], text_width, width: int) -> list[tuple[int, int]]:
@@ -368,7 +503,7 @@ def _bar(d, x0: int, y: int, x1: int, h: int, colour, hatched: bool) -> None:
             d.line([hx, y + h - 2, min(hx + 6, x1), y], fill=colour)
 
 
-def write_all(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+def write_all(report: BenchReport, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     return {
         "json": write_json(report, out_dir / "bench.json"),

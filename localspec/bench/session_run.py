@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -347,17 +347,42 @@ def noise_lines(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+#: The rows ``bench --sessions --session-rows`` names (what scripts/bench_sessions.py's options chose):
+#: fixed-length prompt lookup, the suffix cache cold and warm, ``auto`` warm, the draft model alone at k=4,
+#: and two side-by-side checks of a warm start (its calibration learnt afresh; no token table).
+SESSION_ROWS: dict[str, SessionConfig] = {
+    **{f"ngram-{k}": SessionConfig(DraftSettings(strategy="ngram", n_max=k)) for k in (4, 8, 16, 32)},
+    "suffix-cold": SessionConfig(DraftSettings(strategy="suffix", n_max=32)),
+    "suffix-warm": SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True),
+    "auto-warm": SessionConfig(DraftSettings(strategy="auto", n_max=32), warm=True),
+    "model": SessionConfig(DraftSettings(strategy="model", n_max=4)),
+    "suffix-afresh": SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True, calibration=False),
+    "suffix-no-token-table": SessionConfig(
+        DraftSettings(strategy="suffix", n_max=32), warm=True, token_weight=0.0
+    ),
+}
+#: The rows run when none are named (``model`` only with a draft model).
+DEFAULT_SESSION_ROWS: tuple[str, ...] = (
+    "ngram-4",
+    "ngram-8",
+    "ngram-16",
+    "ngram-32",
+    "suffix-cold",
+    "suffix-warm",
+    "auto-warm",
+    "model",
+)
+
+
 def default_configs(has_model: bool) -> list[SessionConfig]:
-    """Fixed-length prompt lookup at 4, 8, 16 and 32; the suffix cache cold and warm; ``auto`` warm."""
-    out = [SessionConfig(DraftSettings(strategy="ngram", n_max=k)) for k in (4, 8, 16, 32)]
-    out += [
-        SessionConfig(DraftSettings(strategy="suffix", n_max=32)),
-        SessionConfig(DraftSettings(strategy="suffix", n_max=32), warm=True),
-        SessionConfig(DraftSettings(strategy="auto", n_max=32), warm=True),
-    ]
-    if has_model:
-        out.append(SessionConfig(DraftSettings(strategy="model", n_max=4)))
-    return out
+    """Fixed-length prompt lookup at 4, 8, 16 and 32; the suffix cache cold and warm; ``auto`` warm; the
+    draft model at k=4 when there is one."""
+    return session_configs(DEFAULT_SESSION_ROWS, has_model)
+
+
+def session_configs(names: Sequence[str], has_model: bool) -> list[SessionConfig]:
+    """The :data:`SESSION_ROWS` named, in order; ``model`` left out without a draft model."""
+    return [SESSION_ROWS[n] for n in names if n != "model" or has_model]
 
 
 def markdown(results: list[dict[str, Any]]) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from localspec import constants
 from localspec.bench import peer as peer_mod
 from localspec.bench.arithmetic import interleaved_order, summarise
-from localspec.bench.report import machine_info
+from localspec.bench.report import BenchReport, PeerResult, machine_info
 from localspec.bench.workloads import Prompt, Runner, Workload, load_workloads
 from localspec.errors import BenchError
 from localspec.settings import BASELINE, LOOKUP_N_MAX, SUFFIX_STRATEGIES, DraftSettings
@@ -241,19 +241,25 @@ def benchmark(
     threads: int | None = None,
     n_ctx: int | None = None,
     strategies: Sequence[str] | None = None,
+    configs: Sequence[DraftSettings] | None = None,
     n_max: int | None = None,
     p_min: float | None = None,
     peer: bool = False,
+    peer_n_max: Sequence[int] = peer_mod.PEER_N_MAX,
+    peer_p_min: Sequence[float] = peer_mod.PEER_P_MIN,
     adaptive: bool = False,
     warmup: bool = True,
     progress: Callable[[str], None] | None = None,
     rpc: str | None = None,
     tensor_split: Sequence[float] | None = None,
-) -> dict[str, Any]:
-    """Run the benchmark and return the report dict (see ``localspec.bench.report`` to print and write it).
+) -> BenchReport:
+    """Run the benchmark and return its report (``localspec.bench.report`` prints and writes it).
 
-    ``rpc``/``tensor_split``: the target's layers on llama.cpp rpc-servers (each setting, the target alone
-    included, then pays their round trips); the draft stays here.
+    ``configs``: the settings to measure as they are (``--wide-target``'s), instead of ``strategies`` at the
+    pipeline's draft length and p_min. ``peer_n_max`` x ``peer_p_min``: the grid llama.cpp's draft-simple
+    runs over (:func:`localspec.bench.peer.peer_configs`). ``rpc``/``tensor_split``: the target's layers on
+    llama.cpp rpc-servers (each setting, the target alone included, then pays their round trips); the draft
+    stays here.
     """
     wl = load_workloads(workloads, prompts_file, limit)
     threads = threads or constants.default_threads()
@@ -270,18 +276,11 @@ def benchmark(
     )
     servers: dict[str, Any] = {}
     try:
-        strategies = list(strategies or default_strategies(pipe))
-        configs = [pipe_settings(pipe, s) for s in strategies if s != "none"]
-        if adaptive:  # the same strategies with the adaptive draft length (llama.cpp has no such mode)
-            configs += [c.with_overrides(adaptive=True) for c in list(configs)]
-        if not configs:
-            raise BenchError(
-                "nothing to compare: no speculative strategy", hint="use --strategy model or ngram"
-            )
+        strategies, configs = _settings_to_measure(pipe, strategies, configs, adaptive)
         check_prompts_fit(pipe, wl, max_tokens)
-        peer_run, peer_configs, peer_note = None, [], ""
+        peer_run, peer_configs = None, []
         if peer:
-            peer_configs = [c for c in configs if c.strategy in peer_mod.PEER_STRATEGIES and not c.adaptive]
+            peer_configs = peer_mod.peer_configs(configs, peer_n_max, peer_p_min)
             servers = peer_mod.start_servers(
                 [BASELINE, *peer_configs],
                 target=pipe.info.target_path,
@@ -292,12 +291,6 @@ def benchmark(
             )
             peer_run = peer_mod.peer_runner(
                 servers, render=lambda pr: render(pipe, pr)[0], temperature=temperature
-            )
-            peer_note = (
-                f"llama-server from llama-cpp-python {peer_mod.installed_version()}'s vendored llama.cpp "
-                f"({peer_mod.server_binary()}), built with this wheel's CPU features; draft model: "
-                "--spec-type draft-simple, n-gram: ngram-simple (lookup n-gram min(3, k), draft k); same "
-                "token ids, threads, context, k and p_min"
             )
         records = run_interleaved(
             engine_runner(pipe, temperature=temperature),
@@ -310,7 +303,6 @@ def benchmark(
             peer_configs=peer_configs,
             progress=progress,
         )
-        cells, line = summarise(wl, configs, records)
         settings = {
             "max_tokens": max_tokens,
             "temperature": temperature,
@@ -323,22 +315,62 @@ def benchmark(
             "prompts": {w.name: len(w.prompts) for w in wl},
             "rpc": rpc,
         }
-        runs = [{**r, "stats": {**r["stats"], "text": (r["stats"].get("text") or "")[:300]}} for r in records]
-        report: dict[str, Any] = {
-            "machine": machine_info(threads),
-            "settings": settings,
-            "pair": pair_info(pipe),
-            "memory": pipe.memory.as_dict(),
-            "verify_slope": line.slope if line else None,  # V(b) = verify_v2 + verify_slope (b - 2)
-            "verify_v2": line.v2 if line else None,
-            "cells": [c.as_dict() for c in cells],
-            "runs": runs,
-        }
-        if peer_run is not None:
-            peer_cells, _ = summarise(wl, peer_configs, records, engine="llama.cpp")
-            report["peer"] = {"cells": [c.as_dict() for c in peer_cells], "note": peer_note}
-        return report
+        return _report(pipe, wl, configs, records, settings, peer_configs if peer_run is not None else None)
     finally:
         for srv in servers.values():
             srv.close()
         pipe.close()
+
+
+def _settings_to_measure(
+    pipe: Any, strategies: Sequence[str] | None, configs: Sequence[DraftSettings] | None, adaptive: bool
+) -> tuple[list[str], list[DraftSettings]]:
+    """The strategies and the settings a bench measures: ``configs`` as given, else each strategy at the
+    pipeline's draft length and p_min (and adaptive too with ``adaptive``)."""
+    if configs:
+        chosen = [c for c in configs if c.is_speculative]
+        names = list(dict.fromkeys(c.strategy for c in configs))
+    else:
+        names = list(strategies or default_strategies(pipe))
+        chosen = [pipe_settings(pipe, s) for s in names if s != "none"]
+        if adaptive:  # the same strategies with the adaptive draft length (llama.cpp has no such mode)
+            chosen += [c.with_overrides(adaptive=True) for c in list(chosen)]
+    if not chosen:
+        raise BenchError("nothing to compare: no speculative strategy", hint="use --strategy model or ngram")
+    return names, chosen
+
+
+#: What the report says llama.cpp's side ran.
+PEER_NOTE = (
+    "llama-server from llama-cpp-python {version}'s vendored llama.cpp ({binary}), built with this "
+    "wheel's CPU features; draft model: --spec-type draft-simple over n-max x p-min (its defaults, n-max 3 "
+    "and p-min 0, among them), reported at its best per workload; n-gram: ngram-simple (lookup n-gram "
+    "min(3, k), draft k); same token ids, threads and context"
+)
+
+
+def _report(
+    pipe: Any,
+    wl: list[Workload],
+    configs: list[DraftSettings],
+    records: list[dict],
+    settings: dict[str, Any],
+    peer_configs: list[DraftSettings] | None,
+) -> BenchReport:
+    """The cells of our side and (when it ran) llama.cpp's, with where and how they were measured."""
+    cells, line = summarise(wl, configs, records)
+    runs = [{**r, "stats": {**r["stats"], "text": (r["stats"].get("text") or "")[:300]}} for r in records]
+    result = BenchReport(
+        machine=machine_info(settings["threads"]),
+        settings=settings,
+        pair=pair_info(pipe),
+        cells=cells,
+        memory=pipe.memory.as_dict(),
+        verify_line=line,
+        runs=runs,
+    )
+    if peer_configs is not None:
+        peer_cells, _ = summarise(wl, peer_configs, records, engine="llama.cpp")
+        note = PEER_NOTE.format(version=peer_mod.installed_version(), binary=peer_mod.server_binary())
+        result.peer = PeerResult(peer_cells, note)
+    return result

@@ -10,7 +10,7 @@ from typing import Any
 
 from localspec import constants
 from localspec.bench.arithmetic import summarise
-from localspec.bench.report import machine_info
+from localspec.bench.report import BenchReport, machine_info
 from localspec.bench.single import (
     check_prompts_fit,
     default_strategies,
@@ -319,8 +319,8 @@ def tune_benchmark(
     adaptive: bool = False,
     margin: float = 0.02,
     progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Load the pair, sweep the grid on every workload and return a report dict with ``tuning``.
+) -> BenchReport:
+    """Load the pair, sweep the grid on every workload and return a report with ``tuning``.
 
     The grid is checked first (:func:`check_sweep`): a sweep that cannot run fails before the pair loads.
     """
@@ -340,9 +340,7 @@ def tune_benchmark(
         cells = []
         for w in wl:
             cs, _ = summarise([w], configs, tuning["workloads"][w.name].pop("records"))
-            cells += [
-                c.as_dict() for c in sorted(cs, key=lambda c: -(c.speedup if c.speedup == c.speedup else 0))
-            ]
+            cells += sorted(cs, key=lambda c: -(c.speedup if c.speedup == c.speedup else 0))
         tuning["overall"] = overall_winner(tuning)
         settings = {
             "max_tokens": max_tokens,
@@ -356,14 +354,14 @@ def tune_benchmark(
             "workloads": [w.name for w in wl],
             "prompts": {w.name: len(w.prompts) for w in wl},
         }
-        return {
-            "machine": machine_info(threads),
-            "settings": settings,
-            "pair": pair_info(pipe),
-            "memory": pipe.memory.as_dict(),
-            "cells": cells,
-            "tuning": tuning,
-        }
+        return BenchReport(
+            machine=machine_info(threads),
+            settings=settings,
+            pair=pair_info(pipe),
+            cells=cells,
+            memory=pipe.memory.as_dict(),
+            tuning=tuning,
+        )
     finally:
         pipe.close()
 
@@ -378,21 +376,23 @@ def _draft_table(winner: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def save_winners(report: dict[str, Any], name: str, *, preset: str | None = None) -> list[str]:
+def save_winners(report: BenchReport, name: str, *, preset: str | None = None) -> list[str]:
     """Write the overall winner as user preset ``name`` and each workload's winner as ``name-<workload>``.
 
     Built on ``preset`` when the bench ran one (its download references are kept), else on local paths.
     Returns the paths written; a user preset of the same name is replaced, and
-    ``report["tuning"]["replaced"]`` lists the paths that held one before.
+    ``report.tuning["replaced"]`` lists the paths that held one before.
     """
     from localspec.hub.presets import get_preset, save_user_preset, user_preset_path
 
-    tuning, pair = report["tuning"], report["pair"]
+    tuning, pair = report.tuning, report.pair
+    if tuning is None:
+        raise BenchError("no tuning to save", hint="run localspec bench --tune")
     winners = [(name, tuning["overall"])] + [
         (f"{name}-{w}", t["winner"]) for w, t in tuning["workloads"].items()
     ]
     paths = []
-    report["tuning"]["replaced"] = [
+    tuning["replaced"] = [
         str(user_preset_path(pname)) for pname, _ in winners if user_preset_path(pname).exists()
     ]
     for pname, win in winners:

@@ -23,6 +23,18 @@ from localspec import constants
 from localspec.bench import peer  # its build of the vendored llama.cpp makes llama-quantize too
 from localspec.errors import BenchError
 from localspec.gguf.meta import model_file_stem, read_metadata
+from localspec.settings import DraftSettings
+
+#: What ``bench --wide-target`` runs when no ``--strategy`` is given (what scripts/bench_big_target.py ran):
+#: the draft model drafting every position (k=8, p_min 0: its acceptance per position gives the ceiling
+#: at the best length), at k=4 and k=8 with p_min 0.75, adaptive, and ``auto``.
+WIDE_TARGET_SETTINGS: tuple[DraftSettings, ...] = (
+    DraftSettings(strategy="model", n_max=8, p_min=0.0),
+    DraftSettings(strategy="model", n_max=4, p_min=0.75),
+    DraftSettings(strategy="model", n_max=8, p_min=0.75),
+    DraftSettings(strategy="model", n_max=8, p_min=0.75, adaptive=True),
+    DraftSettings(strategy="auto", n_max=8, p_min=0.75),
+)
 
 #: llama-quantize's names of the wider types, and the bytes a weight takes in each.
 WIDE_TYPES: dict[str, float] = {"F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32, "F32": 4.0}

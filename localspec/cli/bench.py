@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,8 @@ NOT_READ: dict[str, dict[str, str]] = {
         "adaptive": "the session rows set their own draft lengths",
         "tune": "the tuner sweeps single-prompt workloads",
         "no_warmup": "the session bench's warm start is part of what it measures",
+        "peer_n_max": "llama.cpp runs its session modes (--peer-modes), not a draft-simple grid",
+        "peer_p_min": "llama.cpp runs its session modes (--peer-modes), not a draft-simple grid",
     },
     "tune": {
         "repeats": "the tuner runs each setting once per prompt (more prompts: --limit)",
@@ -202,10 +205,28 @@ def _check_together(ctx: click.Context) -> None:
         raise click.UsageError(
             "--wide-target needs --target FILE or --preset NAME (the embedded pair is a toy)"
         )
-    for name in ("tune_n_max", "tune_p_min"):
-        if not o["tune"] and ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+    needs = {
+        "tune_n_max": (("tune",), "it names what the tuner sweeps"),
+        "tune_p_min": (("tune",), "it names what the tuner sweeps"),
+        "peer_n_max": (("peer",), "it names the grid llama.cpp's draft-simple runs over"),
+        "peer_p_min": (("peer",), "it names the grid llama.cpp's draft-simple runs over"),
+        "session_rows": (("sessions",), "it names the rows of the session bench"),
+        "peer_modes": (("sessions", "peer"), "it names llama.cpp's modes on the session workloads"),
+    }
+    for name, (modes, why) in needs.items():
+        missing = [m for m in modes if not o[m]]
+        if missing and ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
             flag = "--" + name.replace("_", "-")
-            raise click.UsageError(f"{flag} needs --tune (it names what the tuner sweeps)")
+            raise click.UsageError(f"{flag} needs {' and '.join('--' + m for m in modes)} ({why})")
+    if o["from_json"]:
+        given = [
+            p.opts[0]
+            for p in ctx.command.params
+            if p.name not in ("from_json", "as_json", "quiet")
+            and ctx.get_parameter_source(p.name or "") is ParameterSource.COMMANDLINE
+        ]
+        if given:
+            raise click.UsageError(f"--from-json runs nothing: {given[0]} does not apply; drop it")
     check_strategies_have_a_draft(list(o["strategies"]), o["draft"])
     if o["sessions"]:
         _refuse_unread(ctx, "sessions")
@@ -229,6 +250,22 @@ class _Bench(click.Command):
 
 _N_LO, _N_HI = N_MAX_RANGE
 _P_LO, _P_HI = P_MIN_RANGE
+#: the defaults of --peer-n-max and --peer-p-min (localspec.bench.peer.PEER_N_MAX and PEER_P_MIN)
+_PEER_N_MAX, _PEER_P_MIN = "2-8", "0,0.5,0.75"
+_SESSION_ROWS = (
+    "ngram-4",
+    "ngram-8",
+    "ngram-16",
+    "ngram-32",
+    "suffix-cold",
+    "suffix-warm",
+    "auto-warm",
+    "model",
+    "suffix-afresh",
+    "suffix-no-token-table",
+)
+_DEFAULT_SESSION_ROWS = _SESSION_ROWS[:8]
+_SESSION_MODES = ("none", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache", "draft-simple")
 
 
 @click.command("bench", cls=_Bench)
@@ -285,7 +322,28 @@ _P_LO, _P_HI = P_MIN_RANGE
     is_flag=True,
     help="Also run (with --tune: sweep) each strategy with the adaptive draft length.",
 )
-@click.option("--peer", is_flag=True, help="Also run llama.cpp's own speculative decoding (built once).")
+@click.option(
+    "--peer",
+    is_flag=True,
+    help="Also run llama.cpp's own speculative decoding (built once): its draft-simple over --peer-n-max x "
+    "--peer-p-min (its defaults, n-max 3 and p-min 0, always among them), reported at its best.",
+)
+@click.option(
+    "--peer-n-max",
+    type=SweepList("lengths", _parse_lengths),
+    default=_PEER_N_MAX,
+    show_default=True,
+    metavar="LENGTHS",
+    help="With --peer: the draft lengths llama.cpp's draft-simple runs at (fewer make the run shorter).",
+)
+@click.option(
+    "--peer-p-min",
+    type=SweepList("values", _parse_p_min),
+    default=_PEER_P_MIN,
+    show_default=True,
+    metavar="VALUES",
+    help="With --peer: the p-min values llama.cpp's draft-simple runs at.",
+)
 @click.option(
     "--wide-target",
     type=click.Choice(["F16", "BF16", "Q8_0", "F32"], case_sensitive=False),
@@ -323,7 +381,27 @@ _P_LO, _P_HI = P_MIN_RANGE
     help="With --tune: save the winners as user preset NAME (and NAME-<workload>), replacing user presets "
     "of those names (the output says which).",
 )
+@click.option(
+    "--session-rows",
+    multiple=True,
+    callback=lambda ctx, param, values: _check_names(ctx, param, values, list(_SESSION_ROWS), "session row"),
+    help=f"With --sessions: the rows to run, comma-separated, of: {', '.join(_SESSION_ROWS)} (default: "
+    f"{', '.join(_DEFAULT_SESSION_ROWS)}; model only with a draft model).",
+)
+@click.option(
+    "--peer-modes",
+    multiple=True,
+    callback=lambda ctx, param, values: _check_names(ctx, param, values, _SESSION_MODES, "llama.cpp"),
+    help=f"With --sessions --peer: llama.cpp's modes to run, comma-separated (default: all of "
+    f"{', '.join(_SESSION_MODES)}).",
+)
 @click.option("--no-warmup", is_flag=True, help="Skip the uncounted warm-up runs.")
+@click.option(
+    "--from-json",
+    "from_json",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Print the tables of an earlier run's bench.json again (with the current ceilings); runs nothing.",
+)
 @click.option(
     "--out",
     "out_dir",
@@ -340,132 +418,186 @@ _P_LO, _P_HI = P_MIN_RANGE
     help="Print the report (with --sessions: sessions.json) as JSON instead of tables.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def bench(
-    target,
-    draft,
-    preset,
-    workloads,
-    prompts,
-    sessions,
-    limit,
-    max_tokens,
-    temperature,
-    repeats,
-    threads,
-    n_ctx,
-    strategies,
-    n_max,
-    p_min,
-    rpc,
-    tensor_split,
-    adaptive,
-    peer,
-    wide_target,
-    tune,
-    tune_n_max,
-    tune_p_min,
-    save_preset,
-    no_warmup,
-    out_dir,
-    as_json,
-    quiet,
-) -> None:
+def bench(**options: Any) -> None:
     """Measure whether speculative decoding pays off on this machine, per kind of text.
 
     Runs the target alone and each strategy interleaved on the same prompts, in one process, and reports
     acceptance, tokens/s, speedup (median over prompts), the theoretical ceiling, efficiency and the
     draft's memory overhead. Writes bench.json, bench.md and bench.png into --out.
     """
+    o = BenchOptions(**options)  # checked together as they were parsed (_Bench)
+    if o.from_json:
+        _print_report(_read_report(o.from_json), files=None, as_json=o.as_json)
+        return
+    if o.tune:
+        _check_tune_grid(o)
+    _make_out_dir(o.out_dir)
+    if o.sessions:
+        _bench_sessions(o)
+        return
+    if o.wide_target:
+        o = _on_wide_target(o)
+    result = _tune(o) if o.tune else _measure(o)
+    if o.wide_note:
+        result.wide_target = o.wide_note
     from localspec.bench import report as rep
+
+    files = rep.write_all(result, Path(o.out_dir))
+    _print_report(result, files=files, as_json=o.as_json)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """``bench``'s options as one record (the names are the command's parameters)."""
+
+    target: str | None
+    draft: str | None
+    preset: str | None
+    workloads: tuple[str, ...]
+    prompts: str | None
+    sessions: tuple[str, ...]
+    limit: int | None
+    max_tokens: int
+    temperature: float
+    repeats: int
+    threads: int | None
+    n_ctx: int | None
+    strategies: tuple[str, ...]
+    n_max: int | None
+    p_min: float | None
+    rpc: str | None
+    tensor_split: Any
+    adaptive: bool
+    peer: bool
+    peer_n_max: list[int]
+    peer_p_min: list[float]
+    wide_target: str | None
+    tune: bool
+    tune_n_max: list[int]
+    tune_p_min: list[float]
+    save_preset: str | None
+    session_rows: tuple[str, ...]
+    peer_modes: tuple[str, ...]
+    no_warmup: bool
+    from_json: str | None
+    out_dir: str
+    as_json: bool
+    quiet: bool
+    wide_note: str | None = None  # set by --wide-target: the report's line about the re-encoded target
+
+    def progress(self) -> Callable[[str], None] | None:
+        if self.quiet or self.as_json:
+            return None
+        return lambda m: click.echo(f"  {m}", err=True)
+
+    def common(self) -> dict[str, Any]:
+        """What a single-prompt bench and the tuner both take."""
+        return dict(
+            target=self.target,
+            draft=self.draft,
+            preset=self.preset,
+            workloads=_split(self.workloads) or None,
+            prompts_file=self.prompts,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            threads=self.threads,
+            n_ctx=self.n_ctx,
+            progress=self.progress(),
+        )
+
+
+def _check_tune_grid(o: BenchOptions) -> None:
+    """Every swept value is in bounds already (SweepList); the grid as a whole may still be too large."""
+    from localspec.bench.tune import check_sweep
+
+    try:
+        check_sweep(list(o.strategies) or None, o.tune_n_max, o.tune_p_min, o.adaptive)
+    except LocalspecError as exc:
+        raise click.BadParameter(_usage_line(exc), param_hint=["--tune-n-max", "--tune-p-min"]) from None
+
+
+def _on_wide_target(o: BenchOptions) -> BenchOptions:
+    """``--wide-target``: the pair with its target re-encoded; with no --workloads (or --prompts) the
+    big-target workloads, and with no --strategy (:func:`_measure`) the settings a big target is measured at
+    (:data:`~localspec.bench.wide_target.WIDE_TARGET_SETTINGS`)."""
+    target, draft, preset, note = _wide_pair(
+        o.target, o.draft, o.preset, o.wide_target, o.threads, o.progress()
+    )
+    workloads = o.workloads or (() if o.prompts else ("big-target",))
+    return replace(o, target=target, draft=draft, preset=preset, wide_note=note, workloads=workloads)
+
+
+def _tune(o: BenchOptions) -> Any:
+    from localspec.bench.tune import tune_benchmark
+
+    result = tune_benchmark(
+        **o.common(),
+        limit=o.limit or 2,
+        strategies=list(o.strategies) or None,
+        n_max_values=o.tune_n_max,
+        p_min_values=o.tune_p_min,
+        adaptive=o.adaptive,
+    )
+    if o.save_preset and result.tuning is not None:
+        from localspec.bench.tune import save_winners
+
+        # the embedded pair is saved by its preset (files named inside the package, not by path)
+        base = o.preset or (constants.EMBEDDED_PRESET if o.target is None else None)
+        result.tuning["saved"] = save_winners(result, o.save_preset, preset=base)
+    return result
+
+
+def _measure(o: BenchOptions) -> Any:
     from localspec.bench.single import benchmark
 
-    ctx = click.get_current_context()  # the options were checked together as they were parsed (_Bench)
-    if tune:
-        from localspec.bench.tune import check_sweep
+    configs = None
+    if o.wide_note and not o.strategies and not o.adaptive:
+        from localspec.bench.wide_target import WIDE_TARGET_SETTINGS
 
-        try:  # every value is in bounds already; the grid as a whole may still be too large
-            tune_n_max, tune_p_min = check_sweep(list(strategies) or None, tune_n_max, tune_p_min, adaptive)
-        except LocalspecError as exc:
-            raise click.BadParameter(_usage_line(exc), param_hint=["--tune-n-max", "--tune-p-min"]) from None
-    if sessions:
-        _make_out_dir(out_dir)
-        cap = max_tokens if ctx.get_parameter_source("max_tokens") is ParameterSource.COMMANDLINE else None
-        _bench_sessions(
-            _split(sessions),
-            target,
-            draft,
-            preset,
-            threads,
-            n_ctx,
-            repeats,
-            cap,
-            out_dir,
-            quiet or as_json,
-            peer,
-            as_json,
-            rpc,
-            tensor_split,
-        )
-        return
-    names = _split(workloads) or None
-    _make_out_dir(out_dir)
-    progress = None if (quiet or as_json) else (lambda m: click.echo(f"  {m}", err=True))
-    wide_note = None
-    if wide_target:
-        target, draft, preset, wide_note = _wide_pair(target, draft, preset, wide_target, threads, progress)
-    common = dict(
-        target=target,
-        draft=draft,
-        preset=preset,
-        workloads=names,
-        prompts_file=prompts,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        threads=threads,
-        n_ctx=n_ctx,
-        progress=progress,
+        configs = list(WIDE_TARGET_SETTINGS)
+    return benchmark(
+        **o.common(),
+        limit=o.limit,
+        repeats=o.repeats,
+        strategies=list(o.strategies) or None,
+        configs=configs,
+        n_max=o.n_max,
+        p_min=o.p_min,
+        peer=o.peer,
+        peer_n_max=o.peer_n_max,
+        peer_p_min=o.peer_p_min,
+        adaptive=o.adaptive,
+        warmup=not o.no_warmup,
+        rpc=o.rpc,
+        tensor_split=o.tensor_split,
     )
-    if tune:
-        from localspec.bench.tune import tune_benchmark
 
-        result = tune_benchmark(
-            **common,
-            limit=limit or 2,
-            strategies=list(strategies) or None,
-            n_max_values=tune_n_max,
-            p_min_values=tune_p_min,
-            adaptive=adaptive,
-        )
-        if save_preset:
-            from localspec.bench.tune import save_winners
 
-            # the embedded pair is saved by its preset (files named inside the package, not by path)
-            base = preset or (constants.EMBEDDED_PRESET if target is None else None)
-            result["tuning"]["saved"] = save_winners(result, save_preset, preset=base)
-    else:
-        result = benchmark(
-            **common,
-            limit=limit,
-            repeats=repeats,
-            strategies=list(strategies) or None,
-            n_max=n_max,
-            p_min=p_min,
-            peer=peer,
-            adaptive=adaptive,
-            warmup=not no_warmup,
-            rpc=rpc,
-            tensor_split=tensor_split,
-        )
-    if wide_note:
-        result["wide_target"] = wide_note
-    files = rep.write_all(result, Path(out_dir))
+def _read_report(path: str) -> Any:
+    """An earlier run's bench.json, its ceilings worked out again from its cells (the model of speed may
+    have changed since it was written)."""
+    from localspec.bench import arithmetic
+    from localspec.bench.report import read_json
+
+    report = read_json(Path(path))
+    if report.cells and not report.tuning:
+        report.verify_line = arithmetic.add_ceilings(report.cells)
+    return report
+
+
+def _print_report(result: Any, *, files: dict[str, Path] | None, as_json: bool) -> None:
+    from localspec.bench import report as rep
+
     if as_json:
-        click.echo(json.dumps(json.loads(files["json"].read_text()), indent=1))
+        click.echo(json.dumps(result.as_json(), indent=1, default=str))
         return
     click.echo(rep.format_text(result))
+    if files is None:
+        return
     _say_build_note()
-    replaced = set(result.get("tuning", {}).get("replaced", []))
-    for path in result.get("tuning", {}).get("saved", []):
+    tuning = result.tuning or {}
+    replaced = set(tuning.get("replaced", []))
+    for path in tuning.get("saved", []):
         click.echo(f"{'replaced' if path in replaced else 'saved'} preset {path}")
     click.echo(f"\nwrote {files['json']}, {files['markdown']}, {files['png']}")
 
@@ -493,66 +625,60 @@ def _wide_pair(target, draft, preset, wide_type, threads, progress) -> tuple[str
     return str(wide), draft_path, None, note
 
 
-def _bench_sessions(
-    names,
-    target,
-    draft,
-    preset,
-    threads,
-    n_ctx,
-    repeats,
-    max_tokens,
-    out_dir,
-    quiet,
-    peer,
-    as_json,
-    rpc=None,
-    tensor_split=None,
-) -> None:
+def _bench_sessions(o: BenchOptions) -> None:
+    """``--sessions``: each session workload's requests in order through one pipeline, per row; with
+    ``--peer``, llama.cpp's modes in the same repeats. Writes sessions.json and sessions.md."""
     import localspec
-    from localspec.bench.peer import SESSION_MODES
-    from localspec.bench.session_run import PeerSetup, markdown, noise_lines, run_bench
+    from localspec.bench.session_run import markdown, noise_lines, run_bench, session_configs
 
+    quiet = o.quiet or o.as_json
     log = (lambda line: None) if quiet else (lambda line: click.echo(f"  {line}", err=True))
+    ctx = click.get_current_context()
+    cap = o.max_tokens if ctx.get_parameter_source("max_tokens") is ParameterSource.COMMANDLINE else None
     with localspec.load(
-        target=target,
-        draft=draft,
-        preset=preset,
-        n_threads=threads,
-        n_ctx=n_ctx,
+        target=o.target,
+        draft=o.draft,
+        preset=o.preset,
+        n_threads=o.threads,
+        n_ctx=o.n_ctx,
         suffix_store=False,  # the bench never reads or writes the user's store
-        rpc=rpc,
-        tensor_split=tensor_split,
+        rpc=o.rpc,
+        tensor_split=o.tensor_split,
     ) as pipe:
-        setup = None
-        if peer:
-            from localspec.bench import peer as peer_mod
-
-            # the same kernels on both sides: a native peer next to an AVX2 wheel compares builds
-            flags = peer_mod.cpu_flags(peer_mod.installed_system_info())
-            log(f"the llama.cpp peer is built with: {' '.join(flags) or 'the native CPU features'}")
-            setup = PeerSetup(
-                target=pipe.info.target_path,
-                draft=pipe.info.draft_path,
-                threads=threads or constants.default_threads(),
-                n_ctx=pipe.n_ctx,
-                modes=tuple(m for m in SESSION_MODES if m != "draft-simple" or pipe.info.draft_path),
-                work_dir=Path(out_dir) / "llama.cpp",
-            )
-        results = run_bench(pipe, names, repeats=repeats, max_tokens=max_tokens, peer=setup, log=log)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+        rows = _split(o.session_rows)
+        configs = session_configs(rows, pipe.info.draft_path is not None) if rows else None
+        setup = _session_peer(o, pipe, log) if o.peer else None
+        results = run_bench(
+            pipe, _split(o.sessions), configs=configs, repeats=o.repeats, max_tokens=cap, peer=setup, log=log
+        )
+    out = Path(o.out_dir)
     (out / "sessions.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     table = markdown(results)
     (out / "sessions.md").write_text(table, encoding="utf-8")
-    if as_json:
-        click.echo(json.dumps(results, indent=1))
-    else:
-        click.echo(table)
+    click.echo(json.dumps(results, indent=1) if o.as_json else table)
     for line in noise_lines(results):
         click.echo(line, err=True)
-    if not as_json:
+    if not o.as_json:
         _say_build_note()
+
+
+def _session_peer(o: BenchOptions, pipe: Any, log: Callable[[str], None]) -> Any:
+    """llama.cpp's side of a session bench: its modes (``--peer-modes``; draft-simple only with a draft)."""
+    from localspec.bench import peer as peer_mod
+    from localspec.bench.session_run import PeerSetup
+
+    # the same kernels on both sides: a native peer next to an AVX2 wheel compares builds
+    flags = peer_mod.cpu_flags(peer_mod.installed_system_info())
+    log(f"the llama.cpp peer is built with: {' '.join(flags) or 'the native CPU features'}")
+    modes = _split(o.peer_modes) or list(peer_mod.SESSION_MODES)
+    return PeerSetup(
+        target=pipe.info.target_path,
+        draft=pipe.info.draft_path,
+        threads=o.threads or constants.default_threads(),
+        n_ctx=pipe.n_ctx,
+        modes=tuple(m for m in modes if m != "draft-simple" or pipe.info.draft_path),
+        work_dir=Path(o.out_dir) / "llama.cpp",
+    )
 
 
 def _say_build_note() -> None:
