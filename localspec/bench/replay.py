@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from localspec.decoding import speed
 from localspec.decoding.drafters import Drafter
 from localspec.llama.sampling import SamplingParams
 
@@ -156,7 +157,7 @@ def any_copy_ceiling(
                     lo = mid
                 else:
                     hi = mid - 1
-            r = max(range(lo + 1), key=lambda x: (x + 1) / verify_cost(x + 1))
+            r, _ = speed.best_length(speed.iid_reach(1.0, lo), lo, draft=0.0, verify=verify_cost, k_min=0)
             out.rounds += 1
             out.passes += verify_cost(r + 1)
             out.tokens += r + 1
