@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import hmac
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 from fastapi import FastAPI, Request
@@ -39,6 +40,12 @@ if TYPE_CHECKING:
     from localspec.pipeline.api import Pipeline
 
 R = TypeVar("R", bound=CommonRequest)
+
+
+class _Checked(Protocol):
+    """A generation request authorized, read and checked against ``schema`` (``create_app``'s ``checked``)."""
+
+    async def __call__(self, request: Request, schema: type[R]) -> R: ...
 
 
 def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
@@ -78,6 +85,15 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
         refuse_unsupported(req)
         return req
 
+    _status_routes(app, ep, authorize)
+    _generation_routes(app, pipe, ep, checked)
+    return app
+
+
+def _status_routes(app: FastAPI, ep: Endpoint, authorize: Callable[[Request], None]) -> None:
+    """``/health``, ``/metrics`` and the model list."""
+    worker, metrics, pipe = ep.worker, ep.metrics, ep.pipe
+
     @app.get("/health")
     async def health() -> JSONResponse:
         body = {"status": "ok", "model": ep.model_id, "queue": worker.waiting, "busy": worker.busy}
@@ -104,6 +120,10 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
         authorize(request)
         ep.check_model(name)
         return _model_entry(pipe, name)
+
+
+def _generation_routes(app: FastAPI, pipe: Pipeline, ep: Endpoint, checked: _Checked) -> None:
+    """OpenAI's two generation routes: chat completions and completions."""
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -135,8 +155,6 @@ def create_app(pipe: Pipeline, opts: ServeOptions | None = None) -> FastAPI:
         if not tokens:
             raise APIError(400, "the prompt is empty", param="prompt")
         return await ep.run(request, req, tokens, ep.kwargs(req, len(tokens), []), "completions")
-
-    return app
 
 
 def backend_lost(worker: Worker) -> str | None:
