@@ -290,34 +290,46 @@ def compare(target: VocabInfo | GGUFMetadata, draft: VocabInfo | GGUFMetadata) -
         return type_mismatch(t.model, d.model)
 
     special = _special_mismatches(t, d)
-    n_min = min(t.n_vocab, d.n_vocab)
-    diff = d.n_vocab - t.n_vocab
     if t.fingerprint == d.fingerprint and not special:
         return PairVerdict(
             "identical",
             [f"same {t.vocab_type} tokenizer and the same {t.n_vocab:,} token texts (fingerprint {t.short})"],
         )
+    mism = _mismatching_ids(t.tokens, d.tokens, min(t.n_vocab, d.n_vocab))
+    late = [i for i in mism if i >= CHECK_START_ID]
+    if not special and abs(d.n_vocab - t.n_vocab) <= MAX_SIZE_DIFFERENCE and not late:
+        return _passes_llama_check(t, d, mism)
+    return _masked_or_refused(t, d, mism, special)
 
-    mism = _mismatching_ids(t.tokens, d.tokens, n_min)
+
+def _passes_llama_check(t: VocabInfo, d: VocabInfo, mism: list[int]) -> PairVerdict:
+    """The verdict for a pair llama.cpp's own check accepts: compatible, ids below its start masked."""
+    beyond = list(range(t.n_vocab, d.n_vocab))  # draft ids the target does not have
+    size_line = _size_line(t, d)
+    reasons: list[str] = [
+        "passes llama.cpp's check (common/speculative.cpp): same tokenizer type, BOS/EOS "
+        f"consistent, texts equal from id {CHECK_START_ID} on"
+    ]
+    if size_line:
+        reasons.append(size_line)
+    if mism:
+        reasons.append(
+            f"ids below {CHECK_START_ID} differ ({_first(t, d, mism)}); llama.cpp ignores "
+            "them, localspec masks them in the draft"
+        )
+    if t.fingerprint == d.fingerprint:
+        reasons.insert(0, f"same token texts (fingerprint {t.short})")
+    return PairVerdict("compatible", reasons, sorted(set(mism) | set(beyond)))
+
+
+def _masked_or_refused(t: VocabInfo, d: VocabInfo, mism: list[int], special: list[str]) -> PairVerdict:
+    """The verdict for a pair llama.cpp's check refuses: incompatible when ordinary tokens differ or too
+    many ids would need masking, else compatible with those ids masked."""
+    n_min = min(t.n_vocab, d.n_vocab)
+    diff = d.n_vocab - t.n_vocab
     beyond = list(range(t.n_vocab, d.n_vocab))  # draft ids the target does not have
     late = [i for i in mism if i >= CHECK_START_ID]
     size_line = _size_line(t, d)
-    if not special and abs(diff) <= MAX_SIZE_DIFFERENCE and not late:
-        reasons: list[str] = [
-            "passes llama.cpp's check (common/speculative.cpp): same tokenizer type, BOS/EOS "
-            f"consistent, texts equal from id {CHECK_START_ID} on"
-        ]
-        if size_line:
-            reasons.append(size_line)
-        if mism:
-            reasons.append(
-                f"ids below {CHECK_START_ID} differ ({_first(t, d, mism)}); llama.cpp ignores "
-                "them, localspec masks them in the draft"
-            )
-        if t.fingerprint == d.fingerprint:
-            reasons.insert(0, f"same token texts (fingerprint {t.short})")
-        return PairVerdict("compatible", reasons, sorted(set(mism) | set(beyond)))
-
     ordinary = [i for i in late if t.is_ordinary(i) and d.is_ordinary(i)]
     masked = sorted(set(mism) | set(beyond))
     reasons = []
