@@ -246,17 +246,7 @@ def bench_workload(
                 assert peer is not None
                 run = _run_peer_once(pipe, workload, config, peer, cap)
             else:
-                weight = config.token_weight
-                if config.warm and warm is not None:
-                    kept = config.calibration
-                    pipe.reset_suffix(
-                        warm.index,
-                        warm.calibration if kept else (),
-                        warm.tokens if kept and weight > 0 else (),
-                        token_weight=weight,
-                    )
-                else:
-                    pipe.reset_suffix(token_weight=weight)
+                _start_suffix(pipe, config, warm)
                 run = _run_once(pipe, workload, config, cap)
             runs[config.label].append(run)
             log(
@@ -264,6 +254,37 @@ def bench_workload(
                 f"{run.gen_tps:.2f} tok/s generation, {run.e2e_tps:.2f} end to end "
                 f"({time.perf_counter() - t:.0f} s)"
             )
+    rows = _rows(runs, plan, peer_plan)
+    return {
+        "workload": workload.name,
+        "requests": workload.n_measured_requests,
+        "max_tokens": cap,
+        "repeats": repeats,
+        "rows": rows,
+    }
+
+
+def _start_suffix(pipe: Any, config: SessionConfig, warm: WarmStore | None) -> None:
+    """The suffix cache as ``config`` starts: warm from the snapshot (with or without its calibration and
+    token table), or empty."""
+    weight = config.token_weight
+    if config.warm and warm is not None:
+        kept = config.calibration
+        pipe.reset_suffix(
+            warm.index,
+            warm.calibration if kept else (),
+            warm.tokens if kept and weight > 0 else (),
+            token_weight=weight,
+        )
+    else:
+        pipe.reset_suffix(token_weight=weight)
+
+
+def _rows(
+    runs: dict[str, list[SessionRun]], plan: list[SessionConfig | PeerConfig], peer_plan: list[PeerConfig]
+) -> list[dict[str, Any]]:
+    """One row per config: its speedups over its own side's target alone (median over repeats), and over
+    llama.cpp's best mode in each repeat."""
     peer_best: list[float] = []
     peer_modes = [c.label for c in peer_plan if c.mode != "none"]
     if peer_modes:
@@ -301,13 +322,7 @@ def bench_workload(
                 "routes": sorted(set(last.routes)),
             }
         )
-    return {
-        "workload": workload.name,
-        "requests": workload.n_measured_requests,
-        "max_tokens": cap,
-        "repeats": repeats,
-        "rows": rows,
-    }
+    return rows
 
 
 def noise_lines(results: list[dict[str, Any]]) -> list[str]:

@@ -281,17 +281,7 @@ def benchmark(
         peer_run, peer_configs = None, []
         if peer:
             peer_configs = peer_mod.peer_configs(configs, peer_n_max, peer_p_min)
-            servers = peer_mod.start_servers(
-                [BASELINE, *peer_configs],
-                target=pipe.info.target_path,
-                draft=pipe.info.draft_path,
-                threads=threads,
-                n_ctx=pipe.n_ctx,
-                log=progress,
-            )
-            peer_run = peer_mod.peer_runner(
-                servers, render=lambda pr: render(pipe, pr)[0], temperature=temperature
-            )
+            servers, peer_run = _start_peer(pipe, peer_configs, threads, temperature, progress)
         records = run_interleaved(
             engine_runner(pipe, temperature=temperature),
             wl,
@@ -303,23 +293,37 @@ def benchmark(
             peer_configs=peer_configs,
             progress=progress,
         )
-        settings = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "repeats": repeats,
-            "threads": threads,
-            "warmup": warmup,
-            "strategies": strategies,
-            "adaptive": adaptive,
-            "workloads": [w.name for w in wl],
-            "prompts": {w.name: len(w.prompts) for w in wl},
-            "rpc": rpc,
-        }
+        settings: dict[str, Any] = dict(
+            max_tokens=max_tokens, temperature=temperature, repeats=repeats, threads=threads, warmup=warmup
+        )
+        settings |= dict(strategies=strategies, adaptive=adaptive, rpc=rpc, workloads=[w.name for w in wl])
+        settings["prompts"] = {w.name: len(w.prompts) for w in wl}
         return _report(pipe, wl, configs, records, settings, peer_configs if peer_run is not None else None)
     finally:
         for srv in servers.values():
             srv.close()
         pipe.close()
+
+
+def _start_peer(
+    pipe: Any,
+    peer_configs: list[DraftSettings],
+    threads: int,
+    temperature: float,
+    progress: Callable[[str], None] | None,
+) -> tuple[dict[str, Any], Runner]:
+    """llama-server for the target alone and each of llama.cpp's settings, and a runner over them."""
+    servers = peer_mod.start_servers(
+        [BASELINE, *peer_configs],
+        target=pipe.info.target_path,
+        draft=pipe.info.draft_path,
+        threads=threads,
+        n_ctx=pipe.n_ctx,
+        log=progress,
+    )
+    return servers, peer_mod.peer_runner(
+        servers, render=lambda pr: render(pipe, pr)[0], temperature=temperature
+    )
 
 
 def _settings_to_measure(
