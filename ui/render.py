@@ -231,6 +231,18 @@ def result_panel_html(
     model says its memory is loaded but unused.
     """
     memory = memory if memory is not None else _get(stats, "memory")
+    speed_card = _speed_card(stats, baseline, speedup, caution)
+    mem_card = _memory_card(stats, memory)
+    bars = acceptance_bars_html(_get(stats, "acceptance_by_position"), _get(stats, "drafted_by_position"))
+    return (
+        f'<div id="ls-result"><div class="ls-panel">{speed_card}{mem_card}</div>'
+        f'<div class="ls-card" style="margin-top:12px"><h4>Acceptance by draft position</h4>{bars}</div>'
+        f'<div class="ls-note">{esc(_meta_line(stats, note))}</div></div>'
+    )
+
+
+def _speed_card(stats: Any, baseline: Any, speedup: float | None, caution: str) -> str:
+    """The Speed card: the speedup (or where to get it), then both speeds and what drafting bought."""
     spec_tps = _get(stats, "tokens_per_second")
     base_tps = _get(baseline, "tokens_per_second")
     accepted_pct = _pct(_get(stats, "acceptance_rate")) if _get(stats, "drafted") else None
@@ -263,12 +275,16 @@ def result_panel_html(
         ),
     ]
     sp_text = fmt_num(speedup, 2, "\u00d7") if speedup is not None else "run Compare"
-    speed_card = (
+    return (
         '<div class="ls-card"><h4>Speed</h4>'
         f'<div class="ls-big">{_value("ls-speedup", speedup, sp_text)}</div>'
         + (f'<div class="ls-caution" id="ls-caution">{esc(caution)}</div>' if caution else "")
         + f"{_table(speed_rows)}</div>"
     )
+
+
+def _memory_card(stats: Any, memory: Any) -> str:
+    """The memory card: what the draft costs, and a note when this run loaded it without using it."""
     mem = memory_rows(memory)
     over_pct = mem[4][2]
     unused = ""
@@ -277,24 +293,22 @@ def result_panel_html(
             '<div class="ls-note" id="ls-draft-unused">loaded, but this run did not use the draft model'
             " (pick the draft <i>n-gram lookup</i> to free it)</div>"
         )
-    mem_card = (
+    return (
         '<div class="ls-card"><h4>Memory cost of the draft</h4>'
         f'<div class="ls-big">{esc(format_bytes(_get(memory, "draft_overhead_bytes")))} '
         f'<span style="font-size:1rem">({esc(fmt_num(over_pct, 1, " % of target"))})</span></div>'
         f"{unused}{_table(mem)}</div>"
     )
+
+
+def _meta_line(stats: Any, note: str) -> str:
+    """The line under the cards: the strategy (``auto``: what it chose, and why), the draft, the pairing."""
     route = _get(stats, "route")  # a Route, or its line in a stats dict
     strategy = str(route) if route else _get(stats, "strategy", "")  # auto: what it chose, and why
     draft_name = _get(stats, "draft_name") or ""
     pairing = _get(stats, "pairing_note") or ""
-    meta = " \u00b7 ".join(
+    return " \u00b7 ".join(
         x for x in (f"strategy: {strategy}" if strategy else "", draft_name, pairing, note) if x
-    )
-    bars = acceptance_bars_html(_get(stats, "acceptance_by_position"), _get(stats, "drafted_by_position"))
-    return (
-        f'<div id="ls-result"><div class="ls-panel">{speed_card}{mem_card}</div>'
-        f'<div class="ls-card" style="margin-top:12px"><h4>Acceptance by draft position</h4>{bars}</div>'
-        f'<div class="ls-note">{esc(meta)}</div></div>'
     )
 
 
