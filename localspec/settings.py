@@ -19,7 +19,9 @@ class Strategy:
     """What one strategy name runs, parsed once here (as llama.cpp's draft types: an enum and a name map,
     :data:`STRATEGY_BY_NAME`); nothing else reads the parts out of a name.
 
-    ``none`` is the target alone (the baseline); every other one drafts. ``ngram`` looks up the current
+    ``none`` is the target alone (the baseline); every other one drafts. ``mtp`` drafts with the target's own
+    MTP layers (a file that has them: :mod:`localspec.llama.mtp`), as ``model`` does with a draft model, alone
+    or after a lookup (``mtp+ngram``, ``mtp+suffix``). ``ngram`` looks up the current
     prompt and output only; ``suffix`` also remembers earlier requests (and a persisted store and an
     indexed corpus) and sizes each draft from its confidence and this machine's verify cost; ``auto`` picks
     per request between ``suffix`` and ``model+suffix`` from the measured costs (see
@@ -28,18 +30,20 @@ class Strategy:
 
     name: str
     model: bool = False  # a draft model drafts (``auto`` decides per request: see ``routed``)
+    mtp: bool = False  # the target's MTP layers draft
     lookup: Literal["ngram", "suffix"] | None = None  # where lookup drafts come from, if any
     routed: bool = False  # ``auto``: the router picks the drafters per request
 
     @property
     def drafts(self) -> bool:
         """Anything but the target alone."""
-        return self.model or self.lookup is not None
+        return self.model or self.mtp or self.lookup is not None
 
     @property
     def combined(self) -> bool:
-        """A draft model and lookups in one drafter (``model+ngram``, ``model+suffix``)."""
-        return self.model and self.lookup is not None
+        """A model (a draft model or the MTP layers) and lookups in one drafter (``model+ngram``,
+        ``mtp+suffix``...)."""
+        return (self.model or self.mtp) and self.lookup is not None
 
     @property
     def may_use_model(self) -> bool:
@@ -57,6 +61,9 @@ STRATEGY_BY_NAME: dict[str, Strategy] = {
         Strategy("suffix", lookup="suffix"),
         Strategy("model+ngram", model=True, lookup="ngram"),
         Strategy("model+suffix", model=True, lookup="suffix"),
+        Strategy("mtp", mtp=True),
+        Strategy("mtp+ngram", mtp=True, lookup="ngram"),
+        Strategy("mtp+suffix", mtp=True, lookup="suffix"),
         Strategy("none"),
     )
 }
@@ -66,6 +73,8 @@ STRATEGIES: tuple[str, ...] = tuple(STRATEGY_BY_NAME)
 SPECULATIVE_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.drafts)
 #: The strategies that need a draft model loaded.
 MODEL_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.model)
+#: The strategies that draft with the target's MTP layers (loaded with the target for them).
+MTP_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.mtp)
 #: The strategies whose lookups come from the suffix cache (``auto`` always uses it), ``auto`` last.
 SUFFIX_STRATEGIES: tuple[str, ...] = tuple(
     sorted((n for n, s in STRATEGY_BY_NAME.items() if s.lookup == "suffix"), key=lambda n: n == "auto")
@@ -167,6 +176,11 @@ class DraftSettings:
         return self.kind.model
 
     @property
+    def uses_mtp(self) -> bool:
+        """True when the target's MTP layers draft."""
+        return self.kind.mtp
+
+    @property
     def may_use_model(self) -> bool:
         """True when a loaded draft model may run: the model strategies, and ``auto`` when it pays."""
         return self.kind.may_use_model
@@ -193,7 +207,7 @@ class DraftSettings:
         if not self.is_speculative:
             return "none"
         parts = [self.strategy, f"k={self.n_max}"]
-        if self.uses_model:
+        if self.uses_model or self.uses_mtp:
             parts.append(f"p_min={self.p_min:g}")
         if self.adaptive:
             parts.append("adaptive")

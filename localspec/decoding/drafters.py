@@ -26,9 +26,11 @@ if TYPE_CHECKING:
     from localspec.decoding.stopping import GainStop
     from localspec.llama.runtime import Model
 
-#: Where a drafted token came from: the draft model, the current prompt and output, earlier requests
-#: of this pipeline (or the persisted store), or an indexed corpus.
-SOURCES: tuple[str, ...] = ("model", "prompt", "history", "corpus")
+#: Sources that are a model's predictions: a draft model's, or the target's own MTP layers'.
+MODEL_SOURCES: tuple[str, ...] = ("model", "mtp")
+#: Where a drafted token came from: the draft model, the target's MTP layers, the current prompt and output,
+#: earlier requests of this pipeline (or the persisted store), or an indexed corpus.
+SOURCES: tuple[str, ...] = (*MODEL_SOURCES, "prompt", "history", "corpus")
 
 
 @dataclass
@@ -45,6 +47,14 @@ class Draft:
     evals: int = 0  # draft-model decode calls spent on this draft
     first_seconds: float = 0.0  # the first of those calls, which also fed the tokens accepted since the last
     fed: int = 0  # tokens that first call fed (more than two: it caught up after rounds without a draft)
+
+    def add(self, pick: Pick, n_vocab: int, source: str = "model") -> None:
+        """Append a drafted token (its distribution fitted to the target's ``n_vocab`` ids when sampled)."""
+        self.tokens.append(pick.token)
+        if pick.q is not None:
+            self.probs.append(_fit(pick.q, n_vocab))
+        self.sources.append(source)
+        self.confidence.append(pick.p_top)
 
     def source_of(self, i: int) -> str:
         """Where drafted token ``i`` came from."""
@@ -155,33 +165,19 @@ class ModelDrafter:
         out.evals, out.fed = 1, len(todo)
         self.model.checkpoint(ahead=n - 1)  # recurrent memory: the drafts it decodes next may be taken back
         for i in range(n):
-            row = logits
-            if self._mask is not None:
-                row = row.copy()
-                row[self._mask] = -np.inf
-            q = None if params.greedy else distribution(row, params)
-            if q is None:
-                tok = int(np.argmax(row))
-                p_top = 1.0 / float(np.exp(row - row[tok]).sum())
-            else:
-                p_top = float(q.max())
-            if stop is not None:
-                if not stop.keep(i, p_top):
-                    break
-            elif self.p_min > 0.0 and i >= self.n_min and p_top < self.p_min:
+            pick = _pick(logits, i, params, rng, stop, self._limits())
+            if pick is None:
                 break
-            if q is not None:
-                tok = sample(q, rng)
-                out.probs.append(_fit(q, self.target_n_vocab))
-            out.tokens.append(tok)
-            out.sources.append("model")
-            out.confidence.append(p_top)
+            out.add(pick, self.target_n_vocab)
             if i + 1 < n and (stop is None or stop.go_on()):
-                logits = self.model.decode_logits([tok], outputs=1)[0]
+                logits = self.model.decode_logits([pick.token], outputs=1)[0]
                 out.evals += 1
             else:
                 break
         return out
+
+    def _limits(self) -> _Limits:
+        return _Limits(self.n_min, self.p_min, self._mask)
 
     def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         """A draft model has nothing to propose without calling the model."""
@@ -189,6 +185,124 @@ class ModelDrafter:
 
     def finish(self, context: list[int]) -> None:
         """Nothing to learn: the KV cache already holds what the next call can reuse."""
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One token a model drafter chose: the token, the distribution it was sampled from (None: greedy) and
+    the model's top probability (its confidence)."""
+
+    token: int
+    q: np.ndarray | None
+    p_top: float
+
+
+@dataclass(frozen=True)
+class _Limits:
+    n_min: int
+    p_min: float
+    mask: np.ndarray | None  # ids never proposed
+
+
+def _pick(
+    logits: np.ndarray,
+    i: int,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    stop: GainStop | None,
+    limits: _Limits,
+) -> Pick | None:
+    """Draft step ``i``'s token from a model's logits row, or None where the draft ends: without ``stop`` a
+    top probability under ``p_min`` ends it (after ``n_min`` tokens), as in llama.cpp; with it, the measured
+    expected gain decides."""
+    row = logits
+    if limits.mask is not None:
+        row = row.copy()
+        row[limits.mask] = -np.inf
+    q = None if params.greedy else distribution(row, params)
+    if q is None:
+        tok = int(np.argmax(row))
+        p_top = 1.0 / float(np.exp(row - row[tok]).sum())
+    else:
+        p_top = float(q.max())
+    if stop is not None:
+        if not stop.keep(i, p_top):
+            return None
+    elif limits.p_min > 0.0 and i >= limits.n_min and p_top < limits.p_min:
+        return None
+    if q is not None:
+        tok = sample(q, rng)
+    return Pick(tok, q, p_top)
+
+
+class MtpDrafter:
+    """Drafting with the target's own MTP (NextN) layers (:mod:`localspec.llama.mtp`): no second model.
+
+    The MTP head follows every target pass by itself, so a draft starts from the pending token and the
+    target's hidden row before it; the knobs are the draft model's (``n_min``, ``p_min``, the round's
+    stopping rule).
+    """
+
+    name = "mtp"
+    free = False  # every drafted token costs an MTP pass
+    takes_stop_rule = True
+
+    def __init__(self, target: Model, *, n_min: int = 0, p_min: float = 0.75) -> None:
+        if target.mtp is None:
+            raise ValueError("the target was loaded without its MTP layers (Model(..., mtp=True))")
+        self.target = target
+        self.head = target.mtp
+        self.n_min = n_min
+        self.p_min = p_min
+
+    def with_limits(self, *, n_min: int, p_min: float) -> MtpDrafter:
+        """The same head with another ``n_min``/``p_min`` (this drafter is unchanged)."""
+        if n_min == self.n_min and p_min == self.p_min:
+            return self
+        other = copy.copy(self)
+        other.n_min, other.p_min = n_min, p_min
+        return other
+
+    def begin(self, context: list[int]) -> None:
+        """The head follows the target from here; positions of ``context`` (the target's cache) it did not
+        follow (an earlier generation of another strategy) are evaluated again, followed."""
+        target = self.target
+        target.follow_mtp(True)
+        if self.head.valid < len(context):
+            target.truncate(self.head.valid)
+            target.decode(target.sync(context))
+
+    def draft(
+        self,
+        context: list[int],
+        n: int,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        stop: GainStop | None = None,
+    ) -> Draft:
+        """Up to ``n`` tokens after ``context`` (whose last token is pending: the target holds the rest)."""
+        out = Draft(source=self.name)
+        if n <= 0:
+            return out
+        limits = _Limits(self.n_min, self.p_min, None)
+
+        def choose(i: int, logits: np.ndarray) -> tuple[int | None, bool]:
+            pick = _pick(logits, i, params, rng, stop, limits)
+            if pick is None:
+                return None, False
+            out.add(pick, self.target.n_vocab, "mtp")
+            return pick.token, stop is None or stop.go_on()
+
+        made = self.target.call(lambda: self.head.draft(context[-1], len(context) - 1, n, choose))
+        out.evals, out.first_seconds, out.fed = made.evals, made.first_seconds, 1
+        return out
+
+    def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """The MTP head has nothing to propose without a pass."""
+        return Draft(source=self.name)
+
+    def finish(self, context: list[int]) -> None:
+        """Nothing to learn."""
 
 
 def _fit(q: np.ndarray, n: int) -> np.ndarray:
@@ -271,7 +385,7 @@ class NgramDrafter:
 
 
 class CombinedDrafter:
-    """Lookup (n-gram or suffix cache) when it finds a match, otherwise the draft model.
+    """Lookup (n-gram or suffix cache) when it finds a match, otherwise the draft model (or the MTP layers).
 
     With the round's stopping rule (the model's costs measured), a lookup draft must also promise as many
     accepted tokens as model rounds have been getting: where draft tokens are cheap (a big target) a
@@ -280,11 +394,11 @@ class CombinedDrafter:
     free = False
     takes_stop_rule = True  # passed on to the draft model
 
-    def __init__(self, model: ModelDrafter, lookup: Drafter, *, min_lookup: int = 2) -> None:
+    def __init__(self, model: ModelDrafter | MtpDrafter, lookup: Drafter, *, min_lookup: int = 2) -> None:
         self.model = model
         self.lookup_drafter = lookup
         self.min_lookup = min_lookup
-        self.name = f"model+{lookup.name}"
+        self.name = f"{model.name}+{lookup.name}"
 
     def begin(self, context: list[int]) -> None:
         self.lookup_drafter.begin(context)

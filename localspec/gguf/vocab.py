@@ -150,6 +150,28 @@ def mtp_layers(meta: GGUFMetadata) -> tuple[int, int]:
     return max(0, declared), len(blocks)
 
 
+def mtp_weights_bytes(meta: GGUFMetadata) -> int:
+    """Bytes of the MTP layers' weights (the last ``nextn_predict_layers`` blocks; 0 without them).
+
+    Args:
+        meta: a header read with its tensors.
+
+    Returns:
+        The bytes those blocks' tensors take in the file (what loading them adds).
+    """
+    declared, present = mtp_layers(meta)
+    n_block = meta.kv.get(f"{meta.architecture}.block_count")
+    if not present or not isinstance(n_block, int):
+        return 0
+    first = n_block - declared
+    total = 0
+    for t in meta.tensors or ():
+        parts = t.name.split(".")
+        if parts[0] == "blk" and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) >= first:
+            total += t.n_bytes or 0
+    return total
+
+
 @dataclass
 class VocabInfo:
     """A model's vocabulary as llama.cpp would load it, plus its fingerprint."""

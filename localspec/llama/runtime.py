@@ -41,6 +41,7 @@ from localspec.errors import (
     RpcError,
     SettingsError,
 )
+from localspec.llama import mtp as mtp_layers
 from localspec.llama import recurrent, rpc
 from localspec.llama.build import check_amx
 from localspec.settings import N_CTX_RANGE, max_threads
@@ -165,6 +166,7 @@ class Model:
         rpc_servers: Sequence[rpc.Endpoint] = (),
         tensor_split: Sequence[float] | None = None,
         rollback_depth: int = 0,
+        mtp: bool = False,
     ) -> None:
         """Load the model.
 
@@ -180,6 +182,8 @@ class Model:
             rollback_depth: for a model with recurrent memory, the state snapshots to keep per sequence
                 (the longest draft taken back without a checkpoint: :mod:`localspec.llama.recurrent`);
                 ignored for a transformer and for architectures llama.cpp keeps no snapshots for.
+            mtp: load the file's MTP (NextN) layers and make their context (:attr:`mtp`), which follows every
+                pass of this model (:mod:`localspec.llama.mtp`).
 
         Raises:
             RpcError: a server that does not answer, or one lost while loading.
@@ -188,6 +192,9 @@ class Model:
         check_load_settings(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, what=self.path.name)
         self._batch: Any = None
         self._llama: llama_cpp.Llama | None = None
+        #: the MTP head drafting for this model (None unless loaded with ``mtp``)
+        self.mtp: mtp_layers.MtpHead | None = None
+        self._mtp_cache_bytes: int | None = None
         self.rpc_servers = list(rpc_servers)
         self._guard: rpc.Guard | None = None
         self._rpc_placement = ""
@@ -228,6 +235,7 @@ class Model:
                 quiet_stderr() as said,
                 rpc.load_devices(devices),
                 recurrent.snapshots_asked(rollback_depth),
+                mtp_layers.layers_asked(mtp),
             ):
                 self._llama = self._call(load)
         except (ValueError, RuntimeError, OSError) as exc:
@@ -285,6 +293,54 @@ class Model:
         self.eog_ids = frozenset(
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
         )
+        if mtp:
+            self._start_mtp(n_threads)
+
+    def _start_mtp(self, n_threads: int) -> None:
+        """Make the MTP context (the file must have MTP layers: a quant may have dropped them)."""
+        if mtp_layers.layer_count(self.model) == 0:
+            self.close()
+            raise GGUFError(
+                str(self.path),
+                "this file has no MTP layers (the model family may have none, or this quant dropped them)",
+                hint="use a quant that keeps them (often named MTP), or draft with a small model of the same "
+                "family (--draft PATH) or ngram",
+            )
+        with quiet_stderr() as said:
+            try:
+                self.mtp = self._call(
+                    lambda: mtp_layers.MtpHead(
+                        self.model, self.ctx, n_ctx=self.n_ctx, n_batch=self.n_batch, n_threads=n_threads
+                    )
+                )
+            except LocalspecError:
+                self.close()
+                raise
+        self._mtp_cache_bytes = cache_bytes_logged(said.lines)
+
+    def follow_mtp(self, on: bool) -> None:
+        """Whether this model's passes feed its MTP head (nothing without one): off, they cost nothing more
+        (a strategy that does not draft with it), and the head evaluates what it missed when it drafts
+        again."""
+        head = self.mtp
+        if head is not None:
+            self._call(lambda: head.set_following(on))
+
+    def mtp_bytes(self) -> int:
+        """Memory the MTP head adds: its context's KV cache as llama.cpp allocated it (0 without MTP). Its
+        weights are part of the file, and of :attr:`weights_bytes` once loaded."""
+        if self.mtp is None:
+            return 0
+        if self._mtp_cache_bytes is not None:
+            return self._mtp_cache_bytes
+        meta = self.metadata
+        arch = meta.get("general.architecture", "")
+        n_head = max(1, llama_cpp.llama_model_n_head(self.model))
+        n_embd = llama_cpp.llama_model_n_embd(self.model)
+        k_len = int(meta.get(f"{arch}.attention.key_length", n_embd // n_head))
+        v_len = int(meta.get(f"{arch}.attention.value_length", n_embd // n_head))
+        n_head_kv = llama_cpp.llama_model_n_head_kv(self.model)
+        return self.n_ctx * self.mtp.n_layers * n_head_kv * (k_len + v_len) * 2
 
     def _device_servers(self, devices: list[int]) -> list[rpc.Endpoint]:
         """The server of each device (an rpc-server may offer several)."""
@@ -292,6 +348,11 @@ class Model:
         for server in self.rpc_servers:
             out += [server] * len(rpc.devices([server]))
         return out[: len(devices)]
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` where this model's llama.cpp calls run: on the RPC guard's thread for a model with layers
+        on rpc-servers, else here (for a part that works on this model's contexts, as its MTP head)."""
+        return self._call(fn)
 
     def _call(self, fn: Callable[[], T]) -> T:
         """``fn()``: on the RPC guard's thread for a model with layers on rpc-servers, else here."""
@@ -577,7 +638,8 @@ class Model:
         self._call(lambda: self._decode_now(chunk, outputs))
 
     def _decode_now(self, chunk: list[int], outputs: int) -> None:
-        self._fill(chunk, len(self.tokens), outputs)
+        pos0 = len(self.tokens)
+        self._fill(chunk, pos0, outputs)
         rc = llama_cpp.llama_decode(self.ctx, self._batch)
         if rc != 0:
             # A failed decode may leave part of the batch in memory: remove it, keep the bookkeeping true
@@ -591,6 +653,8 @@ class Model:
                 hint="the context may be full: try a larger n_ctx or a shorter prompt",
             )
         self.tokens.extend(chunk)
+        if self.mtp is not None:
+            self.mtp.follow(chunk, pos0)
 
     def _fill(self, chunk: list[int], pos0: int, outputs: int) -> None:
         b = self._batch
@@ -614,6 +678,10 @@ class Model:
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
+        if self.mtp is not None:
+            head, self.mtp = self.mtp, None
+            with contextlib.suppress(RpcError):
+                self._call(head.close)
         if self._llama is None:
             return
         llama, self._llama = self._llama, None

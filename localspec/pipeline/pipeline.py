@@ -14,12 +14,14 @@ from typing import Any
 from localspec import constants
 from localspec.constrain.grammar import Grammar, reply_grammar
 from localspec.decoding.costs import MachineCosts, machine_costs, stored_costs
-from localspec.decoding.drafters import CombinedDrafter, Drafter, ModelDrafter, NgramDrafter
+from localspec.decoding.drafters import CombinedDrafter, Drafter, ModelDrafter, MtpDrafter, NgramDrafter
 from localspec.decoding.engine import Engine, TokenResponse
 from localspec.decoding.routing import Route, route
 from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
+from localspec.gguf.meta import read_metadata
 from localspec.gguf.pairing import PairInfo
+from localspec.gguf.vocab import mtp_weights_bytes
 from localspec.llama.recurrent import MAX_SNAPSHOTS
 from localspec.llama.rpc import parse_endpoints
 from localspec.llama.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
@@ -134,10 +136,15 @@ class Pipeline:
             rpc_servers=servers,
             tensor_split=tensor_split,
             rollback_depth=depth,
+            mtp=settings.uses_mtp,
         )
         mem.rss_after_target_bytes = rss_bytes()
         mem.target_weights_bytes = self._target.weights_bytes
         mem.target_kv_bytes = self._target.kv_bytes()
+        if self._target.mtp is not None:  # the MTP layers are the drafter: their memory is the draft's
+            mem.draft_weights_bytes = mtp_weights_bytes(read_metadata(info.target_path))
+            mem.target_weights_bytes -= mem.draft_weights_bytes
+            mem.draft_kv_bytes = self._target.mtp_bytes()
         self._draft: Model | None = None
         try:
             if settings.is_speculative and settings.n_max > self._target.max_draft:
@@ -254,9 +261,14 @@ class Pipeline:
         """A drafter for one generation. N-gram tables belong to that generation only; the suffix cache
         is the pipeline's (it remembers every request; the engine's lock serialises its rounds, and its
         live part re-syncs to whichever context asks)."""
+        if not s.uses_mtp:  # the target's passes need not feed its MTP layers
+            self._target.follow_mtp(False)
         if not s.is_speculative:
             return None
         lookup: Drafter = self.suffix_drafter() if s.uses_suffix else NgramDrafter()
+        if s.uses_mtp:
+            mtp = self._mtp_drafter(s)
+            return CombinedDrafter(mtp, lookup) if s.kind.combined else mtp
         if not s.uses_model:
             return lookup
         if self._model_drafter is None:
@@ -267,6 +279,17 @@ class Pipeline:
             )
         model = self._model_drafter.with_limits(n_min=s.n_min, p_min=s.p_min)
         return CombinedDrafter(model, lookup) if s.kind.combined else model
+
+    def _mtp_drafter(self, s: DraftSettings) -> MtpDrafter:
+        """The target's MTP layers as the drafter of strategy ``s`` (loaded with the target for an MTP
+        strategy)."""
+        if self._target.mtp is None:
+            raise LocalspecError(
+                f"strategy {s.strategy!r} drafts with the target's MTP layers, and this pipeline was loaded "
+                "without them",
+                hint="load with strategy='mtp' (on the command line --strategy mtp) to load them",
+            )
+        return MtpDrafter(self._target, n_min=s.n_min, p_min=s.p_min)
 
     # The suffix cache and the machine's costs ----------------------------------------------------
     def machine_costs(self) -> MachineCosts:

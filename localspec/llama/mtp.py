@@ -1,0 +1,255 @@
+"""Drafting with the target's own MTP (NextN) layers: the drafter Qwen3.5/3.6, GLM-4.x and DeepSeek ship
+inside the GGUF.
+
+An MTP block predicts the token after next: it reads a token's embedding and the target's last hidden row of
+the position before (``h``, what llama.cpp calls ``h_nextn``), and answers logits and a hidden row of its own.
+llama.cpp runs it as a second context on the same model (``LLAMA_CONTEXT_TYPE_MTP``, linked to the target's
+through ``ctx_other``), and :class:`MtpHead` drives it as ``common/speculative.cpp``'s ``draft-mtp`` does:
+
+- **follow the target**: after every target pass (prompt chunks, verify passes, replays), the MTP context
+  evaluates the same tokens at the same positions, each paired with the target's hidden row of the position
+  before (:meth:`MtpHead.follow`), so its own KV cache covers what the target's does. Rows that a later pass
+  replaces are simply evaluated again (the positions from the pass's first on are removed first).
+- **draft**: from the pending token and the target's hidden row before it, one MTP pass per drafted token,
+  each fed the token it just proposed and the hidden row it just produced (:meth:`MtpHead.draft`). The
+  drafted positions are removed again by the next :meth:`follow`.
+
+llama.cpp has three modes; this one is the single trained head (qwen35, qwen35moe, qwen3next, glm4-moe): a
+file with more MTP layers drafts with the first (llama.cpp's chained heads, one per step as in step35, and the
+memory shared with the target as in gemma4, are not driven here). The calls are llama.cpp's staging API
+(``llama_cpp.llama_cpp_ext``), bound by llama-cpp-python 0.3.36.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import llama_cpp
+import llama_cpp._internals as llama_internals
+import numpy as np
+
+from localspec.errors import LocalspecError
+
+#: Target hidden rows kept per position (a ring): the row before the first token of any later pass. A pass
+#: that starts further back than this (a new request on an old prefix) pairs its first token with a zero
+#: row, as llama.cpp does at a sequence's start: its first draft may be worse, never wrong.
+ROWS_KEPT = 64
+
+_load_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def layers_asked(wanted: bool) -> Iterator[None]:
+    """While the block loads a model through ``llama_cpp.Llama``, its MTP layers load too (``load_mtp``).
+
+    ``Llama`` builds its model parameters itself and has no argument for it; the model class it calls is
+    wrapped for the block, under a lock (as :func:`localspec.llama.recurrent.snapshots_asked` does).
+
+    Args:
+        wanted: False leaves the load as it is (llama.cpp then skips the MTP tensors).
+    """
+    if not wanted:
+        yield
+        return
+    original = llama_internals.LlamaModel
+
+    class WithMtp(original):  # type: ignore[valid-type, misc]
+        def __init__(self, *, path_model: str, params: Any, verbose: bool = True) -> None:
+            params.load_mtp = True
+            super().__init__(path_model=path_model, params=params, verbose=verbose)
+
+    with _load_lock:
+        setattr(llama_internals, "LlamaModel", WithMtp)  # noqa: B010 (a class, for the load only)
+        try:
+            yield
+        finally:
+            setattr(llama_internals, "LlamaModel", original)  # noqa: B010
+
+
+def layer_count(model: Any) -> int:
+    """MTP (NextN) layers llama.cpp loaded for ``model`` (a ``llama_model`` pointer); 0 when it has none."""
+    return int(llama_cpp.llama_model_n_layer_nextn(model))
+
+
+@dataclass
+class MtpDraft:
+    """What one :meth:`MtpHead.draft` call proposed, and the passes it ran."""
+
+    tokens: list[int] = field(default_factory=list)
+    evals: int = 0  # MTP passes run
+    first_seconds: float = 0.0  # the first of them
+
+
+class MtpHead:
+    """The MTP context of one target context (sequence 0): it follows the target's passes and drafts.
+
+    Args:
+        model: the target's ``llama_model`` pointer, loaded with its MTP layers (:func:`layers_asked`).
+        target_ctx: the target's ``llama_context``: its hidden rows are switched on here, for every token.
+        n_ctx: the target's context (the MTP cache holds as many positions).
+        n_batch: the target's batch (a followed pass is at most this wide).
+        n_threads: CPU threads.
+
+    Raises:
+        LocalspecError: llama.cpp could not make the MTP context.
+    """
+
+    def __init__(self, model: Any, target_ctx: Any, *, n_ctx: int, n_batch: int, n_threads: int) -> None:
+        from llama_cpp import llama_cpp_ext
+
+        self._ext = llama_cpp_ext
+        self.n_layers = layer_count(model)
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(model))
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
+        self.target_ctx = target_ctx
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch
+        params.n_threads = params.n_threads_batch = n_threads
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target_ctx
+        params.n_rs_seq = 0
+        self.ctx = llama_cpp.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise LocalspecError(
+                "llama.cpp could not make the MTP context for this model",
+                hint="draft with a small model of the same family instead (--draft PATH), or with ngram",
+            )
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self._batch = llama_cpp.llama_batch_ext_init(self.ctx)
+        self._ext.llama_set_embeddings_nextn(target_ctx, True, False)  # every token's row
+        self._ext.llama_set_embeddings_nextn(self.ctx, True, True)  # the output rows only
+        self._rows = np.zeros((ROWS_KEPT, self.n_embd), dtype=np.float32)
+        self._row_pos = np.full(ROWS_KEPT, -1, dtype=np.int64)
+        self._zero = np.zeros(self.n_embd, dtype=np.float32)
+        self._pos = (llama_cpp.llama_pos * 4)()
+        self.follow_passes = 0  # MTP passes that followed a target pass
+        #: positions ``[0, valid)`` of the MTP cache (and their hidden rows) match the target's cache
+        self.valid = 0
+        self.following = True
+
+    def _row_before(self, pos: int) -> np.ndarray:
+        """The target's hidden row at ``pos - 1`` (zeros at a sequence's start or when no longer kept)."""
+        slot = (pos - 1) % ROWS_KEPT
+        return self._rows[slot] if pos > 0 and self._row_pos[slot] == pos - 1 else self._zero
+
+    def follow(self, tokens: list[int], pos0: int) -> None:
+        """After the target evaluated ``tokens`` at ``pos0...`` in one pass: keep its hidden rows and
+        evaluate the same tokens in the MTP context, each paired with the row of the position before.
+
+        Args:
+            tokens: the pass's tokens, as the target evaluated them.
+            pos0: the position of the first.
+        """
+        n = len(tokens)
+        if n == 0:
+            return
+        if not self.following:
+            self.valid = min(self.valid, pos0)
+            return
+        ptr = self._ext.llama_get_embeddings_nextn(self.target_ctx)
+        if not ptr:
+            raise LocalspecError(
+                "llama.cpp gave no hidden rows for the MTP layers after a target pass",
+                hint="draft with a small model of the same family instead (--draft PATH), or with ngram",
+            )
+        rows = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))
+        paired = np.empty((n, self.n_embd), dtype=np.float32)
+        paired[0] = self._row_before(pos0)
+        paired[1:] = rows[:-1]
+        keep = range(max(0, n - ROWS_KEPT), n)
+        for i in keep:
+            slot = (pos0 + i) % ROWS_KEPT
+            self._rows[slot] = rows[i]
+            self._row_pos[slot] = pos0 + i
+        llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
+        self._run(tokens, pos0, paired, output=False)
+        self.follow_passes += 1
+        if pos0 <= self.valid:  # else a gap stays: positions the head did not follow
+            self.valid = pos0 + n
+
+    def set_following(self, on: bool) -> None:
+        """Follow the target's passes (on) or not (off: the target's passes cost nothing more, and the
+        positions they write are no longer valid here; see :attr:`valid`)."""
+        if on != self.following:
+            self.following = on
+            self._ext.llama_set_embeddings_nextn(self.target_ctx, on, False)
+
+    def draft(self, last: int, pos0: int, n: int, choose: Any) -> MtpDraft:
+        """Up to ``n`` tokens after ``last`` (the pending token, at ``pos0``; the target holds the positions
+        before it).
+
+        Args:
+            last: the pending token.
+            pos0: its position.
+            n: the most tokens to draft.
+            choose: ``choose(i, logits_row) -> (token or None, go_on)``: the drafted token at step ``i``
+                from the MTP logits (None ends the draft there) and whether to draft one more.
+
+        Returns:
+            The tokens and the passes run.
+        """
+        out = MtpDraft()
+        llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
+        token, row = last, self._row_before(pos0)
+        for i in range(n):
+            t = time.perf_counter()
+            self._run([token], pos0 + i, row[None, :], output=True)
+            logits = np.ctypeslib.as_array(
+                llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)
+            )
+            if i == 0:
+                out.first_seconds = time.perf_counter() - t
+            out.evals += 1
+            picked, go_on = choose(i, logits)
+            if picked is None:
+                break
+            out.tokens.append(int(picked))
+            if not go_on or i + 1 == n:
+                break
+            row = np.ctypeslib.as_array(
+                self._ext.llama_get_embeddings_nextn_ith(self.ctx, 0), shape=(self.n_embd,)
+            ).copy()
+            token = int(picked)
+        return out
+
+    def _run(self, tokens: list[int], pos0: int, rows: np.ndarray, *, output: bool) -> None:
+        """One MTP pass: ``tokens`` at ``pos0...``, token ``i`` paired with ``rows[i]``; logits for the last
+        when ``output``."""
+        b, pos = self._batch, self._pos
+        llama_cpp.llama_batch_ext_clear(b)
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        base = rows.ctypes.data
+        step = self.n_embd * 4
+        last = len(tokens) - 1
+        for i, token in enumerate(tokens):
+            idx = llama_cpp.llama_batch_ext_add_token(b, 0, int(token))
+            pos[0] = pos0 + i
+            llama_cpp.llama_batch_ext_set_pos(b, idx, pos)
+            embd = llama_cpp.llama_embd(
+                ctypes.cast(base + i * step, ctypes.POINTER(ctypes.c_float)), 1, self.n_embd
+            )
+            llama_cpp.llama_batch_ext_set_embd_token(b, idx, embd)
+            if output and i == last:
+                llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
+        rc = llama_cpp.llama_process(self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE, b)
+        if rc != 0:
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
+            raise LocalspecError(
+                f"llama.cpp's MTP pass failed with status {rc}",
+                hint="the context may be full: try a larger n_ctx or a shorter prompt",
+            )
+
+    def close(self) -> None:
+        """Free the MTP context (before the target's model goes)."""
+        if self._batch is not None:
+            llama_cpp.llama_batch_ext_free(self._batch)
+            self._batch = None
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None

@@ -1,0 +1,133 @@
+"""Tiny Qwen3.5 (``qwen35``) models with an MTP block, for the MTP drafting tests.
+
+llama.cpp's ``test-llama-archs`` writes a random 2-layer qwen35 (one Gated DeltaNet layer, one attention
+layer) without MTP layers. :func:`mtp_model` appends the block that llama.cpp's qwen35 MTP graph reads
+(``blk.2``: an attention layer plus ``nextn.eh_proj``, ``enorm``, ``hnorm``, ``shared_head_norm`` and
+``shared_head_head``), sets ``block_count`` 3 and ``nextn_predict_layers`` 1, and sets the head's weights:
+
+- ``"random"``: random weights; its drafts are almost all rejected.
+- ``"token"``: fitted to the target. The random target's greedy next token depends on the current token only
+  (measured: one answer per token over random contexts), so the head reads the token's embedding alone (the
+  block's attention output and FFN down projection are zero, ``eh_proj`` keeps the token half) and its output
+  rows are set, in closed form, to answer the target's next token for the token after: right for 3 tokens in
+  4, deliberately wrong for the rest, so that drafts run long and are also rejected.
+- ``"hidden"``: the head reads the target's hidden row alone (``eh_proj`` keeps the other half): it answers
+  the target's next-but-one token only when the driver hands it the right row of the right position.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+from _arch_models import write_model
+
+from localspec.llama.runtime import Model
+
+
+def _next_token_map(path: Path, n_vocab: int) -> np.ndarray:
+    """The target's greedy next token after each token, measured over random contexts (majority)."""
+    model = Model(path, n_ctx=256, n_threads=2)
+    rng = np.random.default_rng(7)
+    votes = np.zeros((n_vocab, n_vocab), dtype=np.int64)
+    try:
+        for _ in range(4):
+            model.reset()
+            tokens = [int(t) for t in rng.integers(0, n_vocab, 128)]
+            answers = model.decode_logits(tokens, outputs=len(tokens)).argmax(axis=1)
+            np.add.at(votes, (np.array(tokens), answers), 1)
+    finally:
+        model.close()
+    seen = votes.sum(axis=1) > 0
+    nxt = votes.argmax(axis=1)
+    nxt[~seen] = np.arange(n_vocab)[~seen]  # never seen: any answer (the head is simply wrong there)
+    return nxt
+
+
+def _rms(a: np.ndarray) -> np.ndarray:
+    return a / np.sqrt((a * a).mean(axis=-1, keepdims=True) + 1e-5)
+
+
+def mtp_model(folder: Path, kind: str, seed: int = 1) -> Path:
+    """A qwen35 model written with ``seed``, with an MTP block whose head is ``kind`` (see the module)."""
+    out = folder / f"qwen35-mtp-{kind}-seed{seed}.gguf"
+    if out.is_file():
+        return out
+    src = write_model(folder, "qwen35", seed)
+    reader = gguf.GGUFReader(src)
+    tensors = {t.name: np.array(t.data) for t in reader.tensors}
+    emb = tensors["token_embd.weight"]  # (n_vocab, n_embd)
+    n_vocab, n_embd = emb.shape
+    rng = np.random.default_rng(seed)
+    eye, zero = np.eye(n_embd, dtype=np.float32), np.zeros((n_embd, n_embd), dtype=np.float32)
+    if kind == "random":
+        eh_proj = (rng.standard_normal((n_embd, 2 * n_embd)) / np.sqrt(2 * n_embd)).astype(np.float32)
+        head = (rng.standard_normal((n_vocab, n_embd)) * 0.1).astype(np.float32)
+    elif kind == "token":
+        nxt = _next_token_map(src, n_vocab)
+        wrong = rng.random(n_vocab) < 0.25
+        answer = np.where(wrong, (nxt + 1) % n_vocab, nxt)
+        eh_proj = np.concatenate([eye, zero], axis=1)
+        feats = _rms(_rms(emb))  # what the block's output row is for each token
+        head = np.zeros((n_vocab, n_embd), dtype=np.float32)
+        np.add.at(head, answer, feats / 32.0)
+    elif kind == "hidden":
+        nxt = _next_token_map(src, n_vocab)
+        eh_proj = np.concatenate([zero, eye], axis=1)
+        out_w = tensors.get("output.weight", emb)  # the target's logits are out_w @ h
+        head = np.zeros((n_vocab, n_embd), dtype=np.float32)
+        np.add.at(head, nxt, out_w)  # the row for y: every token whose next one is y
+    else:
+        raise ValueError(kind)
+    _write_with_block(reader, tensors, out, eh_proj, head.astype(np.float32))
+    return out
+
+
+def _write_with_block(
+    reader: gguf.GGUFReader, tensors: dict[str, np.ndarray], out: Path, eh_proj: np.ndarray, head: np.ndarray
+) -> None:
+    """The file of ``reader`` with an MTP block after its layers (a copy of its last attention layer)."""
+    arch = reader.fields["general.architecture"].contents()
+    n_layer = int(reader.fields[f"{arch}.block_count"].contents())
+    writer = gguf.GGUFWriter(out, arch)
+    changed = {
+        f"{arch}.block_count": n_layer + 1,
+        f"{arch}.nextn_predict_layers": 1,
+    }
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = f.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY and len(f.data) == 0:
+            continue  # the writer refuses empty arrays; llama.cpp reads them as absent
+        value = changed.get(name, f.contents())
+        if name == f"{arch}.attention.recurrent_layers":
+            value = [*value, 0]  # the MTP block is an attention layer
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, vtype, sub_type=sub)
+    last = max(i for i in range(n_layer) if f"blk.{i}.attn_q.weight" in tensors)
+    here, there = f"blk.{last}.", f"blk.{n_layer}."
+    block = {  # the weights of a Qwen3.5 MTP block (the random layer's biases and scales are not among them)
+        k.replace(here, there, 1): v
+        for k, v in tensors.items()
+        if k.startswith(here) and k.endswith(".weight")
+    }
+    block[f"blk.{n_layer}.attn_output.weight"] = np.zeros_like(block[f"blk.{n_layer}.attn_output.weight"])
+    block[f"blk.{n_layer}.ffn_down.weight"] = np.zeros_like(block[f"blk.{n_layer}.ffn_down.weight"])
+    n_embd = eh_proj.shape[0]
+    ones = np.ones(n_embd, dtype=np.float32)
+    nextn = f"blk.{n_layer}.nextn"
+    block |= {
+        f"{nextn}.eh_proj.weight": eh_proj,
+        f"{nextn}.enorm.weight": ones,
+        f"{nextn}.hnorm.weight": ones,
+        f"{nextn}.shared_head_norm.weight": ones,
+        f"{nextn}.shared_head_head.weight": head,
+    }
+    for name, value in {**tensors, **block}.items():
+        writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -1,0 +1,134 @@
+"""MTP drafting: the target's own NextN layers propose, the target verifies (:mod:`localspec.llama.mtp`).
+
+The models are tiny qwen35 files (a hybrid: Gated DeltaNet + attention) with an MTP block whose head is random
+(drafts rejected), fitted to the target (drafts mostly accepted, some rejected) or reading the target's hidden
+row only (accepted only when the driver hands it the right row): tests/_mtp_model.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _arch_models import write_model
+from _chi2 import chi2_pvalue
+from _mtp_model import mtp_model
+
+import localspec
+from localspec.errors import GGUFError, LocalspecError
+
+#: A prompt of the dummy vocabulary's ids that repeats, so lookups find what follows.
+PROMPT = [1, 5, 9, 17, 33, 2, 7, 60, 61, 62, 5, 9, 17, 33, 2, 7, 60, 61, 62, 5, 9]
+MAX_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mtp")
+    return {kind: mtp_model(folder, kind) for kind in ("random", "token", "hidden")}
+
+
+def _load(path, strategy="mtp", **kw):
+    return localspec.load(
+        path, "none", strategy=strategy, n_ctx=256, n_threads=2, n_max=4, suffix_store=False, **kw
+    )
+
+
+def _run(pipe, strategy, **kw):
+    pipe.trace = trace = []
+    try:
+        out = list(pipe.stream_tokens(PROMPT, max_tokens=MAX_TOKENS, strategy=strategy, **kw))
+    finally:
+        pipe.trace = None
+    assert trace and all(tok == argmax for tok, _, argmax, _ in trace), (
+        f"{strategy}: every emitted token must be the verifying pass's argmax"
+    )
+    return [r.token for r in out], out[-1].stats
+
+
+def _first_position_rate(stats) -> float:
+    return stats.accepted_by_position[0] / max(1, stats.drafted_by_position[0])
+
+
+@pytest.mark.parametrize("kind", ["random", "token"])
+def test_mtp_drafts_are_lossless_for_every_mtp_strategy(files, kind):
+    got = {}
+    with _load(files[kind]) as pipe:
+        for strategy in ("mtp", "mtp+ngram", "mtp+suffix"):
+            got[strategy], stats = _run(pipe, strategy, adaptive=False, p_min=0.0)
+            assert stats.drafted > 0
+            if strategy == "mtp":
+                assert set(stats.drafted_by_source) == {"mtp"}
+        assert pipe._target.rollback.resets == 0  # every rejected draft went back through a snapshot or copy
+        base, _ = _run(pipe, "none", baseline=True)
+    for strategy, ids in got.items():
+        assert ids == base, f"{kind} {strategy}: not the target's own tokens"
+
+
+def test_a_fitted_head_is_accepted_on_its_domain_and_also_rejected(files):
+    with _load(files["token"]) as pipe:
+        _, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
+    assert _first_position_rate(stats) >= 0.5
+    assert stats.accepted < stats.drafted  # rejections too: the head is wrong for 1 token in 4
+    assert max(i for i, a in enumerate(stats.accepted_by_position) if a) == 3  # whole drafts accepted
+
+
+def test_a_random_head_is_rejected(files):
+    with _load(files["random"]) as pipe:
+        _, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
+    assert _first_position_rate(stats) < 0.2
+
+
+def test_the_head_reads_the_target_hidden_row_of_the_position_before(files):
+    """A head that reads only the hidden row answers right only when the driver pairs the pending token with
+    the target's row of the position before it (a zero, stale or shifted row gives chance level: 1 in ~80)."""
+    with _load(files["hidden"]) as pipe:
+        _, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
+    assert _first_position_rate(stats) >= 0.25
+
+
+def test_other_strategies_on_an_mtp_pipeline_and_back(files):
+    """Rounds without MTP do not feed the head (the baseline pays nothing for it); when MTP drafts again, the
+    head evaluates what it missed and is as good as before."""
+    with _load(files["token"]) as pipe:
+        head = pipe._target.mtp
+        _, first = _run(pipe, "mtp", adaptive=False, p_min=0.0)
+        followed = head.follow_passes
+        base, _ = _run(pipe, "none", baseline=True)
+        ids, _ = _run(pipe, "ngram", adaptive=False)
+        assert head.follow_passes == followed and ids == base
+        ids, again = _run(pipe, "mtp", adaptive=False, p_min=0.0)
+        assert ids == base
+        assert _first_position_rate(again) >= 0.5
+
+
+def test_sampling_with_mtp_keeps_the_target_distribution(files):
+    n = 300
+    samples: dict[str, list[int]] = {"base": [], "spec": []}
+    with _load(files["token"]) as pipe:
+        for mode, kw in (("base", {"baseline": True}), ("spec", {"strategy": "mtp", "adaptive": False})):
+            for seed in range(n):
+                out = list(pipe.stream_tokens(PROMPT, max_tokens=2, temperature=1.0, seed=seed, **kw))
+                samples[mode].append(out[-1].token)
+    assert chi2_pvalue(samples["base"], samples["spec"]) > 0.001
+
+
+def test_the_memory_line_shows_the_mtp_layers_and_their_cache(files):
+    with _load(files["token"]) as pipe:
+        mem = pipe.memory
+        assert mem.draft_weights_bytes > 0 and mem.draft_kv_bytes > 0
+        assert mem.target_weights_bytes > mem.draft_weights_bytes
+        assert "draft memory +" in mem.summary()
+
+
+def test_a_file_without_mtp_layers_is_refused_with_what_to_do(tmp_path):
+    plain = write_model(tmp_path, "qwen35", 1)
+    with pytest.raises(GGUFError, match="no MTP layers") as info:
+        _load(plain)
+    assert "draft with a small model" in (info.value.hint or "")
+
+
+def test_mtp_on_a_pipeline_loaded_without_it_says_how(files):
+    with _load(files["token"], strategy="ngram") as pipe:
+        assert pipe._target.mtp is None
+        with pytest.raises(LocalspecError, match="MTP layers") as info:
+            list(pipe.stream_tokens(PROMPT, max_tokens=4, strategy="mtp"))
+    assert "strategy='mtp'" in (info.value.hint or "")
