@@ -404,7 +404,9 @@ def write_markdown(report: BenchReport, path: Path) -> Path:
     return path
 
 
-def write_json(report: BenchReport, path: Path) -> Path:
+def json_text(report: BenchReport) -> str:
+    """bench.json's text: the report's :meth:`~BenchReport.as_json`, NaN and infinities as null."""
+
     def clean(o: Any) -> Any:
         if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
             return None
@@ -414,7 +416,11 @@ def write_json(report: BenchReport, path: Path) -> Path:
             return [clean(v) for v in o]
         return o
 
-    path.write_text(json.dumps(clean(report.as_json()), indent=1) + "\n", encoding="utf-8")
+    return json.dumps(clean(report.as_json()), indent=1)
+
+
+def write_json(report: BenchReport, path: Path) -> Path:
+    path.write_text(json_text(report) + "\n", encoding="utf-8")
     return path
 
 

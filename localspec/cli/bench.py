@@ -589,7 +589,7 @@ def _print_report(result: Any, *, files: dict[str, Path] | None, as_json: bool) 
     from localspec.bench import report as rep
 
     if as_json:
-        click.echo(json.dumps(result.as_json(), indent=1, default=str))
+        click.echo(rep.json_text(result))
         return
     click.echo(rep.format_text(result))
     if files is None:
