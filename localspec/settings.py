@@ -73,6 +73,8 @@ STRATEGIES: tuple[str, ...] = tuple(STRATEGY_BY_NAME)
 SPECULATIVE_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.drafts)
 #: The strategies that need a draft model loaded.
 MODEL_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.model)
+#: The strategies whose drafter is a model, a draft model or the MTP layers: what it costs is draft memory.
+MODEL_DRAFTER_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.model or s.mtp)
 #: The strategies that draft with the target's MTP layers (loaded with the target for them).
 MTP_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.mtp)
 #: The strategies whose lookups come from the suffix cache (``auto`` always uses it), ``auto`` last.

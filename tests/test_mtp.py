@@ -132,3 +132,32 @@ def test_mtp_on_a_pipeline_loaded_without_it_says_how(files):
         with pytest.raises(LocalspecError, match="MTP layers") as info:
             list(pipe.stream_tokens(PROMPT, max_tokens=4, strategy="mtp"))
     assert "strategy='mtp'" in (info.value.hint or "")
+
+
+def test_export_maps_mtp_to_llama_server_and_vllm(files):
+    import json
+
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    path = str(files["token"])
+    res = CliRunner().invoke(main, ["export", path, "--strategy", "mtp", "--n-max", "3", "--to", "llama-server"])
+    assert res.exit_code == 0, res.output
+    assert "--spec-type draft-mtp --spec-draft-n-max 3" in res.output and "--model-draft" not in res.output
+    res = CliRunner().invoke(main, ["export", path, "--strategy", "mtp+suffix", "--to", "vllm", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["speculative"] == {"method": "mtp", "num_speculative_tokens": 4}
+    assert any("MTP layers alone" in note for note in out["notes"])
+
+
+def test_run_with_mtp_from_the_command_line(files):
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    args = ["run", "-t", str(files["token"]), "--strategy", "mtp", "-n", "16", "--threads", "2", "hello world"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "mtp" in res.output and "draft memory +" in res.output

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from localspec.settings import MODEL_STRATEGIES
+from localspec.settings import MODEL_DRAFTER_STRATEGIES
 from localspec.units import format_bytes
 
 MB = 1e6  # decimal, as localspec.units.format_bytes writes sizes: the data-value and the text agree
@@ -288,7 +288,7 @@ def _memory_card(stats: Any, memory: Any) -> str:
     mem = memory_rows(memory)
     over_pct = mem[4][2]
     unused = ""
-    if _get(memory, "draft_overhead_bytes") and _get(stats, "strategy") not in MODEL_STRATEGIES:
+    if _get(memory, "draft_overhead_bytes") and _get(stats, "strategy") not in MODEL_DRAFTER_STRATEGIES:
         unused = (
             '<div class="ls-note" id="ls-draft-unused">loaded, but this run did not use the draft model'
             " (pick the draft <i>n-gram lookup</i> to free it)</div>"

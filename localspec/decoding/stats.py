@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 
 from localspec.decoding.routing import Route
-from localspec.settings import MODEL_STRATEGIES
+from localspec.settings import MODEL_DRAFTER_STRATEGIES
 
 MB = 1024 * 1024
 
@@ -217,7 +217,7 @@ class GenerationStats:
             parts.append("target alone")
         if self.speedup is not None:
             parts.append(f"speedup {self.speedup:.2f}x vs target alone")
-        if self.strategy in MODEL_STRATEGIES:
+        if self.strategy in MODEL_DRAFTER_STRATEGIES:
             parts.append(self.memory.summary())
         if self.placement:
             parts.append("runs on " + ", ".join(f"{role} {where}" for role, where in self.placement.items()))

@@ -37,13 +37,18 @@ class Export:
 
 
 def _method(settings: DraftSettings, draft: Path | None, notes: list[str]) -> str:
-    """The one drafting method both engines have that stands for ``settings``: model, ngram or none."""
+    """The one drafting method both engines have that stands for ``settings``: model, mtp, ngram, suffix or
+    none."""
     kind = settings.kind
     if not kind.drafts:
         return "none"
     if kind.routed:
         notes.append("auto picks a strategy per request in localspec; an engine takes one setting")
         return "model" if draft else "ngram"
+    if kind.mtp:
+        if kind.combined:
+            notes.append(f"{settings.strategy}: the engine drafts with the MTP layers alone here")
+        return "mtp"
     if kind.model:
         if draft is None:
             raise SettingsError(f"strategy {kind.name} needs a draft model", hint="give --draft PATH")
@@ -91,6 +96,9 @@ def llama_server(
             notes.append("--spec-draft-ngl 0 keeps the draft on this machine's CPU, as localspec does")
         if settings.kind.combined:
             notes.append(f"{settings.strategy}: llama-server drafts with the model alone here")
+    elif method == "mtp":
+        spec += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k)]
+        spec += ["--spec-draft-n-min", str(settings.n_min), "--spec-draft-p-min", f"{settings.p_min:g}"]
     elif method in ("ngram", "suffix"):
         if method == "suffix":
             notes.append("llama-server has no suffix cache: n-gram lookup in the context is the nearest")
@@ -127,6 +135,12 @@ def vllm(
         config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
         if settings.kind.combined:
             notes.append(f"{settings.strategy}: vLLM takes one method; the draft model is kept")
+    elif method == "mtp":
+        config = {"method": "mtp", "num_speculative_tokens": k}
+        notes.append(
+            'vLLM runs the MTP layers of the original checkpoint; releases before "mtp" took a method per '
+            'family ("qwen3_next_mtp", "deepseek_mtp", "glm4_moe_mtp")'
+        )
     elif method == "ngram":
         low, high = NGRAM_LOOKUP
         config = {
