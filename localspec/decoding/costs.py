@@ -6,10 +6,10 @@ the build and the model, not a law: on a Xeon VM it was about ``1 + 0.42 (b - 1)
 flat from 12 to 16 tokens (a kernel switch). A draft of ``k`` tokens that all pass yields ``k + 1``
 tokens for ``V(k + 1)`` passes, so the curve says how long a draft must be, and how sure, to pay.
 
-The curve is not smooth: on the 2-core EPYC VM of docs/bench.md a 16-token pass costs less than a 15-token
-one and 17 tokens cost 2.3 passes more (V(15), V(16), V(17) = 10.9, 9.9, 12.2; the same dips at 32 and,
-smaller, at every multiple of 4: llama.cpp's repacked CPU kernels multiply four rows of the batch at a time
-and each row left over alone), so
+The curve is not smooth: on the 2-core EPYC VM of docs/archive/bench-notebook.md (2026-11-30) a 16-token pass
+costs less than a 15-token one and 17 tokens cost 2.3 passes more (V(15), V(16), V(17) = 10.9, 9.9, 12.2; the
+same dips at 32 and, smaller, at every multiple of 4: llama.cpp's repacked CPU kernels multiply four rows of
+the batch at a time and each row left over alone), so
 every width from 1 to 33 (a verify pass of up to :data:`localspec.settings.LOOKUP_N_MAX` drafts) is
 measured rather than interpolated: interpolating between even widths made the suffix drafter choose
 17-token passes it thought cheap (replayed on the recorded sessions: 1-5% slower).
