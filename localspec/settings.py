@@ -77,6 +77,9 @@ MODEL_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items()
 MODEL_DRAFTER_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.model or s.mtp)
 #: The strategies that draft with the target's MTP layers (loaded with the target for them).
 MTP_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_BY_NAME.items() if s.mtp)
+#: What a bench sweeps by default for a pair: every drafting strategy but the MTP ones (a file with MTP layers
+#: is swept with ``--strategy mtp,...`` named).
+PAIR_STRATEGIES: tuple[str, ...] = tuple(n for n in SPECULATIVE_STRATEGIES if n not in MTP_STRATEGIES)
 #: The strategies whose lookups come from the suffix cache (``auto`` always uses it), ``auto`` last.
 SUFFIX_STRATEGIES: tuple[str, ...] = tuple(
     sorted((n for n, s in STRATEGY_BY_NAME.items() if s.lookup == "suffix"), key=lambda n: n == "auto")

@@ -22,7 +22,14 @@ from localspec.bench import single as bench
 from localspec.bench.workloads import Prompt, Workload
 from localspec.decoding import speed
 from localspec.errors import BenchError
-from localspec.settings import BASELINE, MAX_TUNE_SWEEP, SPECULATIVE_STRATEGIES, DraftSettings, max_threads
+from localspec.settings import (
+    BASELINE,
+    MAX_TUNE_SWEEP,
+    PAIR_STRATEGIES,
+    SPECULATIVE_STRATEGIES,
+    DraftSettings,
+    max_threads,
+)
 
 # ---------------------------------------------------------------------------------------------- prompt files
 
@@ -346,7 +353,7 @@ def test_sweep_size_counts_what_tune_configs_builds_and_check_sweep_caps_it():
     ]:
         size = tune.sweep_size(strategies, ns, ps, adaptive)
         assert size == len(tune.tune_configs(strategies, ns, ps, adaptive)), strategies
-    assert tune.sweep_size(SPECULATIVE_STRATEGIES, range(1, 9), [0.5, 0.75, 0.9]) == 96  # the default grid
+    assert tune.sweep_size(PAIR_STRATEGIES, range(1, 9), [0.5, 0.75, 0.9]) == 96  # the default grid
     # repeats go, the order stays; None counts every drafting strategy
     assert tune.check_sweep(None, [3, 1, 3], [0.9, 0.5, 0.9]) == ([3, 1], [0.9, 0.5])
     assert tune.check_sweep(None, range(1, 65), [0.5, 0.75, 0.9]) == (list(range(1, 65)), [0.5, 0.75, 0.9])

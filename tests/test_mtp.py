@@ -142,7 +142,8 @@ def test_export_maps_mtp_to_llama_server_and_vllm(files):
     from localspec.cli import main
 
     path = str(files["token"])
-    res = CliRunner().invoke(main, ["export", path, "--strategy", "mtp", "--n-max", "3", "--to", "llama-server"])
+    args = ["export", path, "--strategy", "mtp", "--n-max", "3", "--to", "llama-server"]
+    res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "--spec-type draft-mtp --spec-draft-n-max 3" in res.output and "--model-draft" not in res.output
     res = CliRunner().invoke(main, ["export", path, "--strategy", "mtp+suffix", "--to", "vllm", "--json"])
@@ -157,7 +158,7 @@ def test_run_with_mtp_from_the_command_line(files):
 
     from localspec.cli import main
 
-    args = ["run", "-t", str(files["token"]), "--strategy", "mtp", "-n", "16", "--threads", "2", "hello world"]
+    args = ["run", "-t", str(files["token"]), "--strategy", "mtp", "-n", "16", "--threads", "2", "hello"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "mtp" in res.output and "draft memory +" in res.output

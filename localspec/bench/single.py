@@ -22,7 +22,7 @@ from localspec.bench.arithmetic import interleaved_order, summarise
 from localspec.bench.report import BenchReport, PeerResult, machine_info
 from localspec.bench.workloads import Prompt, Runner, Workload, load_workloads
 from localspec.errors import BenchError
-from localspec.settings import BASELINE, LOOKUP_N_MAX, SUFFIX_STRATEGIES, DraftSettings
+from localspec.settings import BASELINE, LOOKUP_N_MAX, MTP_STRATEGIES, SUFFIX_STRATEGIES, DraftSettings
 
 # ---------------------------------------------------------------------------------------------- running
 
@@ -194,9 +194,10 @@ def open_pipeline(
     p_min: float | None = None,
     rpc: str | None = None,
     tensor_split: Sequence[float] | None = None,
+    strategy: str | None = None,
 ) -> Any:
-    """The pipeline a bench measures (``rpc``: the target's layers on those rpc-servers); never the user's
-    suffix store."""
+    """The pipeline a bench measures (``rpc``: the target's layers on those rpc-servers; ``strategy``: the one
+    it loads for, ``"mtp"`` to load the target's MTP layers); never the user's suffix store."""
     from localspec.pipeline.loading import load
 
     return load(
@@ -210,6 +211,7 @@ def open_pipeline(
         suffix_store=False,  # the bench never reads or writes the user's suffix store
         rpc=rpc,
         tensor_split=tensor_split,
+        strategy=strategy,
     )
 
 
@@ -273,6 +275,7 @@ def benchmark(
         p_min=p_min,
         rpc=rpc,
         tensor_split=tensor_split,
+        strategy="mtp" if any(s in MTP_STRATEGIES for s in strategies or ()) else None,
     )
     servers: dict[str, Any] = {}
     try:

@@ -24,9 +24,11 @@ from localspec.errors import BenchError
 from localspec.settings import (
     BASELINE,
     MAX_TUNE_SWEEP,
-    MODEL_STRATEGIES,
+    MODEL_DRAFTER_STRATEGIES,
+    MTP_STRATEGIES,
     N_MAX_RANGE,
     P_MIN_RANGE,
+    PAIR_STRATEGIES,
     SPECULATIVE_STRATEGIES,
     STRATEGIES,
     DraftSettings,
@@ -61,7 +63,7 @@ def tune_configs(
         if s not in SPECULATIVE_STRATEGIES:
             continue
         base = DraftSettings(strategy=s)
-        ps = p_min_values if base.uses_model else [base.p_min]
+        ps = p_min_values if base.uses_model or base.uses_mtp else [base.p_min]
         for k in n_max_values:
             out.extend(base.with_overrides(n_max=k, p_min=p) for p in ps)
         if adaptive:
@@ -263,7 +265,7 @@ def sweep_size(
         if s not in STRATEGIES:
             raise BenchError(f"unknown strategy {s!r}", hint=f"choose from: {', '.join(STRATEGIES)}")
         if s in SPECULATIVE_STRATEGIES:
-            ps = len(p_min_values) if s in MODEL_STRATEGIES else 1
+            ps = len(p_min_values) if s in MODEL_DRAFTER_STRATEGIES else 1
             size += ps * (len(n_max_values) + (1 if adaptive else 0))
     return size
 
@@ -287,7 +289,7 @@ def check_sweep(
     # the bounds, the repeats and the empty list: the parsers' own checks, worded as for the command line
     lengths = parse_int_range(",".join(str(k) for k in n_max_values))
     p_values = parse_p_min_list(",".join(repr(float(p)) for p in p_min_values))
-    names = list(SPECULATIVE_STRATEGIES) if strategies is None else list(strategies)
+    names = list(PAIR_STRATEGIES) if strategies is None else list(strategies)
     size = sweep_size(names, lengths, p_values, adaptive)
     if size > MAX_TUNE_SWEEP:
         raise BenchError(
@@ -327,10 +329,11 @@ def tune_benchmark(
     n_max_values, p_min_values = check_sweep(strategies or None, n_max_values, p_min_values, adaptive)
     wl = load_workloads(workloads, prompts_file, limit)
     threads = threads or constants.default_threads()
-    pipe = open_pipeline(target, draft, preset, threads=threads, n_ctx=n_ctx)
+    mtp = any(s in MTP_STRATEGIES for s in strategies or ())
+    pipe = open_pipeline(target, draft, preset, threads=threads, n_ctx=n_ctx, strategy="mtp" if mtp else None)
     try:
         if not strategies:
-            strategies = list(SPECULATIVE_STRATEGIES) if pipe.info.draft_path else default_strategies(pipe)
+            strategies = list(PAIR_STRATEGIES) if pipe.info.draft_path else default_strategies(pipe)
         strategies = list(strategies)
         configs = tune_configs(strategies, n_max_values, p_min_values, adaptive)
         check_prompts_fit(pipe, wl, max_tokens)
