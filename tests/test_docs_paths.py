@@ -170,6 +170,16 @@ def test_links_between_pages_resolve(doc):
     assert not problems, "\n".join(problems)
 
 
+ARCHIVE = sorted((ROOT / "docs" / "archive").rglob("*.md"))
+
+
+@pytest.mark.parametrize("page", ARCHIVE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_in_the_archive_resolve(page):
+    """The archive keeps its pages as written, but a link in them still reaches its page and picture."""
+    problems = link_problems(page)
+    assert not problems, "\n".join(problems)
+
+
 def test_the_link_check_catches_a_missing_page_and_heading(tmp_path):
     (tmp_path / "b.md").write_text("# Title\n\n## A big target: `--wide-target`\n", encoding="utf-8")
     page = tmp_path / "a.md"
