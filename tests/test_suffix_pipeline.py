@@ -46,8 +46,10 @@ def test_a_strategy_name_is_parsed_in_one_place():
     from localspec.errors import SettingsError
     from localspec.settings import MODEL_STRATEGIES, SUFFIX_STRATEGIES, parse_strategy
 
-    assert SUFFIX_STRATEGIES == ("suffix", "model+suffix", "auto")
-    assert MODEL_STRATEGIES == ("model", "model+ngram", "model+suffix")
+    assert SUFFIX_STRATEGIES[-1] == "auto" and {"suffix", "model+suffix"} <= set(SUFFIX_STRATEGIES)
+    assert {"model", "model+ngram", "model+suffix"} <= set(MODEL_STRATEGIES)
+    assert all(parse_strategy(n).model for n in MODEL_STRATEGIES)
+    assert all(parse_strategy(n).lookup == "suffix" for n in SUFFIX_STRATEGIES)
     both = parse_strategy("model+ngram")
     assert both.model and both.lookup == "ngram" and both.combined and both.drafts
     auto = parse_strategy("auto")

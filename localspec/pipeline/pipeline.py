@@ -419,6 +419,34 @@ class Pipeline:
                 vocabulary, an empty prompt, a strategy that needs a draft model this pipeline lacks).
             ContextOverflowError: the prompt and ``max_tokens`` do not fit the context.
         """
+        params = SamplingParams(temperature, top_k, top_p, min_p, seed)
+        tokens, stop = self._checked_call(tokens, max_tokens, stop, grammar, params)
+        settings, chosen = self._call_settings(
+            tokens, strategy, baseline, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive
+        )
+        drafter = self._drafter(settings)
+        stream = self._engine.stream(
+            tokens,
+            drafter=drafter,
+            max_tokens=max_tokens,
+            params=params,
+            settings=settings,
+            stop=stop,
+            stats=self._new_stats(settings, chosen),
+            grammar=grammar,
+        )
+        return self._learning(stream) if settings.uses_model else stream
+
+    def _checked_call(
+        self,
+        tokens: list[int],
+        max_tokens: int,
+        stop: list[str] | None,
+        grammar: Grammar | None,
+        params: SamplingParams,
+    ) -> tuple[list[int], list[str] | None]:
+        """A call's arguments checked before its first token: the tokens and stop strings as the engine
+        takes them, or the :class:`SettingsError` / :class:`ContextOverflowError` that says what is wrong."""
         if grammar is not None and not isinstance(grammar, Grammar):
             raise SettingsError(
                 f"grammar must be a localspec.Grammar, got {type(grammar).__name__}",
@@ -430,45 +458,37 @@ class Pipeline:
             )
         tokens = checked_tokens(tokens, self._target.n_vocab, self.info.target_path.name)
         stop = checked_stop(stop)
-        n = len(tokens)
-        self.check_fits(n, max_tokens)
-        params = SamplingParams(temperature, top_k, top_p, min_p, seed)
+        self.check_fits(len(tokens), max_tokens)
         params.validate()
+        return tokens, stop
+
+    def _call_settings(
+        self, tokens: list[int], strategy: str | None, baseline: bool, *, n_max: int | None, **overrides: Any
+    ) -> tuple[DraftSettings, Route | None]:
+        """The settings one call runs: the pipeline's with the call's overrides, and ``auto`` resolved to a
+        strategy for this request (with its :class:`Route`; None when a strategy was named)."""
         if strategy is not None and n_max is None and strategy in SUFFIX_STRATEGIES:
             if not self.settings.uses_suffix:  # switching to the suffix cache: it sizes its own drafts
                 n_max = min(LOOKUP_N_MAX, self.max_draft)
         settings = self.settings.with_overrides(
-            strategy="none" if baseline else strategy,
-            n_max=n_max,
-            n_min=n_min,
-            p_min=p_min,
-            adaptive=adaptive,
+            strategy="none" if baseline else strategy, n_max=n_max, **overrides
         )
-        chosen: Route | None = None
-        if settings.strategy == "auto":
-            settings, chosen = self._route(settings, tokens)
-            self.route = chosen
-        drafter = self._drafter(settings)
-        stats = GenerationStats(
+        if settings.strategy != "auto":
+            return settings, None
+        settings, chosen = self._route(settings, tokens)
+        self.route = chosen
+        return settings, chosen
+
+    def _new_stats(self, settings: DraftSettings, chosen: Route | None) -> GenerationStats:
+        """The running stats of one generation, before its first token."""
+        return GenerationStats(
             strategy=settings.strategy,
             draft_name=(self.info.draft_path.name if self.info.draft_path and settings.uses_model else None),
             pairing_note=self.info.note,
             memory=self.memory,
             placement=self.placement,
+            route=chosen,
         )
-        if chosen is not None:
-            stats.route = chosen
-        stream = self._engine.stream(
-            tokens,
-            drafter=drafter,
-            max_tokens=max_tokens,
-            params=params,
-            settings=settings,
-            stop=stop,
-            stats=stats,
-            grammar=grammar,
-        )
-        return self._learning(stream) if settings.uses_model else stream
 
     def check_fits(self, n: int, max_tokens: int) -> None:
         """A prompt of ``n`` tokens plus ``max_tokens`` within the context, else ContextOverflowError."""
