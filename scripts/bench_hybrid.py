@@ -8,7 +8,11 @@ restore; with ``--peer PATH`` (llama.cpp's ``llama-speculative-simple`` built fr
 llama.cpp's own speculative loop on the same files and settings (``--spec-type draft-simple``, the same draft
 length, p-min 0), and the ratio. Medians over repeats.
 
+With ``--mtp``: MTP drafting instead, on qwen35 files with an MTP block (a random head, and one fitted to the
+target: tests/_mtp_model.py), against llama.cpp's ``--spec-type draft-mtp`` on the same files.
+
     python scripts/bench_hybrid.py --peer /path/to/llama-speculative-simple --json out.json
+    python scripts/bench_hybrid.py --mtp --peer /path/to/llama-speculative-simple --json mtp.json
     python scripts/bench_hybrid.py --from-json docs/results/hybrid-rollback.json   (the table again)
 """
 
@@ -51,12 +55,22 @@ def write(folder: Path, arch: str, seed: int) -> Path:
     return (sorted(out.glob("*-dense.gguf")) or sorted(out.glob("*.gguf")))[0]
 
 
-def ours(target: Path, draft: Path, n_max: int, tokens: int, threads: int) -> dict:
-    """One localspec run: tokens/s, rollback seconds per drafting round, replayed tokens, acceptance."""
-    with localspec.load(target, draft, n_ctx=512, n_threads=threads, n_max=n_max, suffix_store=False) as pipe:
+def ours(target: Path, draft: Path | None, n_max: int, tokens: int, threads: int) -> dict:
+    """One localspec run: tokens/s, rollback seconds per drafting round, replayed tokens, acceptance.
+    ``draft`` None: the target's MTP layers draft."""
+    strategy = "mtp" if draft is None else "model"
+    with localspec.load(
+        target,
+        draft or "none",
+        strategy=strategy,
+        n_ctx=512,
+        n_threads=threads,
+        n_max=n_max,
+        suffix_store=False,
+    ) as pipe:
         ids = pipe.tokenize(PROMPT)
-        list(pipe.stream_tokens(ids, max_tokens=8, strategy="model", adaptive=False, p_min=0.0))  # warm-up
-        out = list(pipe.stream_tokens(ids, max_tokens=tokens, strategy="model", adaptive=False, p_min=0.0))
+        list(pipe.stream_tokens(ids, max_tokens=8, strategy=strategy, adaptive=False, p_min=0.0))  # warm-up
+        out = list(pipe.stream_tokens(ids, max_tokens=tokens, strategy=strategy, adaptive=False, p_min=0.0))
         s = out[-1].stats
         drafting = max(1, s.rounds)
         return {
@@ -69,11 +83,15 @@ def ours(target: Path, draft: Path, n_max: int, tokens: int, threads: int) -> di
         }
 
 
-def theirs(binary: Path, target: Path, draft: Path, n_max: int, tokens: int, threads: int) -> dict:
-    """llama.cpp's own speculative loop on the same files: its decode speed and acceptance."""
+def theirs(binary: Path, target: Path, draft: Path | None, n_max: int, tokens: int, threads: int) -> dict:
+    """llama.cpp's own speculative loop on the same files: its decode speed and acceptance (``draft`` None:
+    ``--spec-type draft-mtp``)."""
+    spec = (
+        ["--spec-type", "draft-mtp"] if draft is None else ["--spec-type", "draft-simple", "-md", str(draft)]
+    )
     cmd = [
-        str(binary), "-m", str(target), "-md", str(draft), "-p", PROMPT,
-        "-n", str(tokens), "-t", str(threads), "--temp", "0", "--spec-type", "draft-simple",
+        str(binary), "-m", str(target), "-p", PROMPT, *spec,
+        "-n", str(tokens), "-t", str(threads), "--temp", "0",
         "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0", "--draft-p-min", "0",
         "-c", "512", "--seed", "1",
     ]  # fmt: skip
@@ -120,6 +138,23 @@ def table(rows: list[dict], machine: str) -> str:
     return "\n".join(lines)
 
 
+def cases(folder: Path, args: argparse.Namespace) -> list[tuple[str, Path, str, Path | None]]:
+    """What to run: per architecture a draft of other weights and the target itself; with ``--mtp``, qwen35
+    files whose MTP head is random and fitted (tests/_mtp_model.py), drafting with it (draft None)."""
+    if args.mtp:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from _mtp_model import mtp_model  # a test fixture: the same files the MTP tests run
+
+        return [
+            ("qwen35", mtp_model(folder, kind), f"MTP head ({kind})", None) for kind in ("random", "token")
+        ]
+    out: list[tuple[str, Path, str, Path | None]] = []
+    for arch in args.archs.split(","):
+        target, other = write(folder, arch, 1), write(folder, arch, 2)
+        out += [(arch, target, "other weights", other), (arch, target, "itself", target)]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--archs", default=",".join(ARCHS))
@@ -128,6 +163,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--mtp", action="store_true", help="MTP drafting on qwen35 files with an MTP block instead"
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--from-json", type=Path, help="print the table of an earlier run's JSON; runs nothing")
     args = ap.parse_args()
@@ -137,23 +175,21 @@ def main() -> int:
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for arch in args.archs.split(","):
-            target, other = write(Path(tmp), arch, 1), write(Path(tmp), arch, 2)
-            for label, draft in (("other weights", other), ("itself", target)):
-                runs: dict[str, list[dict]] = {"ours": [], "theirs": []}
-                for _ in range(args.repeats):  # interleaved: a slow spell touches both alike
-                    runs["ours"].append(ours(target, draft, args.n_max, args.tokens, args.threads))
-                    if args.peer:
-                        peer_run = theirs(args.peer, target, draft, args.n_max, args.tokens, args.threads)
-                        runs["theirs"].append(peer_run)
-                row = {"arch": arch, "draft": label}
-                for key in ("tok_s", "rollback_ms_per_round", "replayed_per_round", "round_ms", "acceptance"):
-                    row[key] = statistics.median(r[key] for r in runs["ours"])
-                if runs["theirs"]:
-                    row["llama_cpp_tok_s"] = statistics.median(r["tok_s"] for r in runs["theirs"])
-                    row["ratio"] = row["tok_s"] / row["llama_cpp_tok_s"]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        for arch, target, label, draft in cases(Path(tmp), args):
+            runs: dict[str, list[dict]] = {"ours": [], "theirs": []}
+            for _ in range(args.repeats):  # interleaved: a slow spell touches both alike
+                runs["ours"].append(ours(target, draft, args.n_max, args.tokens, args.threads))
+                if args.peer:
+                    peer_run = theirs(args.peer, target, draft, args.n_max, args.tokens, args.threads)
+                    runs["theirs"].append(peer_run)
+            row = {"arch": arch, "draft": label}
+            for key in ("tok_s", "rollback_ms_per_round", "replayed_per_round", "round_ms", "acceptance"):
+                row[key] = statistics.median(r[key] for r in runs["ours"])
+            if runs["theirs"]:
+                row["llama_cpp_tok_s"] = statistics.median(r["tok_s"] for r in runs["theirs"])
+                row["ratio"] = row["tok_s"] / row["llama_cpp_tok_s"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     machine = f"{cpu_name()}, {args.threads} threads, n_max {args.n_max}, {args.tokens} tokens, greedy"
     print("\n" + table(rows, machine))
     if args.json:

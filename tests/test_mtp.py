@@ -162,3 +162,19 @@ def test_run_with_mtp_from_the_command_line(files):
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "mtp" in res.output and "draft memory +" in res.output
+
+
+def test_the_ui_loads_the_mtp_layers_when_an_mtp_strategy_is_chosen(files):
+    from localspec.ui.session import PairSpec, PipelineHolder
+
+    holder = PipelineHolder(localspec.load)
+    try:
+        spec = PairSpec(target=str(files["token"]), draft="none", n_ctx=256, n_threads=2, mtp=True)
+        pipe = holder.get(spec)
+        assert pipe._target.mtp is not None
+        ids = [r.token for r in pipe.stream_tokens(PROMPT, max_tokens=8, strategy="mtp")]
+        assert len(ids) == 8
+        plain = holder.get(PairSpec(target=str(files["token"]), draft="none", n_ctx=256, n_threads=2))
+        assert plain is not pipe and plain._target.mtp is None  # another choice, another load
+    finally:
+        holder.close()

@@ -17,7 +17,7 @@ from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
 from localspec.gguf.meta import read_metadata
 from localspec.hub import presets
 from localspec.pipeline.chat_turns import chat_messages
-from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, STRATEGIES, max_threads
+from localspec.settings import MTP_STRATEGIES, N_MAX_RANGE, P_MIN_RANGE, STRATEGIES, max_threads
 
 from . import pairs
 from .common import (
@@ -162,6 +162,7 @@ class Controls:
         n_ctx_value = v[c["n_ctx"]] or 0
         threads = bounded_int(v[c["threads"]] or 0, (0, max_threads()), "CPU threads") or self.n_threads
         rpc = check_rpc(v[c["rpc"]])
+        mtp = v[c["strategy"]] in MTP_STRATEGIES  # the MTP layers load with the target
         if v[c["source"]] == "Preset":
             name = v[c["preset"]] or constants.EMBEDDED_PRESET
             return PairSpec(
@@ -171,6 +172,7 @@ class Controls:
                 draft_n_gpu_layers=ngl_d,
                 n_threads=threads,
                 rpc=rpc,
+                mtp=mtp,
             )
         target = (v[c["target"]] or "").strip()
         if not target:
@@ -190,6 +192,7 @@ class Controls:
             draft_n_gpu_layers=ngl_d,
             n_threads=threads,
             rpc=rpc,
+            mtp=mtp,
         )
 
     def gen_opts(self, v: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ class PairSpec:
     draft_n_gpu_layers: int = 0
     n_threads: int | None = None  # None: the library's default (`localspec ui --threads`)
     rpc: str | None = None  # llama.cpp rpc-servers for the target's layers (``HOST:PORT,...``), checked
+    mtp: bool = False  # load the target's MTP layers (an MTP strategy is chosen)
 
     def load_kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
@@ -45,6 +46,8 @@ class PairSpec:
             kw["draft_n_gpu_layers"] = self.draft_n_gpu_layers
         if self.rpc:
             kw["rpc"] = self.rpc
+        if self.mtp:
+            kw["strategy"] = "mtp"
         if self.preset:
             kw["preset"] = self.preset
         else:

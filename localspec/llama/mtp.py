@@ -120,6 +120,14 @@ class MtpHead:
                 "llama.cpp could not make the MTP context for this model",
                 hint="draft with a small model of the same family instead (--draft PATH), or with ngram",
             )
+        if self._ext.llama_get_ctx_other(self.ctx) == target_ctx:  # llama.cpp links them for shared memory
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+            raise LocalspecError(
+                "this model's MTP layers share the target's memory (as Gemma 4's assistant does): localspec "
+                "drives MTP heads with a memory of their own only",
+                hint="draft with a small model of the same family instead (--draft PATH), or with ngram",
+            )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self._batch = llama_cpp.llama_batch_ext_init(self.ctx)
         self._ext.llama_set_embeddings_nextn(target_ctx, True, False)  # every token's row
