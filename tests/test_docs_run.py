@@ -1,11 +1,12 @@
 """The docs' command lines that run offline in seconds are run, as written, and exit 0.
 
 tests/test_docs.py parses every ``localspec ...`` line of README.md and docs/ with the real click parser; this
-file runs the ones the embedded pair can run: the files a line names (``target.gguf``, ``T.gguf``,
-``qwen-1.5b.gguf``, ``~/models/qwen-7b.gguf``...) are copies of the embedded target and draft in a scratch
-folder and home, the Hub is off (``HF_HUB_OFFLINE=1``) and the caches are scratch folders. Every other line is
-parsed only, for a reason this file names (it downloads, runs until stopped, needs rpc-servers or minutes of a
-real model); a line that is neither run nor given a reason fails here, so every new line is decided.
+file runs the ones the embedded pair can run (a ``run`` line without ``-n`` generates 8 tokens): the files a
+line names (``target.gguf``, ``T.gguf``, ``qwen-1.5b.gguf``, ``~/models/qwen-7b.gguf``...) are copies of the
+embedded target and draft in a scratch folder and home, the Hub is off (``HF_HUB_OFFLINE=1``) and the caches
+are scratch folders. Every other line is parsed only, for a reason this file names (it downloads, runs until
+stopped, needs rpc-servers or minutes of a real model); a line that is neither run nor given a reason fails
+here, so every new line is decided.
 """
 
 from __future__ import annotations
@@ -169,5 +170,7 @@ def docs_world(tmp_path_factory) -> Iterator[Path]:
 @pytest.mark.parametrize("line", list(RUN))
 def test_a_docs_line_runs(line, docs_world):
     args = [os.path.expanduser(a) if a.startswith("~/") else a for a in shlex.split(line)]
+    if "run" in args and not {"-n", "--max-tokens", "--help"} & set(args):
+        args += ["-n", "8"]  # a few tokens show the line works; the default 256 take seconds on a busy CPU
     res = CliRunner().invoke(main, args, prog_name="localspec", input=RUN[line])
     assert res.exit_code == 0, f"`localspec {line}` exited {res.exit_code}:\n{res.output[-2000:]}"
