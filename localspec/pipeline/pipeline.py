@@ -23,7 +23,7 @@ from localspec.gguf.meta import read_metadata
 from localspec.gguf.pairing import PairInfo
 from localspec.gguf.vocab import mtp_weights_bytes
 from localspec.llama.recurrent import MAX_SNAPSHOTS
-from localspec.llama.rpc import parse_endpoints
+from localspec.llama.rpc import Endpoint, parse_endpoints
 from localspec.llama.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.chat_format import ChatFormat
@@ -41,6 +41,20 @@ from localspec.suffix.cache import SuffixCache
 from localspec.suffix.calibration import TOKEN_WEIGHT, Cell, TokenCell
 from localspec.suffix.drafter import SuffixDrafter
 from localspec.suffix.store_files import store_path
+
+
+def _settings_for(info: PairInfo, settings: DraftSettings | None) -> DraftSettings:
+    """A pipeline's settings: the ones given (a draft model strategy only with a draft model), else the draft
+    model when the pair has one, else the target alone."""
+    if settings is None:
+        settings = DraftSettings(strategy="model" if info.draft_path is not None else "none")
+    if settings.uses_model and info.draft_path is None:
+        raise SettingsError(
+            f"strategy {settings.strategy!r} needs a draft model, and none was given",
+            hint="give a draft model (draft=PATH; on the command line --draft PATH) or a preset with "
+            "one, or use strategy 'suffix' or 'ngram'",
+        )
+    return settings
 
 
 class Pipeline:
@@ -101,15 +115,7 @@ class Pipeline:
         self.route: Route | None = None  # the last "auto" decision and its reason
         #: told (a line of text) before a one-time wait: measuring this machine's costs (the CLI prints it)
         self.notify: Callable[[str], None] | None = None
-        if settings is None:
-            settings = DraftSettings(strategy="model" if info.draft_path is not None else "none")
-        if settings.uses_model and info.draft_path is None:
-            raise SettingsError(
-                f"strategy {settings.strategy!r} needs a draft model, and none was given",
-                hint="give a draft model (draft=PATH; on the command line --draft PATH) or a preset with "
-                "one, or use strategy 'suffix' or 'ngram'",
-            )
-        self.settings = settings
+        self.settings = settings = _settings_for(info, settings)
         # Beyond its trained context a model writes garbage, and a huge n_ctx would allocate its KV cache
         # before anything failed: lower it to what the header says, before loading. ``n_ctx`` tells.
         threads = constants.default_threads() if n_threads is None else n_threads
@@ -128,45 +134,10 @@ class Pipeline:
         mem = MemoryReport(rss_baseline_bytes=rss_bytes())
         # a recurrent or hybrid model keeps state snapshots for a draft this long (longer: checkpoints)
         depth = min(settings.n_max, MAX_SNAPSHOTS) if settings.is_speculative else 0
-        self._target = Model(
-            info.target_path,
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_gpu_layers=self._load_facts[1],
-            rpc_servers=servers,
-            tensor_split=tensor_split,
-            rollback_depth=depth,
-            mtp=settings.uses_mtp,
+        self._target = self._load_target(n_ctx, servers, tensor_split, depth, mem)
+        self._draft: Model | None = self._load_draft(
+            n_ctx, draft_n_threads, draft_n_gpu_layers, offload, depth, mem
         )
-        mem.rss_after_target_bytes = rss_bytes()
-        mem.target_weights_bytes = self._target.weights_bytes
-        mem.target_kv_bytes = self._target.kv_bytes()
-        if self._target.mtp is not None:  # the MTP layers are the drafter: their memory is the draft's
-            mem.draft_weights_bytes = mtp_weights_bytes(read_metadata(info.target_path))
-            mem.target_weights_bytes -= mem.draft_weights_bytes
-            mem.draft_kv_bytes = self._target.mtp_bytes()
-        self._draft: Model | None = None
-        try:
-            if settings.is_speculative and settings.n_max > self._target.max_draft:
-                raise SettingsError(
-                    f"n_max {settings.n_max} is more than one verify pass can check at n_ctx {n_ctx} "
-                    f"(at most {self._target.max_draft} drafts: llama.cpp's batch is {self._target.n_batch})",
-                    hint=f"use n_max {self._target.max_draft} or less, or a larger n_ctx",
-                )
-            if info.draft_path is not None:
-                self._draft = Model(
-                    info.draft_path,
-                    n_ctx=n_ctx,
-                    n_threads=threads if draft_n_threads is None else draft_n_threads,
-                    n_gpu_layers=default_gpu_layers(draft_n_gpu_layers, offload=offload),
-                    rollback_depth=depth,
-                )
-                mem.rss_after_draft_bytes = rss_bytes()
-                mem.draft_weights_bytes = self._draft.weights_bytes
-                mem.draft_kv_bytes = self._draft.kv_bytes()
-        except BaseException:
-            self._target.close()
-            raise
         self.memory = mem
         self._engine = Engine(self._target)
         self._model_drafter = (
@@ -189,6 +160,71 @@ class Pipeline:
             corpus=corpus_folder,
             namespace=store_namespace,
         )
+
+    def _load_target(
+        self,
+        n_ctx: int,
+        servers: list[Endpoint],
+        tensor_split: Sequence[float] | None,
+        depth: int,
+        mem: MemoryReport,
+    ) -> Model:
+        """The target (with its MTP layers for an MTP strategy), and what it costs in ``mem``."""
+        threads, gpu_layers, _ = self._load_facts
+        target = Model(
+            self.info.target_path,
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_gpu_layers=gpu_layers,
+            rpc_servers=servers,
+            tensor_split=tensor_split,
+            rollback_depth=depth,
+            mtp=self.settings.uses_mtp,
+        )
+        mem.rss_after_target_bytes = rss_bytes()
+        mem.target_weights_bytes = target.weights_bytes
+        mem.target_kv_bytes = target.kv_bytes()
+        if target.mtp is not None:  # the MTP layers are the drafter: their memory is the draft's
+            mem.draft_weights_bytes = mtp_weights_bytes(read_metadata(self.info.target_path))
+            mem.target_weights_bytes -= mem.draft_weights_bytes
+            mem.draft_kv_bytes = target.mtp_bytes()
+        return target
+
+    def _load_draft(
+        self,
+        n_ctx: int,
+        draft_n_threads: int | None,
+        draft_n_gpu_layers: int | None,
+        offload: bool,
+        depth: int,
+        mem: MemoryReport,
+    ) -> Model | None:
+        """The draft model, if the pair has one, and what it costs in ``mem``; first, the settings' n_max
+        checked against one verify pass of the loaded target. A failure closes the target."""
+        settings, target = self.settings, self._target
+        try:
+            if settings.is_speculative and settings.n_max > target.max_draft:
+                raise SettingsError(
+                    f"n_max {settings.n_max} is more than one verify pass can check at n_ctx {n_ctx} "
+                    f"(at most {target.max_draft} drafts: llama.cpp's batch is {target.n_batch})",
+                    hint=f"use n_max {target.max_draft} or less, or a larger n_ctx",
+                )
+            if self.info.draft_path is None:
+                return None
+            draft = Model(
+                self.info.draft_path,
+                n_ctx=n_ctx,
+                n_threads=self._load_facts[0] if draft_n_threads is None else draft_n_threads,
+                n_gpu_layers=default_gpu_layers(draft_n_gpu_layers, offload=offload),
+                rollback_depth=depth,
+            )
+            mem.rss_after_draft_bytes = rss_bytes()
+            mem.draft_weights_bytes = draft.weights_bytes
+            mem.draft_kv_bytes = draft.kv_bytes()
+            return draft
+        except BaseException:
+            target.close()
+            raise
 
     # Lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:
