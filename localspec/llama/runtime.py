@@ -203,6 +203,29 @@ class Model:
                 f"{self.path}: no such model file",
                 hint="check the path, or run `localspec scan` to list the models on this machine",
             )
+        devices, labels = self._place(
+            n_threads=n_threads, n_gpu_layers=n_gpu_layers, tensor_split=tensor_split
+        )
+        said = self._load(
+            devices,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_threads=n_threads,
+            n_gpu_layers=n_gpu_layers,
+            tensor_split=tensor_split,
+            rollback_depth=rollback_depth,
+            mtp=mtp,
+        )
+        self._read_back(said, devices, labels, n_gpu_layers=n_gpu_layers)
+        if mtp:
+            self._start_mtp(n_threads)
+
+    def _place(
+        self, *, n_threads: int, n_gpu_layers: int, tensor_split: Sequence[float] | None
+    ) -> tuple[Any, dict[str, str]]:
+        """Where the layers go: the rpc-servers' devices and their labels (``RPC0`` -> ``host:port``), the
+        split checked and the model's :class:`rpc.Guard` made; else (None, {}) after the AMX check of a
+        local load."""
         devices, labels = None, {}
         if self.rpc_servers:  # the layers on the servers: the local CPU's AMX kernels are not the question
             devices = rpc.devices(self.rpc_servers)
@@ -213,6 +236,22 @@ class Model:
             self._guard = rpc.Guard(self.rpc_servers, self.path.name)
         else:
             check_amx(self.path, n_threads=n_threads, n_gpu_layers=n_gpu_layers)  # a crash there kills us
+        return devices, labels
+
+    def _load(
+        self,
+        devices: Any,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_threads: int,
+        n_gpu_layers: int,
+        tensor_split: Sequence[float] | None,
+        rollback_depth: int,
+        mtp: bool,
+    ) -> Said:
+        """llama.cpp loads the file (its load log kept quiet and returned); its refusal becomes a
+        :class:`GGUFError` with llama.cpp's own reason, and a Ctrl-C during the load is honoured after it."""
         said = Said()
 
         def load() -> llama_cpp.Llama:
@@ -256,6 +295,12 @@ class Model:
         if interrupted:  # Ctrl-C while llama.cpp loaded: honoured now that it is done
             self.close()
             raise KeyboardInterrupt
+        return said
+
+    def _read_back(self, said: Said, devices: Any, labels: dict[str, str], *, n_gpu_layers: int) -> None:
+        """What llama.cpp made of the load: its context, vocabulary and sizes, and this model's KV
+        bookkeeping, rollback state and batch."""
+        assert self._llama is not None, "loaded by _load"
         self.ctx = self._llama._ctx.ctx
         self.model = self._llama._model.model
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
@@ -293,8 +338,6 @@ class Model:
         self.eog_ids = frozenset(
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
         )
-        if mtp:
-            self._start_mtp(n_threads)
 
     def _start_mtp(self, n_threads: int) -> None:
         """Make the MTP context (the file must have MTP layers: a quant may have dropped them)."""
