@@ -210,3 +210,19 @@ def test_no_private_name_is_imported_from_another_module():
                 continue
             wrong += [f"{module}:{node.lineno} imports {name}" for name in names]
     assert wrong == [], "private names imported across modules: " + "; ".join(wrong)
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_is_longer_than_80_lines():
+    """Orchestration reads as named steps: no function or method of localspec/ or ui/ over 80 lines
+    (``def`` to its last line, docstring included), nested ones counted on their own too."""
+    long = []
+    for path in sorted(_modules().values()):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: " + "; ".join(long)
