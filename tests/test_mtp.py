@@ -27,9 +27,8 @@ def files(tmp_path_factory):
 
 
 def _load(path, strategy="mtp", **kw):
-    return localspec.load(
-        path, "none", strategy=strategy, n_ctx=256, n_threads=2, n_max=4, suffix_store=False, **kw
-    )
+    kw = {"n_max": 4, **kw}
+    return localspec.load(path, "none", strategy=strategy, n_ctx=256, n_threads=2, suffix_store=False, **kw)
 
 
 def _run(pipe, strategy, **kw):
@@ -178,3 +177,16 @@ def test_the_ui_loads_the_mtp_layers_when_an_mtp_strategy_is_chosen(files):
         assert plain is not pipe and plain._target.mtp is None  # another choice, another load
     finally:
         holder.close()
+
+
+def test_drafts_longer_than_the_snapshots_go_back_through_checkpoints(files):
+    """Loaded for 2-token drafts (two state snapshots), drafting 6: a rejection past the snapshots restores
+    a copy of the recurrent state and the kept tokens are owed; the head follows the replay too."""
+    with _load(files["token"], n_max=2) as pipe:  # the pipeline's own n_max sizes the snapshots
+        model = pipe._target
+        assert model.n_rs_seq == 2
+        ids, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0, n_max=6)
+        assert model.rollback.saves > 0 and model.rollback.restores > 0 and stats.replayed_tokens > 0
+        assert _first_position_rate(stats) >= 0.5
+        base, _ = _run(pipe, "none", baseline=True)
+    assert ids == base
