@@ -4,9 +4,10 @@ tests/test_docs.py parses every ``localspec ...`` line of README.md and docs/ wi
 file runs the ones the embedded pair can run (a ``run`` line without ``-n`` generates 8 tokens): the files a
 line names (``target.gguf``, ``T.gguf``, ``qwen-1.5b.gguf``, ``~/models/qwen-7b.gguf``...) are copies of the
 embedded target and draft in a scratch folder and home, the Hub is off (``HF_HUB_OFFLINE=1``) and the caches
-are scratch folders. Every other line is parsed only, for a reason this file names (it downloads, runs until
-stopped, needs rpc-servers or minutes of a real model); a line that is neither run nor given a reason fails
-here, so every new line is decided.
+are scratch folders; the lines that download (the README's quick start among them) run against a local
+stand-in for the Hub whose Qwen2.5-Coder repositories hold the embedded pair. Every other line is parsed only,
+for a reason this file names (it downloads, runs until stopped, needs rpc-servers or minutes of a real model);
+a line that is neither run nor given a reason fails here, so every new line is decided.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _hub_server import FakeHub
 from click.testing import CliRunner
 from test_docs import DOCS, ROOT, Quote, quotes
 
@@ -59,6 +61,23 @@ RUN: dict[str, str | None] = {
     "cache clear --yes": None,
     "doctor": None,
     "doctor --json": None,
+}
+
+# the lines that run against a local stand-in for the Hub (tests/_hub_server.py), whose Qwen2.5-Coder
+# repositories hold the embedded pair under the real file names: the download, the pair check and the first
+# run of the README's quick start, for real, in seconds
+HUB_RUN = [
+    "download qwen2.5-coder-1.5b",
+    'run --preset qwen2.5-coder-1.5b --chat "Write a binary search in Python"',
+    "download qwen2.5-coder-7b",
+    "find-draft Qwen/Qwen2.5-Coder-7B-Instruct-GGUF",
+    "find-draft Qwen/Qwen2.5-Coder-14B-Instruct-GGUF",
+]
+_HUB_REPOS = {  # repository -> (file, the embedded model standing in for it)
+    "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF": ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", EMBEDDED_DRAFT),
+    "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF": ("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", EMBEDDED_TARGET),
+    "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF": ("qwen2.5-coder-7b-instruct-q4_k_m.gguf", EMBEDDED_TARGET),
+    "Qwen/Qwen2.5-Coder-14B-Instruct-GGUF": ("qwen2.5-coder-14b-instruct-q4_k_m.gguf", EMBEDDED_TARGET),
 }
 
 _NETWORK = "needs the Hugging Face Hub"
@@ -114,8 +133,9 @@ def _all_quotes() -> list[Quote]:
 
 
 def test_every_docs_line_is_run_or_has_a_reason():
+    ran = set(RUN) | set(HUB_RUN)
     undecided = sorted(
-        {str(q) for q in _all_quotes() if " ".join(q.words) not in RUN and parsed_only(q.words) is None}
+        {str(q) for q in _all_quotes() if " ".join(q.words) not in ran and parsed_only(q.words) is None}
     )
     assert not undecided, "run these in RUN, or give parsed_only a reason:\n" + "\n".join(undecided)
 
@@ -123,7 +143,8 @@ def test_every_docs_line_is_run_or_has_a_reason():
 def test_the_run_lines_are_in_the_docs():
     """A line edited in the docs is no longer run here: this names it, so RUN follows the docs."""
     quoted = {" ".join(q.words) for q in _all_quotes()}
-    assert not set(RUN) - quoted, sorted(set(RUN) - quoted)
+    gone = (set(RUN) | set(HUB_RUN)) - quoted
+    assert not gone, sorted(gone)
 
 
 @pytest.fixture(scope="module")
@@ -167,10 +188,43 @@ def docs_world(tmp_path_factory) -> Iterator[Path]:
                 os.environ[k] = v
 
 
-@pytest.mark.parametrize("line", list(RUN))
-def test_a_docs_line_runs(line, docs_world):
+def _invoke(line: str, stdin: str | None = None):
     args = [os.path.expanduser(a) if a.startswith("~/") else a for a in shlex.split(line)]
     if "run" in args and not {"-n", "--max-tokens", "--help"} & set(args):
         args += ["-n", "8"]  # a few tokens show the line works; the default 256 take seconds on a busy CPU
-    res = CliRunner().invoke(main, args, prog_name="localspec", input=RUN[line])
+    res = CliRunner().invoke(main, args, prog_name="localspec", input=stdin)
     assert res.exit_code == 0, f"`localspec {line}` exited {res.exit_code}:\n{res.output[-2000:]}"
+    return res
+
+
+@pytest.mark.parametrize("line", list(RUN))
+def test_a_docs_line_runs(line, docs_world):
+    _invoke(line, RUN[line])
+
+
+@pytest.fixture(scope="module")
+def local_hub(docs_world, tmp_path_factory) -> Iterator[FakeHub]:
+    hub = FakeHub(tmp_path_factory.mktemp("hub")).start()
+    for repo, (name, model) in _HUB_REPOS.items():
+        hub.add_repo(repo, {name: model})
+    saved = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_HUB_OFFLINE")}
+    os.environ["HF_ENDPOINT"] = hub.endpoint
+    os.environ.pop("HF_HUB_OFFLINE")
+    try:
+        yield hub
+    finally:
+        hub.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.parametrize("line", HUB_RUN)
+def test_a_docs_line_runs_against_a_local_hub(line, local_hub):
+    res = _invoke(line)
+    if line.startswith("download"):
+        assert "pair    identical" in res.output, res.output
+    if line.startswith("find-draft"):
+        assert "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF" in res.output, res.output
