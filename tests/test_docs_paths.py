@@ -180,6 +180,30 @@ def test_links_in_the_archive_resolve(page):
     assert not problems, "\n".join(problems)
 
 
+_DOCS_PATH = re.compile(r"(?<![\w/.-])docs/[\w./-]+\.(?:md|png|json)")
+
+
+def code_doc_paths() -> list[str]:
+    """``file:line: path`` for each docs/ path the code, scripts and tests name that does not exist (a page
+    split or moved leaves its old name in a docstring, an error's hint or a test's message)."""
+    missing = []
+    for folder in ("localspec", "scripts", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                for m in _DOCS_PATH.finditer(line):
+                    if not (ROOT / m.group(0)).exists():
+                        missing.append(f"{path.relative_to(ROOT)}:{n}: {m.group(0)}")
+    return missing
+
+
+def test_the_code_names_only_docs_pages_that_exist():
+    assert not code_doc_paths(), "\n".join(code_doc_paths())
+    assert _DOCS_PATH.findall("see docs/bench.md, localspec/docs/x.md and docs/results/a.json") == [
+        "docs/bench.md",
+        "docs/results/a.json",
+    ]
+
+
 def test_the_link_check_catches_a_missing_page_and_heading(tmp_path):
     (tmp_path / "b.md").write_text("# Title\n\n## A big target: `--wide-target`\n", encoding="utf-8")
     page = tmp_path / "a.md"
