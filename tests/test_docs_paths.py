@@ -189,6 +189,8 @@ def code_doc_paths() -> list[str]:
     missing = []
     for folder in ("localspec", "scripts", "tests"):
         for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == Path(__file__).resolve():  # its own examples below
+                continue
             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 for m in _DOCS_PATH.finditer(line):
                     if not (ROOT / m.group(0)).exists():
