@@ -162,7 +162,8 @@ class Controls:
         n_ctx_value = v[c["n_ctx"]] or 0
         threads = bounded_int(v[c["threads"]] or 0, (0, max_threads()), "CPU threads") or self.n_threads
         rpc = check_rpc(v[c["rpc"]])
-        mtp = v[c["strategy"]] in MTP_STRATEGIES  # the MTP layers load with the target
+        mtp = v.get(c["strategy"]) in MTP_STRATEGIES  # the MTP layers load with the target (not every
+        # handler is given the strategy: one that is not compares pairs without it)
         if v[c["source"]] == "Preset":
             name = v[c["preset"]] or constants.EMBEDDED_PRESET
             return PairSpec(
