@@ -25,6 +25,10 @@ RENDERED = {
         "docs/results/hybrid-rollback.json",
         "tests/test_hybrid.py::test_the_published_rollback_table_is_its_result_file",
     ),
+    "docs/mtp.md": (
+        "docs/results/mtp.json",
+        "tests/test_mtp.py::test_the_published_mtp_table_is_its_result_file",
+    ),
 }
 # the README's "What to expect" sums up the archived tables; its figures are checked against them below
 SUMMARY = "README.md"

@@ -190,3 +190,18 @@ def test_drafts_longer_than_the_snapshots_go_back_through_checkpoints(files):
         assert _first_position_rate(stats) >= 0.5
         base, _ = _run(pipe, "none", baseline=True)
     assert ids == base
+
+
+def test_the_published_mtp_table_is_its_result_file():
+    """docs/mtp.md's table is what `bench_hybrid.py --from-json` prints from the committed MTP run."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("bench_hybrid", root / "scripts" / "bench_hybrid.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    saved = json.loads((root / "docs" / "results" / "mtp.json").read_text())
+    assert script.table(saved["rows"], saved["machine"]) in (root / "docs" / "mtp.md").read_text()
