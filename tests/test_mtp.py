@@ -205,3 +205,12 @@ def test_the_published_mtp_table_is_its_result_file():
     spec.loader.exec_module(script)
     saved = json.loads((root / "docs" / "results" / "mtp.json").read_text())
     assert script.table(saved["rows"], saved["machine"]) in (root / "docs" / "mtp.md").read_text()
+
+
+def test_scan_says_which_files_have_mtp_layers(files, tmp_path):
+    from localspec.gguf import scan
+
+    info = scan.inspect(files["token"])
+    assert info.mtp_present == 1 and info.mtp_note == "1 MTP layer(s): --strategy mtp drafts with them"
+    plain = scan.inspect(write_model(tmp_path, "qwen35", 1))
+    assert not plain.mtp_present and plain.mtp_note is None

@@ -78,7 +78,7 @@ class ModelInfo:
             return None
         if not self.mtp_present:
             return f"declares {self.mtp_declared} MTP layer(s), but this quant dropped their weights"
-        return f"{self.mtp_present} MTP layer(s) (localspec does not draft with them yet)"
+        return f"{self.mtp_present} MTP layer(s): --strategy mtp drafts with them"
 
     @property
     def fingerprint_short(self) -> str | None:
