@@ -9,7 +9,8 @@ Usage:
 target alone, greedy, and keeps each request's prompt tokens and reply tokens, the corpus tokens, this
 machine's V(b) and its seconds per target token. ``replay`` plays fixed-length prompt lookup and the
 suffix cache (cold, warm) over the measured requests and prints what their rounds would cost
-(:mod:`localspec.bench.replay`): a design tool, in seconds; published figures come from ``localspec bench --sessions``.
+(:mod:`localspec.bench.replay`): a design tool, in seconds; published figures come from
+``localspec bench --sessions``.
 """
 
 from __future__ import annotations
