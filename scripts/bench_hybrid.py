@@ -182,12 +182,13 @@ def main() -> int:
                 if args.peer:
                     peer_run = theirs(args.peer, target, draft, args.n_max, args.tokens, args.threads)
                     runs["theirs"].append(peer_run)
-            row = {"arch": arch, "draft": label}
+            row: dict[str, str | float] = {"arch": arch, "draft": label}
             for key in ("tok_s", "rollback_ms_per_round", "replayed_per_round", "round_ms", "acceptance"):
                 row[key] = statistics.median(r[key] for r in runs["ours"])
             if runs["theirs"]:
-                row["llama_cpp_tok_s"] = statistics.median(r["tok_s"] for r in runs["theirs"])
-                row["ratio"] = row["tok_s"] / row["llama_cpp_tok_s"]
+                theirs_tok_s = statistics.median(r["tok_s"] for r in runs["theirs"])
+                row["llama_cpp_tok_s"] = theirs_tok_s
+                row["ratio"] = statistics.median(r["tok_s"] for r in runs["ours"]) / theirs_tok_s
             rows.append(row)
             print(json.dumps(row), flush=True)
     machine = f"{cpu_name()}, {args.threads} threads, n_max {args.n_max}, {args.tokens} tokens, greedy"
