@@ -1092,3 +1092,33 @@ def test_a_script_sending_an_out_of_range_value_is_told_the_setting_and_its_rang
         out = client.predict(**sent, api_name="/on_compare")
         text = html.unescape(" ".join(str(x) for x in out))
         assert says in text and "use a value from" in text and "Traceback" not in text, text[:600]
+
+
+@pytest.mark.browser
+def test_browser_an_mtp_strategy_loads_the_mtp_layers_and_shows_what_they_cost(ui, tmp_path):
+    """A file with MTP layers, no draft model, strategy mtp: the run drafts with the target's own layers and
+    the memory card shows what they cost."""
+    from _mtp_model import mtp_model
+
+    page, _ = ui
+    target = mtp_model(tmp_path, "token")
+    page.click("#ls-source label:has-text('My models')")
+    page.fill("#ls-target input", str(target))
+    page.keyboard.press("Enter")
+    page.fill("#ls-draft input", "none")
+    page.keyboard.press("Enter")
+    _open(page, "#ls-strategy", "#ls-settings")
+    page.check("#ls-strategy input[value='mtp']")
+    try:
+        _run(page, "hello world")
+        page.wait_for_selector("#ls-result-box #ls-acceptance", timeout=60_000)
+        assert page.locator("#ls-error-box .ls-err").count() == 0
+        said = _settled_text(page, "#ls-result-box")
+        assert "strategy: mtp" in said, said
+        assert page.locator("#ls-output .ls-t.ls-d.ls-src-mtp").count() > 0  # drafted by the MTP layers
+        assert _number(page, "ls-overhead-mb") > 0 and _number(page, "ls-draft-weights-mb") > 0
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "ui-mtp.png"), full_page=True)
+    finally:
+        page.check("#ls-strategy input[value='pair default']")
+        page.click("#ls-source label:has-text('Preset')")

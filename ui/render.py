@@ -27,6 +27,7 @@ CSS = """
 .ls-out .ls-d.ls-src-prompt, .ls-legend .ls-d.ls-src-prompt { background: #c6dcff; color: #0a2a5c; }
 .ls-out .ls-d.ls-src-history, .ls-legend .ls-d.ls-src-history { background: #ffe0a8; color: #4a3000; }
 .ls-out .ls-d.ls-src-corpus, .ls-legend .ls-d.ls-src-corpus { background: #e4cdfa; color: #35104f; }
+.ls-out .ls-d.ls-src-mtp, .ls-legend .ls-d.ls-src-mtp { background: #b6ebe3; color: #073b33; }
 .ls-out .ls-prev { color: var(--body-text-color-subdued); }
 .ls-out .ls-role { font-weight: 600; color: var(--body-text-color-subdued); }
 .ls-legend { font-size: 0.85rem; color: var(--body-text-color-subdued); margin: 4px 0 0 2px; }
@@ -86,7 +87,7 @@ def tokens_html(
     pieces: Sequence[tuple[str, bool | str | None]], *, prefix: str = "", status: str = ""
 ) -> str:
     """Generated tokens as spans; a token proposed by the drafter and accepted gets class ``ls-d`` and
-    ``ls-src-SOURCE`` (where the draft came from: model, prompt, history or corpus; each its own colour).
+    ``ls-src-SOURCE`` (where the draft came from: model, mtp, prompt, history or corpus; each its own colour).
 
     Each piece is ``(text, source)``: None/False for the target's own token, True (a drafted token of an
     unknown source, counted as the model's) or the source name.
@@ -124,6 +125,7 @@ def legend_html() -> str:
     return (
         '<div class="ls-legend">Highlighted tokens were drafted and accepted by the target, coloured by '
         'where the draft came from: <span class="ls-d ls-src-model">draft model</span> '
+        '<span class="ls-d ls-src-mtp">MTP layers</span> '
         '<span class="ls-d ls-src-prompt">this prompt</span> '
         '<span class="ls-d ls-src-history">earlier requests</span> '
         '<span class="ls-d ls-src-corpus">your corpus</span>; plain ones the target produced itself. '
