@@ -214,3 +214,30 @@ def test_scan_says_which_files_have_mtp_layers(files, tmp_path):
     assert info.mtp_present == 1 and info.mtp_note == "1 MTP layer(s): --strategy mtp drafts with them"
     plain = scan.inspect(write_model(tmp_path, "qwen35", 1))
     assert not plain.mtp_present and plain.mtp_note is None
+
+
+def test_auto_runs_the_mtp_layers_of_a_file_that_has_them_and_then_as_measured(files):
+    """``auto`` with no draft model loads the file's MTP layers: the first request runs them (adaptive, with
+    lookups) while their controller measures; later requests go as it measured. Lossless either way."""
+    with _load(files["token"], strategy="auto", n_max=None) as pipe:
+        assert pipe._target.mtp is not None
+        first, stats = _run(pipe, "auto")
+        assert stats.route is not None and stats.route.strategy == stats.strategy == "mtp+suffix"
+        assert "not measured yet" in stats.route.reason
+        again, stats = _run(pipe, "auto")
+        assert stats.route is not None and "as measured on earlier requests" in stats.route.reason
+        base, _ = _run(pipe, "none", baseline=True)
+    assert first == again == base
+
+
+def test_auto_decides_on_the_mtp_layers_from_what_their_controller_measured():
+    from localspec.decoding.routing import MIN_GAIN, route
+
+    def chosen(speed):
+        kw = {"has_model": True, "costs": None, "model_acceptance": None, "n_max": 4}
+        return route(**kw, measured_speed=speed, drafter="mtp")
+
+    assert chosen(None).strategy == "mtp+suffix" and "not measured yet" in chosen(None).reason
+    assert chosen(MIN_GAIN + 0.2).strategy == "mtp+suffix"
+    low = chosen(MIN_GAIN - 0.1)
+    assert low.strategy == "suffix" and "lookups only" in low.reason and "MTP layers" in low.reason

@@ -16,6 +16,10 @@ Once the draft model has run, what its adaptive controller measured replaces tha
 it predicts from acceptance per draft position, the draft calls and verify widths its rounds really
 took, and their measured seconds (``measured_speed``), which the engine reports with each result.
 
+Without a draft model, the target's MTP layers (when the file has them) take its place: they run until their
+adaptive controller has measured them, then as it measured (their costs are not in the machine's measured
+costs).
+
 A request that looks like earlier ones (a high overlap of its prompt with the store) leans on lookups
 anyway: the model then only fills rounds where lookup finds nothing, and the adaptive controller keeps
 it out of rounds where it does not pay. The decision and its reason are reported with the results.
@@ -37,7 +41,7 @@ MIN_GAIN = 1.05
 
 @dataclass(frozen=True)
 class Route:
-    strategy: str  # "suffix", "model+suffix" or "none"
+    strategy: str  # "suffix", "model+suffix", "mtp+suffix" or "none"
     reason: str
     model_speed: float | None = None  # the best expected speed of model drafting, in target-alone units
 
@@ -69,6 +73,27 @@ def model_speed(costs: MachineCosts, acceptance: float, n_max: int) -> tuple[flo
     return best, k
 
 
+def _by_measured_speed(speed: float, where: str, with_lookups: str) -> Route:
+    """The decision from the speed a drafter's adaptive controller measured on earlier requests."""
+    if speed >= MIN_GAIN:
+        return Route(
+            with_lookups, f"{where}drafting as measured on earlier requests should give {speed:.2f}x", speed
+        )
+    return Route(
+        "suffix",
+        f"{where}drafting as measured on earlier requests would give {speed:.2f}x: lookups only",
+        speed,
+    )
+
+
+def _route_mtp(measured_speed: float | None) -> Route:
+    """``auto`` with the target's MTP layers and no draft model: they run (adaptive, with lookups) until their
+    controller has measured what they give, then as that measurement says."""
+    if measured_speed is None:
+        return Route("mtp+suffix", "not measured yet: the MTP layers run, adaptive, with lookups")
+    return _by_measured_speed(measured_speed, "the MTP layers: ", "mtp+suffix")
+
+
 def route(
     *,
     has_model: bool,
@@ -77,6 +102,7 @@ def route(
     n_max: int,
     overlap: float = 0.0,
     measured_speed: float | None = None,
+    drafter: str = "model",
 ) -> Route:
     """Pick the drafters for one request from the measured costs and what the pipeline has seen.
 
@@ -88,14 +114,19 @@ def route(
         overlap: the share of the prompt's n-grams the suffix cache has seen before.
         measured_speed: the draft model's speed (target alone = 1.0) its adaptive controller predicted
             on earlier requests of this pipeline, from what it measured; preferred to the formula.
+        drafter: ``"model"`` (a draft model) or ``"mtp"`` (the target's MTP layers, measured by their
+            adaptive controller only: their costs are not in ``costs``).
 
     Returns:
         The strategy for this request and the reason, with the expected speed of model drafting.
     """
     if not has_model:
         return Route("suffix", "no draft model loaded: lookups only (prompt, earlier requests, corpus)")
+    with_lookups = f"{drafter}+suffix"
+    if drafter == "mtp":
+        return _route_mtp(measured_speed)
     if costs is None or costs.draft_ratio is None:
-        return Route("model+suffix", "costs not measured yet: the draft model runs, adaptive, with lookups")
+        return Route(with_lookups, "costs not measured yet: the draft model runs, adaptive, with lookups")
     a = PRIOR_ACCEPTANCE if model_acceptance is None else model_acceptance
     speed, k = model_speed(costs, a, n_max)
     where = f"a draft token costs {costs.draft_ratio:.2f} of a target token here"
@@ -103,20 +134,12 @@ def route(
         where += " (measured on a busy machine; `localspec cache clear --costs` measures again)"
     measured = "prior" if model_acceptance is None else "measured"
     if measured_speed is not None:
-        speed = measured_speed
-        if speed >= MIN_GAIN:
-            why = f"{where}; drafting as measured on earlier requests should give {speed:.2f}x"
-            return Route("model+suffix", why, speed)
-        return Route(
-            "suffix",
-            f"{where}; drafting as measured on earlier requests would give {speed:.2f}x: lookups only",
-            speed,
-        )
+        return _by_measured_speed(measured_speed, where + "; ", with_lookups)
     if speed >= MIN_GAIN:
         why = f"{where}; at {measured} acceptance {a:.2f} drafting {k} tokens should give {speed:.2f}x"
         if overlap >= 0.5:
             why += f"; {overlap:.0%} of the prompt's n-grams were seen before, so lookups lead"
-        return Route("model+suffix", why, speed)
+        return Route(with_lookups, why, speed)
     return Route(
         "suffix",
         f"{where}; at {measured} acceptance {a:.2f} the draft model would not pay "

@@ -14,14 +14,21 @@ from typing import Any
 from localspec import constants
 from localspec.constrain.grammar import Grammar, reply_grammar
 from localspec.decoding.costs import MachineCosts, machine_costs, stored_costs
-from localspec.decoding.drafters import CombinedDrafter, Drafter, ModelDrafter, MtpDrafter, NgramDrafter
+from localspec.decoding.drafters import (
+    MODEL_SOURCES,
+    CombinedDrafter,
+    Drafter,
+    ModelDrafter,
+    MtpDrafter,
+    NgramDrafter,
+)
 from localspec.decoding.engine import Engine, TokenResponse
 from localspec.decoding.routing import Route, route
 from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
 from localspec.gguf.meta import read_metadata
 from localspec.gguf.pairing import PairInfo
-from localspec.gguf.vocab import mtp_weights_bytes
+from localspec.gguf.vocab import mtp_layers, mtp_weights_bytes
 from localspec.llama.recurrent import MAX_SNAPSHOTS
 from localspec.llama.rpc import Endpoint, parse_endpoints
 from localspec.llama.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
@@ -169,8 +176,12 @@ class Pipeline:
         depth: int,
         mem: MemoryReport,
     ) -> Model:
-        """The target (with its MTP layers for an MTP strategy), and what it costs in ``mem``."""
+        """The target (with its MTP layers for an MTP strategy, and for ``auto`` without a draft model when
+        the file has them), and what it costs in ``mem``."""
         threads, gpu_layers, _ = self._load_facts
+        mtp = self.settings.uses_mtp or (
+            self.settings.kind.routed and self.info.draft_path is None and self._file_has_mtp()
+        )
         target = Model(
             self.info.target_path,
             n_ctx=n_ctx,
@@ -179,7 +190,7 @@ class Pipeline:
             rpc_servers=servers,
             tensor_split=tensor_split,
             rollback_depth=depth,
-            mtp=self.settings.uses_mtp,
+            mtp=mtp,
         )
         mem.rss_after_target_bytes = rss_bytes()
         mem.target_weights_bytes = target.weights_bytes
@@ -189,6 +200,13 @@ class Pipeline:
             mem.target_weights_bytes -= mem.draft_weights_bytes
             mem.draft_kv_bytes = target.mtp_bytes()
         return target
+
+    def _file_has_mtp(self) -> bool:
+        """Whether the target file carries MTP layers (its header and tensor list)."""
+        try:
+            return mtp_layers(read_metadata(self.info.target_path))[1] > 0
+        except LocalspecError:
+            return False
 
     def _load_draft(
         self,
@@ -390,9 +408,11 @@ class Pipeline:
         self._suffix.set_corpus(folder, notify=self.notify)
 
     def _route(self, s: DraftSettings, tokens: list[int]) -> tuple[DraftSettings, Route]:
-        """``auto``: suffix alone, or the draft model (adaptive) with the suffix cache, for this request."""
-        has_model = self._model_drafter is not None
-        costs = self.machine_costs() if has_model else None
+        """``auto``: suffix alone, or the draft model (adaptive) with the suffix cache, for this request;
+        without a draft model, the target's MTP layers when loaded (as their controller measured)."""
+        drafter = "model" if self._model_drafter is not None else "mtp"
+        has_model = self._model_drafter is not None or self._target.mtp is not None
+        costs = self.machine_costs() if self._model_drafter is not None else None
         overlap = self.suffix_drafter().overlap(tokens)
         r = route(
             has_model=has_model,
@@ -401,8 +421,9 @@ class Pipeline:
             n_max=min(s.n_max, 8),
             overlap=overlap,
             measured_speed=self._model_speed,
+            drafter=drafter,
         )
-        adaptive = True if r.strategy == "model+suffix" else s.adaptive
+        adaptive = True if r.strategy in ("model+suffix", "mtp+suffix") else s.adaptive
         return s.with_overrides(strategy=r.strategy, adaptive=adaptive), r
 
     def stream_tokens(
@@ -471,7 +492,7 @@ class Pipeline:
             stats=self._new_stats(settings, chosen),
             grammar=grammar,
         )
-        return self._learning(stream) if settings.uses_model else stream
+        return self._learning(stream) if settings.uses_model or settings.uses_mtp else stream
 
     def _checked_call(
         self,
@@ -539,17 +560,18 @@ class Pipeline:
             )
 
     def _learning(self, stream: Iterator[TokenResponse]) -> Iterator[TokenResponse]:
-        """Pass tokens through; remember the draft model's acceptance and the speed its adaptive controller
-        predicted, for the ``auto`` router."""
+        """Pass tokens through; remember the draft model's (or the MTP layers') acceptance and the speed its
+        adaptive controller predicted, for the ``auto`` router."""
         last = None
         try:
             for last in stream:
                 yield last
         finally:
             if last is not None:
-                drafted = last.stats.drafted_by_source.get("model", 0)
+                by_source, kept = last.stats.drafted_by_source, last.stats.accepted_by_source
+                drafted = sum(by_source.get(s, 0) for s in MODEL_SOURCES)
                 if drafted >= 8:
-                    rate = last.stats.accepted_by_source.get("model", 0) / drafted
+                    rate = sum(kept.get(s, 0) for s in MODEL_SOURCES) / drafted
                     self._model_acceptance = _blend(self._model_acceptance, rate)
                     if last.stats.predicted_speedup is not None:
                         self._model_speed = _blend(self._model_speed, last.stats.predicted_speedup)
