@@ -255,14 +255,6 @@ class MtpDrafter:
         self.n_min = n_min
         self.p_min = p_min
 
-    def with_limits(self, *, n_min: int, p_min: float) -> MtpDrafter:
-        """The same head with another ``n_min``/``p_min`` (this drafter is unchanged)."""
-        if n_min == self.n_min and p_min == self.p_min:
-            return self
-        other = copy.copy(self)
-        other.n_min, other.p_min = n_min, p_min
-        return other
-
     def begin(self, context: list[int]) -> None:
         """The head follows the target from here; positions of ``context`` (the target's cache) it did not
         follow (an earlier generation of another strategy) are evaluated again, followed."""
