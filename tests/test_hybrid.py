@@ -183,7 +183,12 @@ def test_auto_measures_what_a_rollback_costs(models):
         rollback = costs.details["rollback"]
         assert rollback["snapshots"] == 0 and rollback["save"] > 0 and rollback["restore"] > 0
         assert costs.rollback_passes(4, 1.0) == pytest.approx(rollback["save"])  # nothing to take back
-        assert costs.rollback_passes(4, 0.3) > costs.rollback_passes(4, 0.9) > rollback["save"]
+        # a round that may be rejected pays a restore on top of the save (the ordering across acceptances
+        # depends on the measured widths, so tests/test_speed.py checks it on a fixed curve)
+        assert (
+            costs.rollback_passes(4, 0.3) > rollback["save"]
+            and costs.rollback_passes(4, 0.9) > rollback["save"]
+        )
         base, _, _ = _run(pipe, "none", baseline=True)
         ids, trace, _ = _run(pipe, "auto")
         _assert_argmax(trace, "qwen3next auto")

@@ -65,6 +65,10 @@ def test_a_rollback_past_the_snapshots():
     got = speed.rollback_passes(2, 0.5, save=0.1, restore=0.2, snapshots=0, verify=line)
     assert got == pytest.approx(0.1 + 0.75 * (0.2 + 0.5))
     assert speed.rollback_passes(3, 1.0, save=0.1, restore=0.2, snapshots=0, verify=line) == 0.1
+    low, high = (
+        speed.rollback_passes(4, a, save=0.1, restore=0.2, snapshots=0, verify=line) for a in (0.3, 0.9)
+    )
+    assert low > high > 0.1  # drafts rejected more often take more back
     costs = linear_costs(0.5)
     costs.details["rollback"] = {"snapshots": 0, "save": 0.1, "restore": 0.2}
     assert costs.rollback_passes(2, 0.5) == pytest.approx(got)
