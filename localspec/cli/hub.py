@@ -87,6 +87,12 @@ def presets(as_json: bool) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
     if any(p.gated for p, _ in rows):
         click.echo("\n* gated: accept the licence on the repository page, then set HF_TOKEN (see the docs).")
+    checked = sum(1 for p, _ in rows if p.verified)
+    if checked:  # the notes themselves are long: --json and `download NAME` show them
+        click.echo(
+            f"{checked} preset(s) say how their repositories and file names were verified: "
+            "`localspec presets --json` (field verified)."
+        )
     click.echo(
         f"Download one with `localspec download NAME`; add your own in {constants.user_presets_dir()}."
     )
@@ -108,6 +114,8 @@ def download(name: str) -> None:
             click.echo(f"{label:6}  {ref.describe()}")
     if preset.gated:
         click.echo(f"note    gated: {preset.gated}")
+    if preset.verified:
+        click.echo(f"note    verified: {preset.verified}")
     stages_seen: set[str] = set()
 
     def progress(stage: str, done: int, total: int) -> None:

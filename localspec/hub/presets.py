@@ -31,6 +31,8 @@ _REV_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*$")
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 MAX_REVISION = 255
 MAX_SIZE = 10**15  # 1 PB: far above any model, far below what overflows a float or an int64
+#: The longest ``verified`` note a preset may carry (a sentence or two naming the sources, not a report).
+MAX_VERIFIED = 400
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {
     "": 1,
@@ -122,6 +124,8 @@ class Preset:
     chat_format: str = "auto"
     licence: str = ""
     gated: str | None = None  # None when no access request is needed, else a note saying what to accept
+    #: What was checked about the repositories and file names, and how ("" when the preset does not say).
+    verified: str = ""
     download_bytes: int = 0
     ram_bytes: int = 0
     source: str = "builtin"  # "builtin" | "user" | path of the file it came from
@@ -283,6 +287,7 @@ _PRESET_KEYS = {
     "chat_format",
     "licence",
     "gated",
+    "verified",
     "download_size",
     "ram",
 }
@@ -362,6 +367,12 @@ def parse_preset(table: dict, *, where: str, source: str, base_dir: Path | None 
         gated_note = gated
     else:
         raise PresetError(f"{where}: key 'gated' must be true, false or a note", hint="e.g. gated = true")
+    verified = _expect(table, "verified", str, where, "")
+    if len(verified) > MAX_VERIFIED:
+        raise PresetError(
+            f"{where}.verified: the note is {len(verified)} characters long (at most {MAX_VERIFIED})",
+            hint="say in a sentence or two what was checked and where; details belong in the docs",
+        )
     n_ctx = _expect(table, "n_ctx", int, where, constants.DEFAULT_N_CTX)
     low, high = N_CTX_RANGE  # what --n-ctx and load() accept
     if not low <= n_ctx <= high:
@@ -380,6 +391,7 @@ def parse_preset(table: dict, *, where: str, source: str, base_dir: Path | None 
         chat_format=_expect(table, "chat_format", str, where, "auto"),
         licence=_expect(table, "licence", str, where, ""),
         gated=gated_note,
+        verified=verified,
         download_bytes=parse_size(table.get("download_size", 0), where=f"{where}.download_size"),
         ram_bytes=parse_size(table.get("ram", 0), where=f"{where}.ram"),
         source=source,
@@ -590,6 +602,10 @@ def _preset_to_table(p: Preset) -> dict[str, Any]:
         chat_format=p.chat_format,
         licence=p.licence,
         gated=p.gated if p.gated else False,
+    )
+    if p.verified:
+        table["verified"] = p.verified
+    table.update(
         download_size=p.download_bytes,
         ram=p.ram_bytes,
     )
