@@ -60,12 +60,16 @@ def test_presets_table_and_json(env):
     line = next(ln for ln in lines if ln.startswith("llama-3.1-8b "))
     assert "Llama 3.1 Community License…" in line
     assert any(ln.startswith("qwen2.5-coder-1.5b ") for ln in res.output.splitlines())
+    # the presets that say how their files were verified are counted under the table; --json has the notes
+    assert any("were verified: `localspec presets --json` (field verified)" in ln for ln in lines)
 
     res = runner.invoke(main, ["presets", "--json"])
     rows = {r["name"]: r for r in json.loads(res.output)}
     assert rows["toy"]["source"].endswith("toy.toml") and rows["toy"]["cached"] is False
     assert rows["qwen2.5-coder-1.5b"]["source"] == "builtin"
     assert rows["toy"]["target"] == {"repo": "org/Toy-7B-GGUF", "file": "*q4_k_m.gguf"}
+    assert rows["toy"]["verified"] == "" and "on download" in rows["qwen3.5-9b"]["verified"]
+    assert rows["qwen3.6-27b-mtp"]["draft_model"] is None
 
 
 def test_download_then_cached(env):

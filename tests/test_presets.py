@@ -10,6 +10,7 @@ import pytest
 from localspec import constants
 from localspec.errors import PresetError
 from localspec.hub.presets import (
+    MAX_VERIFIED,
     check_revision,
     dump_toml,
     get_preset,
@@ -41,6 +42,9 @@ def test_builtin_presets_cover_the_families():
         "smollm2",
         "deepseek-r1-distill-qwen",
         "tiny",
+        "qwen3.5",
+        "qwen3.6",
+        "gemma4",
     } <= families
     coder = presets["qwen2.5-coder-1.5b"]
     assert coder.target.repo_id == "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF"
@@ -62,6 +66,65 @@ def test_builtin_presets_cover_the_families():
         # the suffix cache sizes its own drafts (n_max only bounds one pass); a model's draft stays short
         assert 1 <= p.draft.n_max <= (32 if p.draft.uses_suffix else 16), p.name
     assert coder.draft.strategy == "auto"  # coding repeats itself: the suffix cache, the model where it pays
+    assert presets["qwen3.5-9b"].draft_model.repo_id == "ggml-org/Qwen3.5-0.8B-GGUF"
+    assert presets["gemma-4-31b"].draft_model.repo_id == "unsloth/gemma-4-E2B-it-GGUF"
+
+
+#: The families added in 2026: each of their built-in presets says what was verified about its files.
+FAMILIES_2026 = {"qwen3.5", "qwen3.6", "gemma4"}
+
+
+def test_builtin_presets_of_2026_families_say_what_was_verified():
+    new = [p for p in list_presets() if p.family in FAMILIES_2026]
+    assert {p.family for p in new} == FAMILIES_2026
+    for p in new:
+        assert p.source == "builtin" and p.needs_download, p.name
+        assert 0 < len(p.verified) <= MAX_VERIFIED, p.name
+        assert "2026" in p.verified, p.name  # when the names were seen
+        # a draft's vocabulary is checked when the pair downloads; an MTP file's layers when it loads
+        assert ("on download" if p.draft_model else "on load") in p.verified, p.name
+        assert p.licence and p.download_bytes > 1_000_000_000 and p.ram_bytes > p.download_bytes, p.name
+        assert p.as_dict()["verified"] == p.verified  # `localspec presets --json` shows it
+    older = [p for p in list_presets() if p.family not in FAMILIES_2026]
+    assert older and all(p.verified == "" for p in older)  # optional: the older files do not set it
+
+
+def test_mtp_presets_have_no_draft_model_and_draft_with_the_target_layers():
+    mtp = [p for p in list_presets() if p.family == "qwen3.6"]
+    assert {p.name for p in mtp} >= {"qwen3.6-27b-mtp", "qwen3.6-35b-a3b-mtp"}
+    for p in mtp:
+        assert p.draft_model is None and p.draft.uses_mtp and not p.draft.uses_model, p.name
+        assert p.target.kind == "hub" and "-MTP-GGUF" in p.target.repo_id, p.name
+
+
+@pytest.mark.parametrize("strategy", ["mtp", "mtp+ngram", "mtp+suffix"])
+def test_a_preset_without_a_draft_model_parses_with_an_mtp_strategy(tmp_path, strategy):
+    path = tmp_path / "mtp.toml"
+    path.write_text(
+        '[[preset]]\nname = "m"\ntarget = { repo = "org/X-MTP-GGUF", file = "X-*Q4_K_M.gguf" }\n'
+        'verified = "seen in two places"\n'
+        f'[preset.draft]\nstrategy = "{strategy}"\nn_max = 3\nadaptive = true\n'
+    )
+    (p,) = load_file(path, source="user")
+    assert p.draft_model is None and p.draft.strategy == strategy and p.draft.uses_mtp
+    assert p.verified == "seen in two places" and p.target.is_pattern
+
+
+def test_verified_notes_round_trip_and_are_bounded(user_config, tmp_path):
+    base = get_preset("qwen3.6-27b-mtp")
+    save_user_preset(base, "mine-mtp")
+    again = get_preset("mine-mtp")
+    assert again.verified == base.verified and again.draft == base.draft and again.draft_model is None
+    for value, message in (("x" * (MAX_VERIFIED + 1), "characters long"), ("true", None), (1, "must be str")):
+        path = tmp_path / "v.toml"
+        literal = f'"{value}"' if isinstance(value, str) else str(value)
+        path.write_text(f'[[preset]]\nname = "v"\ntarget = {{ path = "/t.gguf" }}\nverified = {literal}\n')
+        if message is None:
+            assert load_file(path, source="user")[0].verified == value
+            continue
+        with pytest.raises(PresetError, match=message) as info:
+            load_file(path, source="user")
+        assert "[preset v]" in str(info.value) and info.value.hint
 
 
 def test_unknown_name_suggests_close_matches():
@@ -242,3 +305,24 @@ def test_unsafe_revisions_are_refused_at_parse_time(tmp_path, revision):
 @pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/1", "release_2024-01", "a" * 40 + "0" * 0])
 def test_ordinary_revisions_pass(revision):
     assert check_revision(revision, where="x") == revision
+
+
+def test_an_mtp_preset_runs_and_exports_without_a_draft_model(user_config, tmp_path):
+    """A preset with no draft model and an MTP strategy loads the target's MTP layers (a tiny qwen35 file
+    with an MTP block stands in for a Qwen3.6 one) and exports as llama-server's draft-mtp."""
+    from _mtp_model import mtp_model
+    from click.testing import CliRunner
+
+    from localspec.cli import main
+
+    target = mtp_model(tmp_path, "random")
+    save_user_preset(
+        {"name": "tiny-mtp", "target": {"path": str(target)}, "draft": {"strategy": "mtp", "n_max": 3}}
+    )
+    runner = CliRunner()
+    res = runner.invoke(main, ["run", "--preset", "tiny-mtp", "-n", "8", "--threads", "2", "hello"])
+    assert res.exit_code == 0, res.output
+    assert "mtp" in res.output and "draft memory +" in res.output  # the MTP layers load as the drafter
+    res = runner.invoke(main, ["export", "tiny-mtp", "--to", "llama-server"])
+    assert res.exit_code == 0, res.output
+    assert "--spec-type draft-mtp" in res.stdout and "--model-draft" not in res.stdout
