@@ -231,6 +231,10 @@ class Engine:
         if drafter is None:
             return _Proposal(_EMPTY, 0, 0.0)
         k = min(controller.choose() if controller else gen.settings.n_max, cap)
+        if controller is None and self.target.owed:
+            # a restored checkpoint's kept tokens are evaluated again first: as llama.cpp does, that pass
+            # drafts nothing (it yields a token at a narrow width; rejected drafts would widen it again)
+            k = 0
         t = time.perf_counter()
         draft = _EMPTY
         if k > 0:
