@@ -11,8 +11,15 @@ length, p-min 0), and the ratio. Medians over repeats.
 With ``--mtp``: MTP drafting instead, on qwen35 files with an MTP block (a random head, and one fitted to the
 target: tests/_mtp_model.py), against llama.cpp's ``--spec-type draft-mtp`` on the same files.
 
+With ``--wide``: the target is made as costly per token as a real model (tests/_arch_models.py ``widen``:
+FFN width 16384 and 16 layers, about 830 MB of F32, tens of ms a token on two cores) while computing the
+same function, so that the loops' own overhead no longer decides the ratio; the drafts stay tiny (seed 2:
+other weights; seed 1: the narrow twin, whose tokens are the target's). qwen35 (snapshots) and
+granitehybrid (checkpoints); with ``--mtp``, qwen35 with the MTP block on the wide file.
+
     python scripts/bench_hybrid.py --peer /path/to/llama-speculative-simple --json out.json
     python scripts/bench_hybrid.py --mtp --peer /path/to/llama-speculative-simple --json mtp.json
+    python scripts/bench_hybrid.py --wide --peer /path/to/llama-speculative-simple --json wide.json
     python scripts/bench_hybrid.py --from-json docs/results/hybrid-rollback.json   (the table again)
 """
 
@@ -43,6 +50,9 @@ ARCHS = (
     "jamba",
     "falcon-h1",
 )
+#: ``--wide``: the archs it widens (their residual writes are known), the FFN width, the extra block copies.
+WIDE_ARCHS = ("qwen35", "granitehybrid")
+WIDE_FF, WIDE_COPIES = 16384, 7
 #: The prompt: the dummy "test" tokenizer turns each 5 characters into one id, the same on both sides.
 PROMPT = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
 
@@ -141,14 +151,32 @@ def table(rows: list[dict], machine: str) -> str:
 def cases(folder: Path, args: argparse.Namespace) -> list[tuple[str, Path, str, Path | None]]:
     """What to run: per architecture a draft of other weights and the target itself; with ``--mtp``, qwen35
     files whose MTP head is random and fitted (tests/_mtp_model.py), drafting with it (draft None)."""
-    if args.mtp:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from _mtp_model import mtp_model  # a test fixture: the same files the MTP tests run
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from _arch_models import widen  # test fixtures: the same files the tests run
 
+    def wide(arch: str) -> Path:
+        out = folder / f"{arch}-wide.gguf"
+        return widen(write(folder, arch, 1), out, n_ff=WIDE_FF, copies=WIDE_COPIES)
+
+    if args.mtp:
+        from _mtp_model import mtp_model
+
+        base = wide("qwen35") if args.wide else None
+        label = "wide qwen35" if args.wide else "qwen35"
         return [
-            ("qwen35", mtp_model(folder, kind), f"MTP head ({kind})", None) for kind in ("random", "token")
+            (label, mtp_model(folder, kind, base=base), f"MTP head ({kind})", None)
+            for kind in ("random", "token")
         ]
     out: list[tuple[str, Path, str, Path | None]] = []
+    if args.wide:
+        archs = WIDE_ARCHS if args.archs == ",".join(ARCHS) else tuple(args.archs.split(","))
+        for arch in archs:
+            target, other, twin = wide(arch), write(folder, arch, 2), write(folder, arch, 1)
+            out += [
+                (f"wide {arch}", target, "other weights", other),
+                (f"wide {arch}", target, "narrow twin", twin),
+            ]
+        return out
     for arch in args.archs.split(","):
         target, other = write(folder, arch, 1), write(folder, arch, 2)
         out += [(arch, target, "other weights", other), (arch, target, "itself", target)]
@@ -165,6 +193,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
         "--mtp", action="store_true", help="MTP drafting on qwen35 files with an MTP block instead"
+    )
+    ap.add_argument(
+        "--wide", action="store_true", help="targets widened to a real model's cost per token (see above)"
     )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--from-json", type=Path, help="print the table of an earlier run's JSON; runs nothing")

@@ -61,3 +61,90 @@ def vendored_arch_source() -> str:
     program = archs_program()  # the source is extracted on the way, beside the build folder
     source = program.parents[2] / "src" / "src" / "llama-arch.cpp"
     return source.read_text(encoding="utf-8")
+
+
+#: Per architecture, the projections through which a block writes into the residual stream: zeroed, a
+#: block adds nothing to its input (and llama.cpp still computes it in full).
+RESIDUAL_WRITES = {
+    "qwen35": ("attn_output.weight", "ssm_out.weight", "ffn_down.weight"),
+    "granitehybrid": (
+        "attn_output.weight",
+        "attn_output.bias",
+        "ssm_out.weight",
+        "ffn_down.weight",
+        "ffn_down.bias",
+    ),
+}
+
+
+def widen(src: Path, out: Path, *, n_ff: int, copies: int) -> Path:
+    """``src`` made as costly per token as a bigger model while computing the same function: the FFN width
+    raised to ``n_ff`` (the new gate/up rows random, the new down columns zero) and each of its blocks
+    repeated ``copies`` more times after the originals with their residual writes zeroed (same recurrent /
+    attention pattern, so the copies carry recurrent state and KV cache as real layers do).
+
+    Args:
+        src: a model written by :func:`write_model` of an architecture in :data:`RESIDUAL_WRITES`.
+        out: the file to write (kept if it exists).
+        n_ff: the FFN width, at least the model's own.
+        copies: how many extra copies of the blocks to append.
+
+    Returns:
+        ``out``.
+    """
+    import gguf
+    import numpy as np
+
+    if out.is_file():
+        return out
+    reader = gguf.GGUFReader(src)
+    arch = str(reader.fields["general.architecture"].contents())
+    zeroed = RESIDUAL_WRITES[arch]
+    n_layer = int(reader.fields[f"{arch}.block_count"].contents())
+    tensors = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
+    rng = np.random.default_rng(n_ff)
+    for i in range(n_layer):
+        gate, up, down = (f"blk.{i}.ffn_{p}.weight" for p in ("gate", "up", "down"))
+        extra = n_ff - tensors[gate].shape[0]
+        if extra < 0:
+            raise ValueError(f"n_ff {n_ff} is below the model's {tensors[gate].shape[0]}")
+        scale = float(tensors[gate].std()) or 0.02
+        for name in (gate, up):
+            more = rng.standard_normal((extra, tensors[name].shape[1])).astype(np.float32) * scale
+            tensors[name] = np.concatenate([tensors[name], more], axis=0)
+            bias = name.replace(".weight", ".bias")
+            if bias in tensors:
+                tensors[bias] = np.concatenate([tensors[bias], np.zeros(extra, np.float32)])
+        tensors[down] = np.concatenate(
+            [tensors[down], np.zeros((tensors[down].shape[0], extra), np.float32)], 1
+        )
+    for c in range(1, copies + 1):
+        for i in range(n_layer):
+            here, there = f"blk.{i}.", f"blk.{i + c * n_layer}."
+            for name in [k for k in tensors if k.startswith(here)]:
+                value = tensors[name]
+                if name.endswith(zeroed):
+                    value = np.zeros_like(value)
+                tensors[name.replace(here, there, 1)] = value
+    writer = gguf.GGUFWriter(out, arch)
+    changed: dict[str, object] = {f"{arch}.block_count": n_layer * (copies + 1)}
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = f.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY and len(f.data) == 0:
+            continue  # the writer refuses empty arrays; llama.cpp reads them as absent
+        value = changed.get(name, f.contents())
+        if name == f"{arch}.feed_forward_length":
+            value = [n_ff if v else 0 for v in value] if isinstance(value, list) else n_ff
+        if isinstance(value, list) and len(value) == n_layer and name.startswith(f"{arch}."):
+            value = value * (copies + 1)  # a per-layer setting (head counts, recurrent layers, FFN widths)
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, vtype, sub_type=sub)
+    for name, value in tensors.items():
+        writer.add_tensor(name, np.ascontiguousarray(value))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

@@ -49,12 +49,13 @@ def _rms(a: np.ndarray) -> np.ndarray:
     return a / np.sqrt((a * a).mean(axis=-1, keepdims=True) + 1e-5)
 
 
-def mtp_model(folder: Path, kind: str, seed: int = 1) -> Path:
-    """A qwen35 model written with ``seed``, with an MTP block whose head is ``kind`` (see the module)."""
-    out = folder / f"qwen35-mtp-{kind}-seed{seed}.gguf"
+def mtp_model(folder: Path, kind: str, seed: int = 1, *, base: Path | None = None) -> Path:
+    """A qwen35 model written with ``seed`` (or the qwen35 file ``base``, e.g. a widened one:
+    ``_arch_models.widen``), with an MTP block whose head is ``kind`` (see the module)."""
+    out = folder / (f"{base.stem}-mtp-{kind}.gguf" if base else f"qwen35-mtp-{kind}-seed{seed}.gguf")
     if out.is_file():
         return out
-    src = write_model(folder, "qwen35", seed)
+    src = base or write_model(folder, "qwen35", seed)
     reader = gguf.GGUFReader(src)
     tensors = {t.name: np.array(t.data) for t in reader.tensors}
     emb = tensors["token_embd.weight"]  # (n_vocab, n_embd)
