@@ -220,6 +220,8 @@ def main() -> int:
                 theirs_tok_s = statistics.median(r["tok_s"] for r in runs["theirs"])
                 row["llama_cpp_tok_s"] = theirs_tok_s
                 row["ratio"] = statistics.median(r["tok_s"] for r in runs["ours"]) / theirs_tok_s
+                each = [a["tok_s"] / b["tok_s"] for a, b in zip(runs["ours"], runs["theirs"], strict=True)]
+                row["ratio_range"] = [min(each), max(each)]  # repeat by repeat: how far noise moves it
             rows.append(row)
             print(json.dumps(row), flush=True)
     machine = f"{cpu_name()}, {args.threads} threads, n_max {args.n_max}, {args.tokens} tokens, greedy"

@@ -235,3 +235,22 @@ def test_the_published_rollback_table_is_its_result_file():
     spec.loader.exec_module(script)
     saved = json.loads((root / "docs" / "results" / "hybrid-rollback.json").read_text())
     assert script.table(saved["rows"], saved["machine"]) in (root / "docs" / "hybrid-models.md").read_text()
+
+
+def test_a_widened_target_computes_what_the_narrow_one_does(tmp_path):
+    """scripts/bench_hybrid.py --wide: wider FFNs and copied blocks whose residual writes are zero cost
+    more per token and leave every logit as it was (a narrow twin is a draft whose tokens are all right)."""
+    from _arch_models import widen
+
+    for arch in ("qwen35", "granitehybrid"):
+        narrow = write_model(tmp_path, arch, 1)
+        wide = widen(narrow, tmp_path / f"{arch}-wide.gguf", n_ff=1024, copies=1)
+        rows = []
+        for path in (narrow, wide):
+            m = Model(path, n_ctx=128, n_threads=2)
+            try:
+                rows.append(m.decode_logits(list(range(3, 40)), outputs=37).copy())
+            finally:
+                m.close()
+        assert wide.stat().st_size > 2 * narrow.stat().st_size
+        np.testing.assert_allclose(rows[0], rows[1], atol=1e-5)
