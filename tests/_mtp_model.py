@@ -132,3 +132,73 @@ def _write_with_block(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+#: The chained heads' answers: head ``k`` drafts ``(token + CHAIN_SHIFTS[k]) % n_vocab`` after ``token``.
+CHAIN_SHIFTS = (1, 5)
+
+
+def chained_mtp_model(folder: Path, seed: int = 1) -> Path:
+    """A mimo2 model (llama.cpp drives its MTP layers as chained heads, one per draft step) with two MTP
+    blocks whose heads answer by token alone: head ``k`` maps a token to ``token + CHAIN_SHIFTS[k]``, so a
+    draft made with the right head at each step can be told from one made with the first head only.
+
+    Each block reads the token's embedding alone (``eh_proj`` keeps the token half), its attention output
+    and FFN down projections are zero (the block's row is the normalised embedding), and its output rows
+    answer the shifted token for each token's row.
+    """
+    out = folder / f"mimo2-chained-mtp-seed{seed}.gguf"
+    if out.is_file():
+        return out
+    src = write_model(folder, "mimo2", seed)
+    reader = gguf.GGUFReader(src)
+    tensors = {t.name: np.array(t.data) for t in reader.tensors}
+    emb = tensors["token_embd.weight"]
+    n_vocab, n_embd = emb.shape
+    arch = reader.fields["general.architecture"].contents()
+    n_layer = int(reader.fields[f"{arch}.block_count"].contents())
+    heads = len(CHAIN_SHIFTS)
+    writer = gguf.GGUFWriter(out, arch)
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = f.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY and len(f.data) == 0:
+            continue
+        value = f.contents()
+        if name == f"{arch}.block_count":
+            value = n_layer + heads
+        elif name == f"{arch}.nextn_predict_layers":
+            value = heads
+        elif isinstance(value, list) and len(value) == n_layer and name.startswith(f"{arch}."):
+            value = value + [value[-1]] * heads  # a per-layer setting: the blocks as the last layer
+        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, vtype, sub_type=sub)
+    here = f"blk.{n_layer - 1}."
+    feats = _rms(_rms(emb))  # the block's output row for each token
+    blocks: dict[str, np.ndarray] = {}
+    for k, shift in enumerate(CHAIN_SHIFTS):
+        there = f"blk.{n_layer + k}."
+        for part in ("attn_norm", "ffn_norm", "ffn_gate", "ffn_up"):
+            blocks[f"{there}{part}.weight"] = tensors[f"{here}{part}.weight"]
+        qkv = [tensors[f"{here}attn_{p}.weight"] for p in "qkv"]
+        blocks[f"{there}attn_qkv.weight"] = np.concatenate(qkv, axis=0)  # MTP blocks read a fused QKV
+        blocks[f"{there}attn_output.weight"] = np.zeros_like(tensors[f"{here}attn_output.weight"])
+        blocks[f"{there}ffn_down.weight"] = np.zeros_like(tensors[f"{here}ffn_down.weight"])
+        eye = np.eye(n_embd, dtype=np.float32)
+        head = np.zeros((n_vocab, n_embd), dtype=np.float32)
+        head[(np.arange(n_vocab) + shift) % n_vocab] = feats / 32.0
+        blocks |= {
+            f"{there}nextn.eh_proj.weight": np.concatenate([eye, np.zeros_like(eye)], axis=1),
+            f"{there}nextn.enorm.weight": np.ones(n_embd, dtype=np.float32),
+            f"{there}nextn.hnorm.weight": np.ones(n_embd, dtype=np.float32),
+            f"{there}nextn.shared_head_norm.weight": np.ones(n_embd, dtype=np.float32),
+            f"{there}nextn.shared_head_head.weight": head,
+        }
+    for name, value in {**tensors, **blocks}.items():
+        writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

@@ -246,3 +246,30 @@ def test_auto_decides_on_the_mtp_layers_from_what_their_controller_measured():
     assert chosen(MIN_GAIN + 0.2).strategy == "mtp+suffix"
     low = chosen(MIN_GAIN - 0.1)
     assert low.strategy == "suffix" and "lookups only" in low.reason and "MTP layers" in low.reason
+
+
+def test_chained_heads_draft_one_head_per_step(tmp_path):
+    """A file with two MTP layers (mimo2) drafts as llama.cpp's chained heads: step ``i`` with head ``i``
+    (head 0 answers token + 1, head 1 token + 5), at most one token per head; lossless in a run."""
+    import numpy as np
+    from _mtp_model import CHAIN_SHIFTS, chained_mtp_model
+
+    from localspec.llama.runtime import Model
+
+    path = chained_mtp_model(tmp_path)
+    model = Model(path, n_ctx=128, n_threads=2, mtp=True)
+    try:
+        assert model.mtp is not None and model.mtp.chained and model.mtp.n_layers == 2
+        model.decode_logits(PROMPT)
+        last = 40
+        draft = model.mtp.draft(last, len(PROMPT), 4, lambda i, row: (int(np.argmax(row)), True))
+        first = last + CHAIN_SHIFTS[0]
+        assert draft.tokens == [first, first + CHAIN_SHIFTS[1]]  # with the first head only: first + 1
+        assert draft.evals == 2
+    finally:
+        model.close()
+    with _load(path) as pipe:
+        ids, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
+        assert stats.drafted > 0 and max(i for i, d in enumerate(stats.drafted_by_position) if d) == 1
+        base, _ = _run(pipe, "none", baseline=True)
+    assert ids == base

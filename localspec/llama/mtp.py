@@ -14,10 +14,13 @@ through ``ctx_other``), and :class:`MtpHead` drives it as ``common/speculative.c
   each fed the token it just proposed and the hidden row it just produced (:meth:`MtpHead.draft`). The
   drafted positions are removed again by the next :meth:`follow`.
 
-llama.cpp has three modes; this one is the single trained head (qwen35, qwen35moe, qwen3next, glm4-moe): a
-file with more MTP layers drafts with the first (llama.cpp's chained heads, one per step as in step35, and the
-memory shared with the target as in gemma4, are not driven here). The calls are llama.cpp's staging API
-(``llama_cpp.llama_cpp_ext``), bound by llama-cpp-python 0.3.36.
+llama.cpp has three modes, and two are driven here. One trained head (qwen35, qwen35moe, qwen3next,
+glm4-moe, deepseek): as above. Chained heads (a file with more than one MTP layer: step35, mimo2), one per
+draft step, as llama.cpp's ``chain_heads``: each layer follows the target's passes in turn (they share one
+KV cache, each its own layer), and draft step ``i`` runs head ``i`` over the pending token and the tokens
+drafted so far, each paired with the hidden row the step before made; a draft is at most as long as there
+are heads. The third, a head sharing the target's memory (gemma4's assistant), is refused with a hint. The
+calls are llama.cpp's staging API (``llama_cpp.llama_cpp_ext``), bound by llama-cpp-python 0.3.36.
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ class MtpHead:
 
         self._ext = llama_cpp_ext
         self.n_layers = layer_count(model)
+        #: one head per draft step (llama.cpp's chained heads): a draft is at most this many tokens long
+        self.chained = self.n_layers > 1
         self.n_embd = int(llama_cpp.llama_model_n_embd_out(model))
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
         self.target_ctx = target_ctx
@@ -175,8 +180,10 @@ class MtpHead:
             slot = (pos0 + i) % ROWS_KEPT
             self._rows[slot] = rows[i]
             self._row_pos[slot] = pos0 + i
-        llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
-        self._run(tokens, pos0, paired, output=False)
+        for head in range(self.n_layers if self.chained else 1):
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
+            with self._head(head):
+                self._run(tokens, pos0, paired, output=False)
         self.follow_passes += 1
         if pos0 <= self.valid:  # else a gap stays: positions the head did not follow
             self.valid = pos0 + n
@@ -202,6 +209,8 @@ class MtpHead:
         Returns:
             The tokens and the passes run.
         """
+        if self.chained:
+            return self._draft_chained(last, pos0, min(n, self.n_layers), choose)
         out = MtpDraft()
         llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
         token, row = last, self._row_before(pos0)
@@ -225,6 +234,49 @@ class MtpHead:
             ).copy()
             token = int(picked)
         return out
+
+    def _draft_chained(self, last: int, pos0: int, n: int, choose: Any) -> MtpDraft:
+        """:meth:`draft` with one head per step: step ``i`` runs head ``i`` over the pending token and the
+        ``i`` tokens drafted so far (a head's layer holds no rows of the draft region), each paired with the
+        hidden row of the step before."""
+        out = MtpDraft()
+        tokens, rows = [last], [self._row_before(pos0)]
+        for i in range(n):
+            t = time.perf_counter()
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
+            with self._head(i):
+                self._run(tokens, pos0, np.stack(rows), output=True)
+            logits = np.ctypeslib.as_array(
+                llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)
+            )
+            if i == 0:
+                out.first_seconds = time.perf_counter() - t
+            out.evals += 1
+            picked, go_on = choose(i, logits)
+            if picked is None:
+                break
+            out.tokens.append(int(picked))
+            if not go_on or i + 1 == n:
+                break
+            rows.append(
+                np.ctypeslib.as_array(
+                    self._ext.llama_get_embeddings_nextn_ith(self.ctx, len(tokens) - 1), shape=(self.n_embd,)
+                ).copy()
+            )
+            tokens.append(int(picked))
+        return out
+
+    @contextlib.contextmanager
+    def _head(self, head: int) -> Iterator[None]:
+        """Passes in the block run MTP layer ``head`` (chained heads; back to the first after)."""
+        if not self.chained:
+            yield
+            return
+        self._ext.llama_set_nextn_layer_offset(self.ctx, head)
+        try:
+            yield
+        finally:
+            self._ext.llama_set_nextn_layer_offset(self.ctx, 0)
 
     def _run(self, tokens: list[int], pos0: int, rows: np.ndarray, *, output: bool) -> None:
         """One MTP pass: ``tokens`` at ``pos0...``, token ``i`` paired with ``rows[i]``; logits for the last
