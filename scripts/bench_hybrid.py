@@ -213,7 +213,7 @@ def main() -> int:
                 if args.peer:
                     peer_run = theirs(args.peer, target, draft, args.n_max, args.tokens, args.threads)
                     runs["theirs"].append(peer_run)
-            row: dict[str, str | float] = {"arch": arch, "draft": label}
+            row: dict[str, object] = {"arch": arch, "draft": label}
             for key in ("tok_s", "rollback_ms_per_round", "replayed_per_round", "round_ms", "acceptance"):
                 row[key] = statistics.median(r[key] for r in runs["ours"])
             if runs["theirs"]:
