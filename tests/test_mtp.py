@@ -273,3 +273,44 @@ def test_chained_heads_draft_one_head_per_step(tmp_path):
         assert stats.drafted > 0 and max(i for i, d in enumerate(stats.drafted_by_position) if d) == 1
         base, _ = _run(pipe, "none", baseline=True)
     assert ids == base
+
+
+def test_auto_picks_between_a_draft_model_and_the_mtp_layers_by_speed():
+    from localspec.decoding.routing import pick_drafter
+
+    assert pick_drafter({"model": None, "mtp": None})[0] == "model"  # the draft model goes first
+    assert pick_drafter({"model": 1.2, "mtp": None}) == ("mtp", "the draft model at 1.20x")
+    assert pick_drafter({"model": None, "mtp": 1.3}) == ("model", "the MTP layers at 1.30x")
+    assert pick_drafter({"model": 1.2, "mtp": 1.4}) == ("mtp", "the draft model at 1.20x")
+    assert pick_drafter({"model": 1.5, "mtp": 1.4}) == ("model", "the MTP layers at 1.40x")
+
+
+def test_auto_with_a_draft_model_weighs_the_mtp_layers_too(files, tmp_path):
+    """``auto`` with a draft model on a file with MTP layers loads both, runs each until measured, then
+    weighs them by speed; the memory line counts both as the draft's; lossless throughout."""
+    draft = write_model(tmp_path, "qwen35", 2)
+    with localspec.load(
+        files["token"], draft, strategy="auto", n_ctx=256, n_threads=2, suffix_store=False
+    ) as pipe:
+        assert pipe._target.mtp is not None and pipe._draft is not None
+        runs = [_run(pipe, "auto") for _ in range(3)]
+        base, _ = _run(pipe, "none", baseline=True)
+    assert all(ids == base for ids, _ in runs)
+    chosen = [stats.strategy for _, stats in runs]
+    assert "mtp+suffix" in chosen[:2], chosen  # the MTP layers were tried before the choice settled
+    for _, stats in runs:
+        assert stats.route is not None and (
+            "the draft model" in stats.route.reason or "MTP" in stats.route.reason
+        )
+    memory = runs[0][1].memory
+    assert memory.draft_weights_bytes > _weights_of(draft)
+
+
+def _weights_of(path):
+    from localspec.llama.runtime import Model
+
+    m = Model(path, n_ctx=64, n_threads=1)
+    try:
+        return m.weights_bytes
+    finally:
+        m.close()

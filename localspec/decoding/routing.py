@@ -18,7 +18,8 @@ took, and their measured seconds (``measured_speed``), which the engine reports 
 
 Without a draft model, the target's MTP layers (when the file has them) take its place: they run until their
 adaptive controller has measured them, then as it measured (their costs are not in the machine's measured
-costs).
+costs). With both, the draft model goes first, then the MTP layers run once to be measured, and from then on
+the one whose measured speed is higher is weighed as above (:func:`pick_drafter`).
 
 A request that looks like earlier ones (a high overlap of its prompt with the store) leans on lookups
 anyway: the model then only fills rounds where lookup finds nothing, and the adaptive controller keeps
@@ -73,6 +74,30 @@ def model_speed(costs: MachineCosts, acceptance: float, n_max: int) -> tuple[flo
     return best, k
 
 
+def pick_drafter(speeds: dict[str, float | None]) -> tuple[str, str]:
+    """Which of the loaded drafters ``auto`` weighs for a request, and why.
+
+    Args:
+        speeds: per drafter (``"model"``, ``"mtp"``; in the order they are tried), the speed its adaptive
+            controller measured on earlier requests (None: not measured yet).
+
+    Returns:
+        The first drafter not measured yet, else the one measured fastest; and a note on the others.
+    """
+    names = list(speeds)
+    unmeasured = [n for n in names if speeds[n] is None]
+    chosen = unmeasured[0] if unmeasured else max(names, key=lambda n: speeds[n] or 0.0)
+    others = [
+        f"{_NAMES[o]} {'not measured yet' if speeds[o] is None else f'at {speeds[o]:.2f}x'}"
+        for o in names
+        if o != chosen
+    ]
+    return chosen, "; ".join(others)
+
+
+_NAMES = {"model": "the draft model", "mtp": "the MTP layers"}
+
+
 def _by_measured_speed(speed: float, where: str, with_lookups: str) -> Route:
     """The decision from the speed a drafter's adaptive controller measured on earlier requests."""
     if speed >= MIN_GAIN:
@@ -87,7 +112,7 @@ def _by_measured_speed(speed: float, where: str, with_lookups: str) -> Route:
 
 
 def _route_mtp(measured_speed: float | None) -> Route:
-    """``auto`` with the target's MTP layers and no draft model: they run (adaptive, with lookups) until their
+    """``auto`` weighing the target's MTP layers: they run (adaptive, with lookups) until their
     controller has measured what they give, then as that measurement says."""
     if measured_speed is None:
         return Route("mtp+suffix", "not measured yet: the MTP layers run, adaptive, with lookups")

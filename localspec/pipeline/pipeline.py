@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -15,7 +16,6 @@ from localspec import constants
 from localspec.constrain.grammar import Grammar, reply_grammar
 from localspec.decoding.costs import MachineCosts, machine_costs, stored_costs
 from localspec.decoding.drafters import (
-    MODEL_SOURCES,
     CombinedDrafter,
     Drafter,
     ModelDrafter,
@@ -23,7 +23,7 @@ from localspec.decoding.drafters import (
     NgramDrafter,
 )
 from localspec.decoding.engine import Engine, TokenResponse
-from localspec.decoding.routing import Route, route
+from localspec.decoding.routing import Route, pick_drafter, route
 from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
 from localspec.gguf.meta import read_metadata
@@ -117,8 +117,10 @@ class Pipeline:
         store_path(".", "0" * 16, store_namespace)  # a namespace no file can be named by: refused now
         corpus_folder = Path(corpus).expanduser() if corpus else None
         self._costs: MachineCosts | None = None
-        self._model_acceptance: float | None = None  # measured by generations that ran the draft model
-        self._model_speed: float | None = None  # what their adaptive controllers predicted, for ``auto``
+        # per model drafter ("model", "mtp"): the acceptance generations that ran it measured, and the speed
+        # its adaptive controller predicted, for ``auto``
+        self._acceptance: dict[str, float | None] = {"model": None, "mtp": None}
+        self._speed: dict[str, float | None] = {"model": None, "mtp": None}
         self.route: Route | None = None  # the last "auto" decision and its reason
         #: told (a line of text) before a one-time wait: measuring this machine's costs (the CLI prints it)
         self.notify: Callable[[str], None] | None = None
@@ -176,12 +178,10 @@ class Pipeline:
         depth: int,
         mem: MemoryReport,
     ) -> Model:
-        """The target (with its MTP layers for an MTP strategy, and for ``auto`` without a draft model when
-        the file has them), and what it costs in ``mem``."""
+        """The target (with its MTP layers for an MTP strategy, and for ``auto`` when the file has them: it
+        weighs them against the draft model), and what it costs in ``mem``."""
         threads, gpu_layers, _ = self._load_facts
-        mtp = self.settings.uses_mtp or (
-            self.settings.kind.routed and self.info.draft_path is None and self._file_has_mtp()
-        )
+        mtp = self.settings.uses_mtp or (self.settings.kind.routed and self._file_has_mtp())
         target = Model(
             self.info.target_path,
             n_ctx=n_ctx,
@@ -237,8 +237,8 @@ class Pipeline:
                 rollback_depth=depth,
             )
             mem.rss_after_draft_bytes = rss_bytes()
-            mem.draft_weights_bytes = draft.weights_bytes
-            mem.draft_kv_bytes = draft.kv_bytes()
+            mem.draft_weights_bytes += draft.weights_bytes  # on top of MTP layers loaded for ``auto``
+            mem.draft_kv_bytes += draft.kv_bytes()
             return draft
         except BaseException:
             target.close()
@@ -408,21 +408,31 @@ class Pipeline:
         self._suffix.set_corpus(folder, notify=self.notify)
 
     def _route(self, s: DraftSettings, tokens: list[int]) -> tuple[DraftSettings, Route]:
-        """``auto``: suffix alone, or the draft model (adaptive) with the suffix cache, for this request;
-        without a draft model, the target's MTP layers when loaded (as their controller measured)."""
-        drafter = "model" if self._model_drafter is not None else "mtp"
-        has_model = self._model_drafter is not None or self._target.mtp is not None
-        costs = self.machine_costs() if self._model_drafter is not None else None
+        """``auto``: suffix alone, or a model drafter (adaptive) with the suffix cache, for this request: the
+        draft model and the target's MTP layers, whichever are loaded, weighed by what they measured."""
+        here = {"model": self._model_drafter is not None, "mtp": self._target.mtp is not None}
+        loaded = {d: self._speed[d] for d, there in here.items() if there}
         overlap = self.suffix_drafter().overlap(tokens)
-        r = route(
-            has_model=has_model,
-            costs=costs,
-            model_acceptance=self._model_acceptance,
-            n_max=min(s.n_max, 8),
-            overlap=overlap,
-            measured_speed=self._model_speed,
-            drafter=drafter,
-        )
+
+        def weigh(drafter: str) -> Route:
+            return route(
+                has_model=bool(loaded),
+                costs=self.machine_costs() if drafter == "model" and loaded else None,
+                model_acceptance=self._acceptance["model"],
+                n_max=min(s.n_max, 8),
+                overlap=overlap,
+                measured_speed=self._speed[drafter],
+                drafter=drafter,
+            )
+
+        if len(loaded) < 2:
+            r = weigh(next(iter(loaded), "model"))
+        else:  # both: the draft model's speed from the costs until its controller measured it
+            if loaded["model"] is None:
+                loaded["model"] = weigh("model").model_speed
+            drafter, others = pick_drafter(loaded)
+            r = weigh(drafter)
+            r = dataclasses.replace(r, reason=f"{r.reason} ({others})")
         adaptive = True if r.strategy in ("model+suffix", "mtp+suffix") else s.adaptive
         return s.with_overrides(strategy=r.strategy, adaptive=adaptive), r
 
@@ -492,7 +502,9 @@ class Pipeline:
             stats=self._new_stats(settings, chosen),
             grammar=grammar,
         )
-        return self._learning(stream) if settings.uses_model or settings.uses_mtp else stream
+        if settings.uses_model or settings.uses_mtp:
+            return self._learning(stream, "mtp" if settings.uses_mtp else "model")
+        return stream
 
     def _checked_call(
         self,
@@ -559,22 +571,23 @@ class Pipeline:
                 lowered_from=self.n_ctx_asked or None,
             )
 
-    def _learning(self, stream: Iterator[TokenResponse]) -> Iterator[TokenResponse]:
-        """Pass tokens through; remember the draft model's (or the MTP layers') acceptance and the speed its
-        adaptive controller predicted, for the ``auto`` router."""
+    def _learning(self, stream: Iterator[TokenResponse], drafter: str) -> Iterator[TokenResponse]:
+        """Pass tokens through; remember ``drafter``'s (``"model"`` or ``"mtp"``) acceptance and the speed
+        its adaptive controller predicted, for the ``auto`` router."""
         last = None
         try:
             for last in stream:
                 yield last
         finally:
             if last is not None:
-                by_source, kept = last.stats.drafted_by_source, last.stats.accepted_by_source
-                drafted = sum(by_source.get(s, 0) for s in MODEL_SOURCES)
+                drafted = last.stats.drafted_by_source.get(drafter, 0)
                 if drafted >= 8:
-                    rate = sum(kept.get(s, 0) for s in MODEL_SOURCES) / drafted
-                    self._model_acceptance = _blend(self._model_acceptance, rate)
-                    if last.stats.predicted_speedup is not None:
-                        self._model_speed = _blend(self._model_speed, last.stats.predicted_speedup)
+                    rate = last.stats.accepted_by_source.get(drafter, 0) / drafted
+                    self._acceptance[drafter] = _blend(self._acceptance[drafter], rate)
+                # kept even from a few drafts: a controller that stopped drafting early measured why, and
+                # ``auto`` then moves on to the other drafter instead of trying this one again
+                if last.stats.predicted_speedup is not None:
+                    self._speed[drafter] = _blend(self._speed[drafter], last.stats.predicted_speedup)
 
     def tokenize(self, text: str) -> list[int]:
         """The target's tokens of a plain prompt (its BOS first, as llama.cpp adds it)."""
