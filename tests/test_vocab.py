@@ -204,6 +204,14 @@ def test_usability(tmp_path):
     for arch in ("mamba", "rwkv7", "jamba", "qwen3next", "qwen35", "lfm2", "granitehybrid", "minimax-01"):
         assert usability(_model(tmp_path, arch, arch=arch)) == (True, None), arch
     assert usability(_model(tmp_path, "q3", arch="qwen3"))[0]
+    # drafters that run only inside their target's context are refused by name, with what to use instead
+    for arch, name in (
+        ("eagle3", "EAGLE-3"),
+        ("dflash", "DFlash"),
+        ("gemma4-assistant", "Gemma 4's assistant"),
+    ):
+        ok, why = usability(_model(tmp_path, arch, arch=arch))
+        assert not ok and name in why and "MTP layers" in why, arch
 
 
 def test_memory_note_names_how_drafts_roll_back():

@@ -410,6 +410,15 @@ def type_mismatch(target_model: str | None, draft_model: str | None) -> PairVerd
     )
 
 
+#: Drafter-only architectures: they run inside their target's context (llama.cpp's --spec-type draft-eagle3,
+#: draft-dflash, and Gemma 4's assistant through draft-mtp), never as a model of their own.
+DRAFTER_ONLY_ARCHS = {
+    "eagle3": "an EAGLE-3 drafter (llama.cpp's --spec-type draft-eagle3)",
+    "dflash": "a DFlash drafter (llama.cpp's --spec-type draft-dflash)",
+    "gemma4-assistant": "Gemma 4's assistant drafter, sharing its target's memory (llama.cpp's draft-mtp)",
+}
+
+
 def usability(meta: GGUFMetadata) -> tuple[bool, str | None]:
     """Can this file serve as a model for speculative decoding here? ``(True, None)`` or ``(False, why)``."""
     kv = meta.kv
@@ -419,6 +428,12 @@ def usability(meta: GGUFMetadata) -> tuple[bool, str | None]:
         return False, "a vision projector (mmproj), not a language model: load it next to its model"
     if gtype == "adapter" or any(k.startswith("adapter.") for k in kv):
         return False, "a LoRA adapter, not a full model"
+    if arch in DRAFTER_ONLY_ARCHS:
+        return False, (
+            f"{DRAFTER_ONLY_ARCHS[arch]}: it runs only inside its target's context, which localspec does not "
+            "drive; draft with a small model of the target's family, the target's MTP layers (--strategy "
+            "mtp) where it has them, or ngram"
+        )
     split_no = kv.get("split.no")
     if _is_int(split_no) and split_no > 0:
         count = kv.get("split.count")
