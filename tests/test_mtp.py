@@ -266,6 +266,11 @@ def test_chained_heads_draft_one_head_per_step(tmp_path):
         first = last + CHAIN_SHIFTS[0]
         assert draft.tokens == [first, first + CHAIN_SHIFTS[1]]  # with the first head only: first + 1
         assert draft.evals == 2
+        from localspec.gguf import scan
+
+        assert (
+            scan.inspect(path).mtp_note == "2 MTP layers: --strategy mtp drafts with them, one per draft step"
+        )
     finally:
         model.close()
     with _load(path) as pipe:

@@ -78,6 +78,8 @@ class ModelInfo:
             return None
         if not self.mtp_present:
             return f"declares {self.mtp_declared} MTP layer(s), but this quant dropped their weights"
+        if self.mtp_present > 1:  # llama.cpp's chained heads
+            return f"{self.mtp_present} MTP layers: --strategy mtp drafts with them, one per draft step"
         return f"{self.mtp_present} MTP layer(s): --strategy mtp drafts with them"
 
     @property
