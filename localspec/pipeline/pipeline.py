@@ -427,9 +427,9 @@ class Pipeline:
 
         if len(loaded) < 2:
             r = weigh(next(iter(loaded), "model"))
-        else:  # both: the draft model's speed from the costs until its controller measured it
-            if loaded["model"] is None:
-                loaded["model"] = weigh("model").model_speed
+        else:  # both: each runs once to be measured (the draft model first, if the costs say it may pay)
+            if loaded["model"] is None and weigh("model").strategy == "suffix":
+                loaded["model"] = weigh("model").model_speed  # it would not pay: weighed by that prediction
             drafter, others = pick_drafter(loaded)
             r = weigh(drafter)
             r = dataclasses.replace(r, reason=f"{r.reason} ({others})")
