@@ -209,43 +209,13 @@ class MtpHead:
         Returns:
             The tokens and the passes run.
         """
-        if self.chained:
-            return self._draft_chained(last, pos0, min(n, self.n_layers), choose)
+        n = min(n, self.n_layers) if self.chained else n
         out = MtpDraft()
         llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
-        token, row = last, self._row_before(pos0)
-        for i in range(n):
-            t = time.perf_counter()
-            self._run([token], pos0 + i, row[None, :], output=True)
-            logits = np.ctypeslib.as_array(
-                llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)
-            )
-            if i == 0:
-                out.first_seconds = time.perf_counter() - t
-            out.evals += 1
-            picked, go_on = choose(i, logits)
-            if picked is None:
-                break
-            out.tokens.append(int(picked))
-            if not go_on or i + 1 == n:
-                break
-            row = np.ctypeslib.as_array(
-                self._ext.llama_get_embeddings_nextn_ith(self.ctx, 0), shape=(self.n_embd,)
-            ).copy()
-            token = int(picked)
-        return out
-
-    def _draft_chained(self, last: int, pos0: int, n: int, choose: Any) -> MtpDraft:
-        """:meth:`draft` with one head per step: step ``i`` runs head ``i`` over the pending token and the
-        ``i`` tokens drafted so far (a head's layer holds no rows of the draft region), each paired with the
-        hidden row of the step before."""
-        out = MtpDraft()
         tokens, rows = [last], [self._row_before(pos0)]
         for i in range(n):
             t = time.perf_counter()
-            llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
-            with self._head(i):
-                self._run(tokens, pos0, np.stack(rows), output=True)
+            output_row = self._step(i, tokens, rows, pos0)
             logits = np.ctypeslib.as_array(
                 llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)
             )
@@ -260,11 +230,24 @@ class MtpHead:
                 break
             rows.append(
                 np.ctypeslib.as_array(
-                    self._ext.llama_get_embeddings_nextn_ith(self.ctx, len(tokens) - 1), shape=(self.n_embd,)
+                    self._ext.llama_get_embeddings_nextn_ith(self.ctx, output_row), shape=(self.n_embd,)
                 ).copy()
             )
             tokens.append(int(picked))
         return out
+
+    def _step(self, i: int, tokens: list[int], rows: list[np.ndarray], pos0: int) -> int:
+        """Draft step ``i``'s MTP pass, token ``k`` paired with ``rows[k]``; the batch index of its output.
+
+        One head: the newest token at its position (the MTP cache holds the ones before). Chained heads: head
+        ``i`` over all of them from ``pos0`` (its layer holds no rows of the draft region)."""
+        if not self.chained:
+            self._run(tokens[-1:], pos0 + i, rows[-1][None, :], output=True)
+            return 0
+        llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
+        with self._head(i):
+            self._run(tokens, pos0, np.stack(rows), output=True)
+        return len(tokens) - 1
 
     @contextlib.contextmanager
     def _head(self, head: int) -> Iterator[None]:
