@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,21 +37,20 @@ import llama_cpp._internals as llama_internals
 import numpy as np
 
 from localspec.errors import LocalspecError
+from localspec.llama.load_hooks import replaced
 
 #: Target hidden rows kept per position (a ring): the row before the first token of any later pass. A pass
 #: that starts further back than this (a new request on an old prefix) pairs its first token with a zero
 #: row, as llama.cpp does at a sequence's start: its first draft may be worse, never wrong.
 ROWS_KEPT = 64
 
-_load_lock = threading.Lock()
-
 
 @contextlib.contextmanager
 def layers_asked(wanted: bool) -> Iterator[None]:
     """While the block loads a model through ``llama_cpp.Llama``, its MTP layers load too (``load_mtp``).
 
-    ``Llama`` builds its model parameters itself and has no argument for it; the model class it calls is
-    wrapped for the block, under a lock (as :func:`localspec.llama.recurrent.snapshots_asked` does).
+    ``Llama`` has no argument for it: the model class it calls is replaced for the block
+    (:func:`localspec.llama.load_hooks.replaced`).
 
     Args:
         wanted: False leaves the load as it is (llama.cpp then skips the MTP tensors).
@@ -60,19 +58,17 @@ def layers_asked(wanted: bool) -> Iterator[None]:
     if not wanted:
         yield
         return
-    original = llama_internals.LlamaModel
 
-    class WithMtp(original):  # type: ignore[valid-type, misc]
-        def __init__(self, *, path_model: str, params: Any, verbose: bool = True) -> None:
-            params.load_mtp = True
-            super().__init__(path_model=path_model, params=params, verbose=verbose)
+    def with_mtp(original: type) -> type:
+        class WithMtp(original):
+            def __init__(self, *, path_model: str, params: Any, verbose: bool = True) -> None:
+                params.load_mtp = True
+                super().__init__(path_model=path_model, params=params, verbose=verbose)
 
-    with _load_lock:
-        setattr(llama_internals, "LlamaModel", WithMtp)  # noqa: B010 (a class, for the load only)
-        try:
-            yield
-        finally:
-            setattr(llama_internals, "LlamaModel", original)  # noqa: B010
+        return WithMtp
+
+    with replaced(llama_internals, "LlamaModel", with_mtp):
+        yield
 
 
 def layer_count(model: Any) -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +31,8 @@ from typing import Any
 
 import llama_cpp
 import llama_cpp._internals as llama_internals
+
+from localspec.llama.load_hooks import replaced
 
 #: The most state snapshots a model keeps per sequence: each costs one more copy of the recurrent state in
 #: memory, and a draft longer than this goes through a checkpoint.
@@ -60,18 +61,14 @@ def memory_kind(model: Any) -> str:
     return "attention"
 
 
-_load_lock = threading.Lock()
-
-
 @contextlib.contextmanager
 def snapshots_asked(depth: int) -> Iterator[None]:
     """While the block loads a model through ``llama_cpp.Llama``, its context asks for ``depth``
     recurrent-state snapshots per sequence when the model has recurrent memory.
 
-    ``Llama`` builds its context parameters itself and has no argument for ``n_rs_seq``; the context class it
-    calls is wrapped for the block (under a lock: loads through localspec are one at a time). A model without
-    recurrent memory gets the parameters unchanged, and llama.cpp itself sets 0 for an architecture that
-    keeps no snapshots.
+    ``Llama`` has no argument for ``n_rs_seq``: the context class it calls is replaced for the block
+    (:func:`localspec.llama.load_hooks.replaced`). A model without recurrent memory gets the parameters
+    unchanged, and llama.cpp itself sets 0 for an architecture that keeps no snapshots.
 
     Args:
         depth: snapshots to keep (the longest draft to take back without a checkpoint); 0 asks for none.
@@ -79,20 +76,18 @@ def snapshots_asked(depth: int) -> Iterator[None]:
     if depth <= 0:
         yield
         return
-    original = llama_internals.LlamaContext
 
-    class WithSnapshots(original):  # type: ignore[valid-type, misc]
-        def __init__(self, *, model: Any, params: Any, verbose: bool = True) -> None:
-            if memory_kind(model.model) != "attention":
-                params.n_rs_seq = depth
-            super().__init__(model=model, params=params, verbose=verbose)
+    def with_snapshots(original: type) -> type:
+        class WithSnapshots(original):
+            def __init__(self, *, model: Any, params: Any, verbose: bool = True) -> None:
+                if memory_kind(model.model) != "attention":
+                    params.n_rs_seq = depth
+                super().__init__(model=model, params=params, verbose=verbose)
 
-    with _load_lock:
-        setattr(llama_internals, "LlamaContext", WithSnapshots)  # noqa: B010 (a class, for the load only)
-        try:
-            yield
-        finally:
-            setattr(llama_internals, "LlamaContext", original)  # noqa: B010
+        return WithSnapshots
+
+    with replaced(llama_internals, "LlamaContext", with_snapshots):
+        yield
 
 
 @dataclass

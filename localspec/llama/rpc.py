@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 import llama_cpp
 
 from localspec.errors import RpcError, SettingsError
+from localspec.llama.load_hooks import LOAD_LOCK, replaced
 
 #: llama.cpp's rpc-server port when none is given.
 DEFAULT_PORT = 50052
@@ -347,36 +348,32 @@ def check_tensor_split(split: list[float], devices: list[str]) -> None:
         )
 
 
-_load_lock = threading.Lock()
-
-
 @contextlib.contextmanager
 def load_devices(devs: list[int] | None) -> Iterator[None]:
     """Within the block, a model llama-cpp-python loads offloads to exactly ``devs`` (None: llama.cpp's
     default choice, any local GPU).
 
     ``Llama()`` builds its ``llama_model_params`` from ``llama_model_default_params()`` and loads at once,
-    with no argument for devices: the block hands it params with ``devices`` set. Loads take the lock
-    even without devices, so two loads in two threads never see each other's params.
+    with no argument for devices: the block hands it params with ``devices`` set
+    (:func:`localspec.llama.load_hooks.replaced`). Loads take the lock even without devices, so two loads in
+    two threads never see each other's params.
     """
-    with _load_lock:
+    with LOAD_LOCK:
         if devs is None:
             yield
             return
         array = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)  # NULL-terminated, alive for the load
-        module = llama_cpp.llama_cpp
-        original = module.llama_model_default_params
 
-        def with_devices() -> Any:
-            params = original()
-            params.devices = ctypes.cast(array, ctypes.c_void_p).value
-            return params
+        def with_devices(original: Callable[[], Any]) -> Callable[[], Any]:
+            def params_with_devices() -> Any:
+                params = original()
+                params.devices = ctypes.cast(array, ctypes.c_void_p).value
+                return params
 
-        module.llama_model_default_params = with_devices
-        try:
+            return params_with_devices
+
+        with replaced(llama_cpp.llama_cpp, "llama_model_default_params", with_devices):
             yield
-        finally:
-            module.llama_model_default_params = original
 
 
 # Failures ----------------------------------------------------------------------------------------------
