@@ -148,3 +148,23 @@ def widen(src: Path, out: Path, *, n_ff: int, copies: int) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def unrendered_tables(page: str, results: tuple[str, ...]) -> list[str]:
+    """The result files (docs/results/) whose table, as ``scripts/bench_hybrid.py --from-json`` prints it,
+    is not in the docs page ``page`` (docs/)."""
+    import importlib.util
+    import json
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("bench_hybrid", root / "scripts" / "bench_hybrid.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = (root / "docs" / page).read_text()
+    missing = []
+    for name in results:
+        saved = json.loads((root / "docs" / "results" / name).read_text())
+        if script.table(saved["rows"], saved["machine"]) not in text:
+            missing.append(name)
+    return missing

@@ -8,7 +8,7 @@ row only (accepted only when the driver hands it the right row): tests/_mtp_mode
 from __future__ import annotations
 
 import pytest
-from _arch_models import write_model
+from _arch_models import unrendered_tables, write_model
 from _chi2 import chi2_pvalue
 from _mtp_model import mtp_model
 
@@ -194,22 +194,8 @@ def test_drafts_longer_than_the_snapshots_go_back_through_checkpoints(files):
 
 def test_the_published_mtp_table_is_its_result_file():
     """docs/mtp.md's tables are what `bench_hybrid.py --from-json` prints from the committed MTP runs."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("bench_hybrid", root / "scripts" / "bench_hybrid.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    page = (root / "docs" / "mtp.md").read_text()
-    for name in (
-        "mtp.json",
-        "mtp-wide.json",
-    ):  # the tiny models, and the same target widened to a real model's cost
-        saved = json.loads((root / "docs" / "results" / name).read_text())
-        assert script.table(saved["rows"], saved["machine"]) in page, name
+    # the tiny models, and the same target widened to a real model's cost
+    assert unrendered_tables("mtp.md", ("mtp.json", "mtp-wide.json")) == []
 
 
 def test_scan_says_which_files_have_mtp_layers(files, tmp_path):
