@@ -428,8 +428,11 @@ class Pipeline:
         if len(loaded) < 2:
             r = weigh(next(iter(loaded), "model"))
         else:  # both: each runs once to be measured (the draft model first, if the costs say it may pay)
-            if loaded["model"] is None and weigh("model").strategy == "suffix":
-                loaded["model"] = weigh("model").model_speed  # it would not pay: weighed by that prediction
+            first = weigh("model") if loaded["model"] is None else None
+            if (
+                first is not None and first.strategy == "suffix"
+            ):  # it would not pay: weighed by that prediction
+                loaded["model"] = first.model_speed
             drafter, others = pick_drafter(loaded)
             r = weigh(drafter)
             r = dataclasses.replace(r, reason=f"{r.reason} ({others})")
