@@ -61,7 +61,8 @@ def test_round_cost_speedup_and_the_ceiling_at_the_best_length():
 def test_a_rollback_past_the_snapshots():
     line = speed.VerifyLine(v2=1.5, slope=0.5)  # V(b) = 0.5 + 0.5 b
     assert speed.rollback_passes(2, 0.5, save=0.1, restore=0.2, snapshots=2, verify=line) == 0.0
-    # k = 2, a = 0.5: reject 0.75; kept = (0.5 x 1 + 0.25 x 2) / 0.75 = 4/3 -> V(round(4.33) = 4) - V(3) = 0.5
+    # k = 2, a = 0.5: reject 0.75; kept = (0.5 x 1 + 0.25 x 2) / 0.75 = 4/3: a replay pass of its own,
+    # V(round(1 + 4/3) = 2) - V(1) = 0.5 more than the one-row pass that token would have cost
     got = speed.rollback_passes(2, 0.5, save=0.1, restore=0.2, snapshots=0, verify=line)
     assert got == pytest.approx(0.1 + 0.75 * (0.2 + 0.5))
     assert speed.rollback_passes(3, 1.0, save=0.1, restore=0.2, snapshots=0, verify=line) == 0.1

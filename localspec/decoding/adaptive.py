@@ -317,12 +317,14 @@ class AdaptiveLength:
             self.catch_up_s = _ema(self.catch_up_s, extra, d)
         if draft_evals > 1:
             self.step_s = _ema(self.step_s, (draft_seconds - first_seconds) / (draft_evals - 1), d)
-        if drafted or replayed:
-            replay = 0.0
-            if replayed:  # the owed rows' share of this pass (never measured apart from it)
-                own = self.verify_seconds(drafted + 1)
-                replay = max(0.0, verify_seconds - own) if own is not None else 0.0
+        replay = 0.0
+        if replayed:  # the owed rows' share of this pass (never measured apart from it)
+            own = self.verify_seconds(drafted + 1)
+            replay = max(0.0, verify_seconds - own) if own is not None else 0.0
+        if drafted:
             self.rollback_s = _ema(self.rollback_s, rollback_seconds + replay, d)
+        elif replayed:  # a replay pass of its own (it drafts nothing): the cost of the round before it
+            self.rollback_s = (self.rollback_s or 0.0) + (1 - d) * replay
         width = drafted + 1 + replayed  # the pass as llama.cpp ran it
         self.verify[width] = _ema(self.verify.get(width), verify_seconds, d)
         if width == 1:  # a load or a cold start only slows a pass down: the fastest of the latest

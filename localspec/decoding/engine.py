@@ -230,17 +230,16 @@ class Engine:
         drafter, controller = gen.drafter, gen.controller
         if drafter is None:
             return _Proposal(_EMPTY, 0, 0.0)
-        k = min(controller.choose() if controller else gen.settings.n_max, cap)
-        if controller is None and self.target.owed:
-            # a restored checkpoint's kept tokens are evaluated again first: as llama.cpp does, that pass
-            # drafts nothing (it yields a token at a narrow width; rejected drafts would widen it again)
-            k = 0
+        replay = bool(self.target.owed)
+        # a restored checkpoint's kept tokens are evaluated again first: as llama.cpp does, that pass drafts
+        # nothing (it yields a token at a narrow width; rejected drafts would restore and widen it again)
+        k = 0 if replay else min(controller.choose() if controller else gen.settings.n_max, cap)
         t = time.perf_counter()
         draft = _EMPTY
         if k > 0:
             rule = controller.stop_rule() if controller else None  # only for a drafter that takes one
             draft = drafter.draft(gen.ctx, k, gen.params, gen.rng, stop=rule)
-        elif controller and cap > 0:
+        elif controller and cap > 0 and not replay:
             # the draft model sits out this round; an n-gram lookup is still free
             draft = drafter.lookup(gen.ctx, min(gen.settings.n_max, cap), gen.params, gen.rng)
         seconds = time.perf_counter() - t

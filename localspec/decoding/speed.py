@@ -116,7 +116,8 @@ def rollback_passes(
 
     Past the snapshots every round copies the state out (``save``) before its verify pass; a round with a
     rejection (chance ``1 - a^k``) copies it back (``restore``), and the tokens it kept (the pending token and
-    the accepted drafts) are evaluated again in front of the next pass, which is that much wider."""
+    the accepted drafts) are evaluated again in front of the next token, in a pass that drafts nothing (as
+    llama.cpp does): that pass yields its token at ``V(1 + kept)`` instead of ``V(1)``."""
     if k <= snapshots:
         return 0.0
     a = min(max(a, 0.0), 1.0)
@@ -124,7 +125,7 @@ def rollback_passes(
     if reject <= 0.0:
         return save
     kept = sum(a**m * (1.0 - a) * (m + 1) for m in range(k)) / reject
-    replay = verify(round(k + 1 + kept)) - verify(k + 1)
+    replay = verify(round(1 + kept)) - verify(1)
     return save + reject * (restore + max(0.0, replay))
 
 
