@@ -13,6 +13,7 @@ from localspec.errors import GGUFError
 from localspec.gguf import scan as scanmod
 from localspec.gguf.pairing import file_size_warning
 from localspec.gguf.scan import ModelInfo, RankedDraft, format_params
+from localspec.gguf.vocab import MTP_ASSISTANT_ARCHS
 from localspec.units import format_bytes
 
 
@@ -243,10 +244,15 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> bool:
     if d.error:
         raise _unreadable(d, "draft")
     verdict = scanmod.verdict_for(t, d).as_dict()
+    assistant = (d.architecture or "") in MTP_ASSISTANT_ARCHS
+    misfit = scanmod.assistant_misfit_for(t, d) if assistant else None
+    if misfit:  # drafting would read the target's memory as something it is not
+        verdict["verdict"], verdict["reasons"] = "incompatible", [misfit, *verdict["reasons"]]
     fits = verdict["verdict"] != "incompatible"
+    d_usable = d.usable or (assistant and not misfit)
     # file sizes say something only about models that run (a vocab-only file is a few MB whatever the model)
     warning = (
-        file_size_warning(t.path, d.path, order="TARGET first, then DRAFT") if t.usable and d.usable else None
+        file_size_warning(t.path, d.path, order="TARGET first, then DRAFT") if t.usable and d_usable else None
     )
     if as_json:
         out = {
@@ -255,7 +261,8 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> bool:
             "target": _side(t),
             "draft": _side(d),
             "target_usable": t.usable,
-            "draft_usable": d.usable,
+            "draft_usable": d_usable,
+            "draft_is_mtp_assistant": assistant,
         }
         _json(out)
         return fits
@@ -266,8 +273,10 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> bool:
         f"{d.n_vocab or 0:,} tokens | fingerprint {d.fingerprint_short or '-'}"
     )
     _print_notes(d)
-    if not d.usable:
-        _echo(f"  cannot run as a draft: {d.unusable_reason}")
+    if assistant and not misfit:
+        _echo("  an MTP assistant: it drafts as the target's MTP layers, reading the target's KV cache")
+    elif not d_usable:
+        _echo(f"  cannot run as a draft: {misfit or d.unusable_reason}")
     _echo(f"\nVerdict: {verdict['verdict']}")
     for reason in verdict["reasons"]:
         _echo(f"  - {reason}")

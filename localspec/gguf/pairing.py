@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localspec.errors import IncompatiblePairError, UnusableModelError
+from localspec.errors import IncompatiblePairError, LocalspecError, UnusableModelError
 
 
 @dataclass
@@ -24,6 +24,9 @@ class PairInfo:
     n_ctx_train: int | None = None  # the target's trained context (its header), when it says
     #: Things about the pair worth a word that do not refuse it (see :func:`size_warning`).
     warnings: list[str] = field(default_factory=list)
+    #: the draft is an MTP assistant (Gemma 4's): it drafts as the target's MTP layers, reading the target's
+    #: KV cache, instead of running as a model of its own (:data:`localspec.gguf.vocab.MTP_ASSISTANT_ARCHS`)
+    assistant: bool = False
 
 
 #: How the verdict's last reason for an incompatible pair begins: the advice that the refusal's hint gives
@@ -73,12 +76,13 @@ def _file_bytes(path: Path) -> int | None:
 
 
 def usable_metadata(path: Path, role: str, hint: str):
-    """The header of ``path`` (no merges: pairing does not need them), refused when it cannot run here."""
+    """The header of ``path`` (no merges: pairing does not need them), refused when it cannot run here as
+    ``role`` (``"target"`` or ``"draft"``)."""
     from localspec.gguf.meta import read_metadata
     from localspec.gguf.vocab import usability
 
     meta = read_metadata(path, merges=False)
-    ok, why = usability(meta)
+    ok, why = usability(meta, role=role)
     if not ok:
         raise UnusableModelError(f"{path}: cannot be used as a {role}: {why}", hint=hint)
     return meta
@@ -99,6 +103,7 @@ def check_pair(target: Path, draft: Path | None, *, label: str = "") -> PairInfo
     d_meta = usable_metadata(
         draft, "draft", "pick a complete, text-only GGUF model as the draft, or use --draft ngram"
     )
+    info.assistant = _check_assistant(t_meta, d_meta, draft, label)
     verdict = compare(fingerprint(t_meta), fingerprint(d_meta))
     if not verdict.usable:
         raise IncompatiblePairError(
@@ -116,6 +121,35 @@ def check_pair(target: Path, draft: Path | None, *, label: str = "") -> PairInfo
     if warning:
         info.warnings.append(warning)
     return info
+
+
+def is_mtp_assistant(path: Path) -> bool:
+    """Whether ``path`` is an MTP assistant (:data:`localspec.gguf.vocab.MTP_ASSISTANT_ARCHS`) by its header
+    (False for a file whose header cannot be read: :func:`check_pair` says why)."""
+    from localspec.gguf.meta import read_metadata
+    from localspec.gguf.vocab import MTP_ASSISTANT_ARCHS
+
+    try:
+        return (read_metadata(path, merges=False).architecture or "") in MTP_ASSISTANT_ARCHS
+    except LocalspecError:
+        return False
+
+
+def _check_assistant(t_meta, d_meta, draft: Path, label: str) -> bool:
+    """Whether the draft is an MTP assistant (:data:`localspec.gguf.vocab.MTP_ASSISTANT_ARCHS`); one that
+    does not fit the target is refused (:func:`localspec.gguf.vocab.assistant_misfit`)."""
+    from localspec.gguf.vocab import MTP_ASSISTANT_ARCHS, assistant_misfit
+
+    if (d_meta.architecture or "") not in MTP_ASSISTANT_ARCHS:
+        return False
+    problem = assistant_misfit(t_meta, d_meta)
+    if problem:
+        target = t_meta.name or "this target"
+        raise IncompatiblePairError(
+            f"{label + ': ' if label else ''}draft {draft.name} does not fit target {target}: {problem}",
+            hint="use the assistant published with this target model, or a small model of its family",
+        )
+    return True
 
 
 def _trained_context(meta) -> int | None:

@@ -30,9 +30,11 @@ from localspec.errors import GGUFError
 from localspec.gguf.meta import is_gguf_file, model_file_stem, read_metadata
 from localspec.gguf.vocab import (
     MAX_MASK_FRACTION,
+    MTP_ASSISTANT_ARCHS,
     VOCAB_TYPES,
     PairVerdict,
     VocabInfo,
+    assistant_misfit,
     compare,
     fingerprint,
     memory_note,
@@ -322,7 +324,12 @@ def rank_drafts(target: ModelInfo, candidates: Iterable[ModelInfo]) -> list[Rank
         if c.error:
             rejected.append(RankedDraft(c, None, False, f"unreadable: {c.error}"))
             continue
-        if not c.usable:
+        assistant_for = MTP_ASSISTANT_ARCHS.get(c.architecture or "")
+        misfit = assistant_for and assistant_misfit_for(target, c)
+        if misfit:
+            rejected.append(RankedDraft(c, None, False, misfit))
+            continue
+        if not c.usable and not assistant_for:
             rejected.append(RankedDraft(c, None, False, f"cannot run: {c.unusable_reason}"))
             continue
         if target.n_params and c.n_params and c.n_params >= target.n_params:
@@ -360,10 +367,23 @@ def rank_drafts(target: ModelInfo, candidates: Iterable[ModelInfo]) -> list[Rank
             "compatible-with-mask": f"compatible with {len(v.masked_ids):,} masked ids",
         }[v.verdict]
         family_why = f"same family ({c.family})" if same_family else "different family"
-        score = (_VERDICT_RANK[v.verdict], 0 if same_family else 1, round(distance, 3), c.size_bytes)
-        fits.append(RankedDraft(c, v, True, f"{verdict_why}; {family_why}; {size_why}", score))
+        if assistant_for:  # made for this target: drafts as its MTP layers, reading its KV cache
+            family_why, size_why = "MTP assistant made for this architecture (drafts reading its memory)", ""
+        # an assistant first: it was trained on the target's own hidden rows
+        rank = (0 if assistant_for else 1, _VERDICT_RANK[v.verdict], 0 if same_family else 1)
+        why = "; ".join(w for w in (verdict_why, family_why, size_why) if w)
+        fits.append(RankedDraft(c, v, True, why, (*rank, round(distance, 3), c.size_bytes)))
     fits.sort(key=lambda r: r.score)
     return fits + rejected
+
+
+def assistant_misfit_for(target: ModelInfo, assistant: ModelInfo) -> str | None:
+    """Why the MTP assistant cannot draft for ``target`` (:func:`assistant_misfit` on the two headers; None:
+    it can)."""
+    try:
+        return assistant_misfit(read_metadata(target.path), read_metadata(assistant.path))
+    except GGUFError as exc:
+        return f"unreadable: {exc.message}"
 
 
 def find_drafts(

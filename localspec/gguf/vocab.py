@@ -411,16 +411,48 @@ def type_mismatch(target_model: str | None, draft_model: str | None) -> PairVerd
 
 
 #: Drafter-only architectures: they run inside their target's context (llama.cpp's --spec-type draft-eagle3,
-#: draft-dflash, and Gemma 4's assistant through draft-mtp), never as a model of their own.
+#: draft-dflash), never as a model of their own.
 DRAFTER_ONLY_ARCHS = {
     "eagle3": "an EAGLE-3 drafter (llama.cpp's --spec-type draft-eagle3)",
     "dflash": "a DFlash drafter (llama.cpp's --spec-type draft-dflash)",
-    "gemma4-assistant": "Gemma 4's assistant drafter, sharing its target's memory (llama.cpp's draft-mtp)",
 }
 
+#: MTP assistants: drafter files that run as their target's MTP layers, reading the target's KV cache
+#: (llama.cpp's draft-mtp with shared memory), by architecture: the target architecture they draft for.
+MTP_ASSISTANT_ARCHS = {"gemma4-assistant": "gemma4"}
 
-def usability(meta: GGUFMetadata) -> tuple[bool, str | None]:
-    """Can this file serve as a model for speculative decoding here? ``(True, None)`` or ``(False, why)``."""
+
+def assistant_misfit(target: GGUFMetadata, assistant: GGUFMetadata) -> str | None:
+    """Why the MTP assistant ``assistant`` cannot draft for ``target`` (None: it can): one made for another
+    architecture, or for a target of another width, would read the target's memory as something it is not.
+
+    Args:
+        target: the target's header.
+        assistant: the header of a file of an :data:`MTP_ASSISTANT_ARCHS` architecture.
+
+    Returns:
+        The reason, or None.
+    """
+    arch, t_arch = assistant.architecture or "", target.architecture or ""
+    wants = MTP_ASSISTANT_ARCHS.get(arch)
+    if wants is None:
+        return f"{arch or 'this file'} is not an MTP assistant"
+    if t_arch != wants:
+        return f"an MTP assistant for {wants} targets, and this target is {t_arch or 'of an unknown kind'}"
+    width, t_width = assistant.get(f"{arch}.embedding_length_out"), target.get(f"{t_arch}.embedding_length")
+    if width != t_width:
+        return f"an MTP assistant reading hidden rows {width} wide, and this target's are {t_width} wide"
+    return None
+
+
+def usability(meta: GGUFMetadata, *, role: str = "model") -> tuple[bool, str | None]:
+    """Can this file serve as a model for speculative decoding here? ``(True, None)`` or ``(False, why)``.
+
+    Args:
+        meta: the file's header.
+        role: ``"draft"`` also accepts an MTP assistant (:data:`MTP_ASSISTANT_ARCHS`), which drafts for its
+            target; as a target or a model of its own (``"model"``, ``"target"``) it is refused.
+    """
     kv = meta.kv
     arch = meta.architecture or ""
     gtype = _str(kv.get("general.type")) or ""
@@ -433,6 +465,11 @@ def usability(meta: GGUFMetadata) -> tuple[bool, str | None]:
             f"{DRAFTER_ONLY_ARCHS[arch]}: it runs only inside its target's context, which localspec does not "
             "drive; draft with a small model of the target's family, the target's MTP layers (--strategy "
             "mtp) where it has them, or ngram"
+        )
+    if arch in MTP_ASSISTANT_ARCHS and role != "draft":
+        return False, (
+            f"an MTP assistant (drafts for a {MTP_ASSISTANT_ARCHS[arch]} target, reading its memory), not a "
+            "model of its own: give it as the draft of its target (--draft PATH)"
         )
     split_no = kv.get("split.no")
     if _is_int(split_no) and split_no > 0:
