@@ -86,6 +86,16 @@ SUFFIX_STRATEGIES: tuple[str, ...] = tuple(
 )
 
 
+def mtp_counterpart(name: str) -> str:
+    """The strategy that drafts as ``name`` does with the MTP layers in place of the draft model (``model``
+    -> ``mtp``, ``model+suffix`` -> ``mtp+suffix``): what a draft model strategy runs when the draft is an
+    MTP assistant. Any other name is its own counterpart."""
+    s = STRATEGY_BY_NAME.get(name)
+    if s is None or not s.model:
+        return name
+    return next(n for n, o in STRATEGY_BY_NAME.items() if o.mtp and not o.model and o.lookup == s.lookup)
+
+
 def parse_strategy(name: str) -> Strategy:
     """The parsed strategy ``name`` names, or a :class:`SettingsError` listing the names."""
     found = STRATEGY_BY_NAME.get(name) if isinstance(name, str) else None

@@ -47,7 +47,9 @@ def test_recurrent_lists_match_vendored_llama_cpp():
     ):
         theirs = {names[case] for case in _switch_cases(source, function)}
         assert theirs == set(ours), f"{function}: llama.cpp has {sorted(theirs ^ set(ours))} different"
-    for arch in vocab.DRAFTER_ONLY_ARCHS:  # the drafter-only architectures are llama.cpp's names
+    # the drafter-only and assistant architectures (and their targets') are llama.cpp's names
+    assistants = vocab.MTP_ASSISTANT_ARCHS
+    for arch in (*vocab.DRAFTER_ONLY_ARCHS, *assistants, *assistants.values()):
         assert f'"{arch}"' in source, arch
 
 

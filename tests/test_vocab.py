@@ -205,13 +205,14 @@ def test_usability(tmp_path):
         assert usability(_model(tmp_path, arch, arch=arch)) == (True, None), arch
     assert usability(_model(tmp_path, "q3", arch="qwen3"))[0]
     # drafters that run only inside their target's context are refused by name, with what to use instead
-    for arch, name in (
-        ("eagle3", "EAGLE-3"),
-        ("dflash", "DFlash"),
-        ("gemma4-assistant", "Gemma 4's assistant"),
-    ):
+    for arch, name in (("eagle3", "EAGLE-3"), ("dflash", "DFlash")):
         ok, why = usability(_model(tmp_path, arch, arch=arch))
         assert not ok and name in why and "MTP layers" in why, arch
+    # an MTP assistant drafts for its target, never runs as a model of its own
+    assistant = _model(tmp_path, "assistant", arch="gemma4-assistant")
+    ok, why = usability(assistant)
+    assert not ok and "MTP assistant" in why and "gemma4 target" in why and "--draft" in why
+    assert usability(assistant, role="draft") == (True, None)
 
 
 def test_memory_note_names_how_drafts_roll_back():

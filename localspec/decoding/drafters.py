@@ -257,10 +257,11 @@ class MtpDrafter:
 
     def begin(self, context: list[int]) -> None:
         """The head follows the target from here; positions of ``context`` (the target's cache) it did not
-        follow (an earlier generation of another strategy) are evaluated again, followed."""
+        follow (an earlier generation of another strategy) are evaluated again, followed. A head that reads
+        the target's own cache (an MTP assistant) needs no such pass: only its first draft may be worse."""
         target = self.target
         target.follow_mtp(True)
-        if self.head.valid < len(context):
+        if not self.head.shared and self.head.valid < len(context):
             target.truncate(self.head.valid)
             target.decode(target.sync(context))
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localspec.errors import SettingsError
+from localspec.gguf.pairing import is_mtp_assistant
 from localspec.settings import DraftSettings
 
 ENGINES = ("llama-server", "vllm")
@@ -42,6 +43,9 @@ def _method(settings: DraftSettings, draft: Path | None, notes: list[str]) -> st
     kind = settings.kind
     if not kind.drafts:
         return "none"
+    if draft is not None and (kind.model or kind.routed) and is_mtp_assistant(draft):
+        notes.append(f"{draft.name} is an MTP assistant: it drafts as the target's MTP layers (draft-mtp)")
+        return "mtp"
     if kind.routed:
         notes.append("auto picks a strategy per request in localspec; an engine takes one setting")
         return "model" if draft else "ngram"
@@ -98,6 +102,8 @@ def llama_server(
             notes.append(f"{settings.strategy}: llama-server drafts with the model alone here")
     elif method == "mtp":
         spec += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k)]
+        if draft is not None and is_mtp_assistant(draft):  # Gemma 4's: a file of its own
+            spec += ["--model-draft", str(draft)]
         spec += ["--spec-draft-n-min", str(settings.n_min), "--spec-draft-p-min", f"{settings.p_min:g}"]
     elif method in ("ngram", "suffix"):
         if method == "suffix":
@@ -137,6 +143,11 @@ def vllm(
             notes.append(f"{settings.strategy}: vLLM takes one method; the draft model is kept")
     elif method == "mtp":
         config = {"method": "mtp", "num_speculative_tokens": k}
+        if draft is not None and is_mtp_assistant(draft):
+            notes.append(
+                "an MTP assistant file: vLLM's support for it is not checked here; serve the original "
+                "checkpoint with its assistant as vLLM's documentation for the family says"
+            )
         notes.append(
             'vLLM runs the MTP layers of the original checkpoint; releases before "mtp" took a method per '
             'family ("qwen3_next_mtp", "deepseek_mtp", "glm4_moe_mtp")'

@@ -14,13 +14,16 @@ through ``ctx_other``), and :class:`MtpHead` drives it as ``common/speculative.c
   each fed the token it just proposed and the hidden row it just produced (:meth:`MtpHead.draft`). The
   drafted positions are removed again by the next :meth:`follow`.
 
-llama.cpp has three modes, and two are driven here. One trained head (qwen35, qwen35moe, qwen3next,
-glm4-moe, deepseek): as above. Chained heads (a file with more than one MTP layer: step35, mimo2), one per
-draft step, as llama.cpp's ``chain_heads``: each layer follows the target's passes in turn (they share one
-KV cache, each its own layer), and draft step ``i`` runs head ``i`` over the pending token and the tokens
-drafted so far, each paired with the hidden row the step before made; a draft is at most as long as there
-are heads. The third, a head sharing the target's memory (gemma4's assistant), is refused with a hint. The
-calls are llama.cpp's staging API (``llama_cpp.llama_cpp_ext``), bound by llama-cpp-python 0.3.36.
+llama.cpp has three modes, all driven here. One trained head (qwen35, qwen35moe, qwen3next, glm4-moe,
+deepseek): as above. Chained heads (a file with more than one MTP layer: step35, mimo2), one per draft step,
+as llama.cpp's ``chain_heads``: each layer follows the target's passes in turn (they share one KV cache, each
+its own layer), and draft step ``i`` runs head ``i`` over the pending token and the tokens drafted so far,
+each paired with the hidden row the step before made; a draft is at most as long as there are heads. Shared
+memory (Gemma 4's assistant, a file of its own): the assistant's attention reads the target's KV cache (its
+last sliding-window and last full layer), so nothing follows the target's passes but its hidden rows, and
+every draft step runs at the pending token's position, fed the token just drafted and the row the step
+before made (as llama.cpp's ``is_mem_shared``). The calls are llama.cpp's staging API
+(``llama_cpp.llama_cpp_ext``), bound by llama-cpp-python 0.3.36.
 """
 
 from __future__ import annotations
@@ -89,7 +92,8 @@ class MtpHead:
     """The MTP context of one target context (sequence 0): it follows the target's passes and drafts.
 
     Args:
-        model: the target's ``llama_model`` pointer, loaded with its MTP layers (:func:`layers_asked`).
+        model: the target's ``llama_model`` pointer, loaded with its MTP layers (:func:`layers_asked`), or
+            an MTP assistant's (a model of its own that reads the target's memory: :attr:`shared`).
         target_ctx: the target's ``llama_context``: its hidden rows are switched on here, for every token.
         n_ctx: the target's context (the MTP cache holds as many positions).
         n_batch: the target's batch (a followed pass is at most this wide).
@@ -99,13 +103,23 @@ class MtpHead:
         LocalspecError: llama.cpp could not make the MTP context.
     """
 
-    def __init__(self, model: Any, target_ctx: Any, *, n_ctx: int, n_batch: int, n_threads: int) -> None:
+    def __init__(
+        self,
+        model: Any,
+        target_ctx: Any,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_threads: int,
+        owns_model: bool = False,
+    ) -> None:
         from llama_cpp import llama_cpp_ext
 
         self._ext = llama_cpp_ext
+        self._batch: Any = None
+        #: an assistant's model, freed with the head (:func:`assistant_head`); None: the target's own
+        self.owned_model = model if owns_model else None
         self.n_layers = layer_count(model)
-        #: one head per draft step (llama.cpp's chained heads): a draft is at most this many tokens long
-        self.chained = self.n_layers > 1
         self.n_embd = int(llama_cpp.llama_model_n_embd_out(model))
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
         self.target_ctx = target_ctx
@@ -117,17 +131,21 @@ class MtpHead:
         params.n_rs_seq = 0
         self.ctx = llama_cpp.llama_init_from_model(model, params)
         if not self.ctx:
+            self.close()
             raise LocalspecError(
                 "llama.cpp could not make the MTP context for this model",
                 hint="draft with a small model of the same family instead (--draft PATH), or with ngram",
             )
-        if self._ext.llama_get_ctx_other(self.ctx) == target_ctx:  # llama.cpp links them for shared memory
-            llama_cpp.llama_free(self.ctx)
-            self.ctx = None
+        #: the head reads the target's KV cache (an MTP assistant): it follows nothing but the hidden rows
+        self.shared = self._ext.llama_get_ctx_other(self.ctx) == target_ctx
+        #: one head per draft step (llama.cpp's chained heads): a draft is at most this many tokens long
+        self.chained = self.n_layers > 1 and not self.shared
+        target_width = int(llama_cpp.llama_model_n_embd_out(llama_cpp.llama_get_model(target_ctx)))
+        if self.n_embd != target_width:
+            self.close()
             raise LocalspecError(
-                "this model's MTP layers share the target's memory (as Gemma 4's assistant does): localspec "
-                "drives MTP heads with a memory of their own only",
-                hint="draft with a small model of the same family instead (--draft PATH), or with ngram",
+                f"the MTP head reads hidden rows {self.n_embd} wide; the target's are {target_width} wide",
+                hint="use the MTP drafter published with this target model",
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self._batch = llama_cpp.llama_batch_ext_init(self.ctx)
@@ -171,16 +189,16 @@ class MtpHead:
         paired = np.empty((n, self.n_embd), dtype=np.float32)
         paired[0] = self._row_before(pos0)
         paired[1:] = rows[:-1]
-        keep = range(max(0, n - ROWS_KEPT), n)
-        for i in keep:
+        for i in range(max(0, n - ROWS_KEPT), n):
             slot = (pos0 + i) % ROWS_KEPT
             self._rows[slot] = rows[i]
             self._row_pos[slot] = pos0 + i
-        for head in range(self.n_layers if self.chained else 1):
-            llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
-            with self._head(head):
-                self._run(tokens, pos0, paired, output=False)
-        self.follow_passes += 1
+        if not self.shared:  # shared: the target's pass wrote the KV cache the head reads
+            for head in range(self.n_layers if self.chained else 1):
+                llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
+                with self._head(head):
+                    self._run(tokens, pos0, paired, output=False)
+            self.follow_passes += 1
         if pos0 <= self.valid:  # else a gap stays: positions the head did not follow
             self.valid = pos0 + n
 
@@ -235,10 +253,12 @@ class MtpHead:
     def _step(self, i: int, tokens: list[int], rows: list[np.ndarray], pos0: int) -> int:
         """Draft step ``i``'s MTP pass, token ``k`` paired with ``rows[k]``; the batch index of its output.
 
-        One head: the newest token at its position (the MTP cache holds the ones before). Chained heads: head
-        ``i`` over all of them from ``pos0`` (its layer holds no rows of the draft region)."""
+        One head: the newest token at its position (the MTP cache holds the ones before). Shared memory: the
+        newest token at ``pos0`` (the assistant was trained so: its attention reads the target's cache, which
+        holds the positions before ``pos0``). Chained heads: head ``i`` over all of them from ``pos0`` (its
+        layer holds no rows of the draft region)."""
         if not self.chained:
-            self._run(tokens[-1:], pos0 + i, rows[-1][None, :], output=True)
+            self._run(tokens[-1:], pos0 if self.shared else pos0 + i, rows[-1][None, :], output=True)
             return 0
         llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
         with self._head(i):
@@ -284,11 +304,57 @@ class MtpHead:
                 hint="the context may be full: try a larger n_ctx or a shorter prompt",
             )
 
+    @property
+    def weights_bytes(self) -> int:
+        """An assistant's weights (0 for the target's own MTP layers: they are part of its file)."""
+        return int(llama_cpp.llama_model_size(self.owned_model)) if self.owned_model else 0
+
     def close(self) -> None:
-        """Free the MTP context (before the target's model goes)."""
+        """Free the MTP context, and an assistant's model (before the target's model goes)."""
         if self._batch is not None:
             llama_cpp.llama_batch_ext_free(self._batch)
             self._batch = None
-        if self.ctx:
+        if getattr(self, "ctx", None):
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
+        if self.owned_model:
+            llama_cpp.llama_model_free(self.owned_model)
+            self.owned_model = None
+
+
+def assistant_head(
+    path: str, target_ctx: Any, *, n_gpu_layers: int, n_ctx: int, n_batch: int, n_threads: int
+) -> MtpHead:
+    """The MTP head of an assistant file (Gemma 4's): its model loaded, its context reading the target's
+    memory (llama.cpp links them through ``ctx_other``, as ``common_speculative_init_result`` does).
+
+    Args:
+        path: the assistant GGUF.
+        target_ctx: the target's ``llama_context``.
+        n_gpu_layers: layers on the GPU (-1: all), as the target's.
+        n_ctx, n_batch, n_threads: as :class:`MtpHead` takes them.
+
+    Returns:
+        The head (it frees the assistant's model when closed).
+
+    Raises:
+        LocalspecError: llama.cpp could not load the file or make its context, or the file does not read the
+            target's memory (it is not an assistant).
+    """
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = n_gpu_layers
+    model = llama_cpp.llama_model_load_from_file(path.encode(), params)
+    if not model:
+        raise LocalspecError(
+            f"llama.cpp could not load the MTP assistant {path}",
+            hint="check the file (`localspec pair TARGET ASSISTANT`), or draft with a small model of the "
+            "target's family",
+        )
+    head = MtpHead(model, target_ctx, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, owns_model=True)
+    if not head.shared:
+        head.close()
+        raise LocalspecError(
+            f"{path} does not read its target's memory: it is not an MTP assistant",
+            hint="give it as an ordinary draft model, or use the assistant published with the target",
+        )
+    return head

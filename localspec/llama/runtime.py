@@ -167,6 +167,7 @@ class Model:
         tensor_split: Sequence[float] | None = None,
         rollback_depth: int = 0,
         mtp: bool = False,
+        mtp_assistant: str | os.PathLike | None = None,
     ) -> None:
         """Load the model.
 
@@ -184,6 +185,8 @@ class Model:
                 ignored for a transformer and for architectures llama.cpp keeps no snapshots for.
             mtp: load the file's MTP (NextN) layers and make their context (:attr:`mtp`), which follows every
                 pass of this model (:mod:`localspec.llama.mtp`).
+            mtp_assistant: an MTP assistant file (Gemma 4's) to draft for this model instead of MTP layers of
+                its own: its head reads this model's KV cache (:func:`localspec.llama.mtp.assistant_head`).
 
         Raises:
             RpcError: a server that does not answer, or one lost while loading.
@@ -214,10 +217,12 @@ class Model:
             n_gpu_layers=n_gpu_layers,
             tensor_split=tensor_split,
             rollback_depth=rollback_depth,
-            mtp=mtp,
+            mtp=mtp and mtp_assistant is None,
         )
         self._read_back(said, devices, labels, n_gpu_layers=n_gpu_layers)
-        if mtp:
+        if mtp_assistant is not None:
+            self._start_mtp(n_threads, assistant=Path(mtp_assistant))
+        elif mtp:
             self._start_mtp(n_threads)
 
     def _place(
@@ -339,8 +344,12 @@ class Model:
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
         )
 
-    def _start_mtp(self, n_threads: int) -> None:
-        """Make the MTP context (the file must have MTP layers: a quant may have dropped them)."""
+    def _start_mtp(self, n_threads: int, assistant: Path | None = None) -> None:
+        """Make the MTP context: of this file's MTP layers (a quant may have dropped them), or of an
+        ``assistant`` file that reads this model's memory."""
+        if assistant is not None:
+            self._start_assistant(n_threads, assistant)
+            return
         if mtp_layers.layer_count(self.model) == 0:
             self.close()
             raise GGUFError(
@@ -361,6 +370,25 @@ class Model:
                 raise
         self._mtp_cache_bytes = cache_bytes_logged(said.lines)
 
+    def _start_assistant(self, n_threads: int, assistant: Path) -> None:
+        """The MTP head of an assistant file; it reads this model's KV cache, so it adds none."""
+        with quiet_stderr():
+            try:
+                self.mtp = self._call(
+                    lambda: mtp_layers.assistant_head(
+                        str(assistant),
+                        self.ctx,
+                        n_gpu_layers=self.n_gpu_layers,
+                        n_ctx=self.n_ctx,
+                        n_batch=self.n_batch,
+                        n_threads=n_threads,
+                    )
+                )
+            except LocalspecError:
+                self.close()
+                raise
+        self._mtp_cache_bytes = 0
+
     def follow_mtp(self, on: bool) -> None:
         """Whether this model's passes feed its MTP head (nothing without one): off, they cost nothing more
         (a strategy that does not draft with it), and the head evaluates what it missed when it drafts
@@ -370,8 +398,9 @@ class Model:
             self._call(lambda: head.set_following(on))
 
     def mtp_bytes(self) -> int:
-        """Memory the MTP head adds: its context's KV cache as llama.cpp allocated it (0 without MTP). Its
-        weights are part of the file, and of :attr:`weights_bytes` once loaded."""
+        """Memory the MTP head adds: its context's KV cache as llama.cpp allocated it (0 without MTP, and for
+        an assistant, which reads this model's). Its weights are part of the file, and of
+        :attr:`weights_bytes` once loaded; an assistant's are its own (``mtp.weights_bytes``)."""
         if self.mtp is None:
             return 0
         if self._mtp_cache_bytes is not None:

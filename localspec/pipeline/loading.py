@@ -17,7 +17,7 @@ from typing import Any
 
 from localspec import constants
 from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
-from localspec.gguf.pairing import check_pair
+from localspec.gguf.pairing import check_pair, is_mtp_assistant
 from localspec.pipeline.pipeline import Pipeline
 from localspec.pipeline.results import GenerationResult
 from localspec.settings import LOOKUP_N_MAX, STRATEGY_BY_NAME, SUFFIX_STRATEGIES, DraftSettings
@@ -258,7 +258,8 @@ def _plan_settings(plan: _LoadPlan, *, strategy: str | None, n_max: int | None, 
     if n_max is None and strategy in SUFFIX_STRATEGIES and not plan.settings.uses_suffix:
         n_max = LOOKUP_N_MAX  # the suffix cache sizes its own drafts; n_max only bounds one pass
     plan.settings = plan.settings.with_overrides(strategy=strategy, n_max=n_max, **overrides)
-    if not plan.settings.may_use_model and plan.draft is not None:
+    keeps_assistant = plan.settings.uses_mtp and plan.draft is not None and is_mtp_assistant(plan.draft)
+    if not plan.settings.may_use_model and plan.draft is not None and not keeps_assistant:
         plan.note += f" (strategy {plan.settings.strategy}: draft model not loaded)"
         plan.draft = None
     if not plan.note:

@@ -43,6 +43,7 @@ from localspec.settings import (
     LOOKUP_N_MAX,
     SUFFIX_STRATEGIES,
     DraftSettings,
+    mtp_counterpart,
 )
 from localspec.suffix.cache import SuffixCache
 from localspec.suffix.calibration import TOKEN_WEIGHT, Cell, TokenCell
@@ -52,9 +53,12 @@ from localspec.suffix.store_files import store_path
 
 def _settings_for(info: PairInfo, settings: DraftSettings | None) -> DraftSettings:
     """A pipeline's settings: the ones given (a draft model strategy only with a draft model), else the draft
-    model when the pair has one, else the target alone."""
+    model when the pair has one, else the target alone. With an MTP assistant for the draft, a draft model
+    strategy drafts with it as the target's MTP layers (``model+suffix`` runs ``mtp+suffix``)."""
     if settings is None:
         settings = DraftSettings(strategy="model" if info.draft_path is not None else "none")
+    if info.assistant:
+        settings = settings.with_overrides(strategy=mtp_counterpart(settings.strategy))
     if settings.uses_model and info.draft_path is None:
         raise SettingsError(
             f"strategy {settings.strategy!r} needs a draft model, and none was given",
@@ -181,7 +185,9 @@ class Pipeline:
         """The target (with its MTP layers for an MTP strategy, and for ``auto`` when the file has them: it
         weighs them against the draft model), and what it costs in ``mem``."""
         threads, gpu_layers, _ = self._load_facts
-        mtp = self.settings.uses_mtp or (self.settings.kind.routed and self._file_has_mtp())
+        info = self.info
+        routed = self.settings.kind.routed
+        mtp = self.settings.uses_mtp or (routed and (info.assistant or self._file_has_mtp()))
         target = Model(
             self.info.target_path,
             n_ctx=n_ctx,
@@ -191,11 +197,14 @@ class Pipeline:
             tensor_split=tensor_split,
             rollback_depth=depth,
             mtp=mtp,
+            mtp_assistant=info.draft_path if mtp and info.assistant else None,
         )
         mem.rss_after_target_bytes = rss_bytes()
         mem.target_weights_bytes = target.weights_bytes
         mem.target_kv_bytes = target.kv_bytes()
-        if target.mtp is not None:  # the MTP layers are the drafter: their memory is the draft's
+        if target.mtp is not None and info.assistant:  # its weights only: it reads the target's KV cache
+            mem.draft_weights_bytes = target.mtp.weights_bytes
+        elif target.mtp is not None:  # the MTP layers are the drafter: their memory is the draft's
             mem.draft_weights_bytes = mtp_weights_bytes(read_metadata(self.info.target_path))
             mem.target_weights_bytes -= mem.draft_weights_bytes
             mem.draft_kv_bytes = target.mtp_bytes()
@@ -227,7 +236,7 @@ class Pipeline:
                     f"(at most {target.max_draft} drafts: llama.cpp's batch is {target.n_batch})",
                     hint=f"use n_max {target.max_draft} or less, or a larger n_ctx",
                 )
-            if self.info.draft_path is None:
+            if self.info.draft_path is None or self.info.assistant:  # an assistant drafts as MTP layers
                 return None
             draft = Model(
                 self.info.draft_path,
@@ -542,6 +551,8 @@ class Pipeline:
         if strategy is not None and n_max is None and strategy in SUFFIX_STRATEGIES:
             if not self.settings.uses_suffix:  # switching to the suffix cache: it sizes its own drafts
                 n_max = min(LOOKUP_N_MAX, self.max_draft)
+        if strategy is not None and self.info.assistant:  # the assistant drafts as MTP layers
+            strategy = mtp_counterpart(strategy)
         settings = self.settings.with_overrides(
             strategy="none" if baseline else strategy, n_max=n_max, **overrides
         )
@@ -555,12 +566,18 @@ class Pipeline:
         """The running stats of one generation, before its first token."""
         return GenerationStats(
             strategy=settings.strategy,
-            draft_name=(self.info.draft_path.name if self.info.draft_path and settings.uses_model else None),
+            draft_name=self._draft_name(settings),
             pairing_note=self.info.note,
             memory=self.memory,
             placement=self.placement,
             route=chosen,
         )
+
+    def _draft_name(self, settings: DraftSettings) -> str | None:
+        """The draft file ``settings`` draft with: the draft model's, or an MTP assistant's."""
+        path, assistant = self.info.draft_path, self.info.assistant
+        drafts = settings.uses_model or (settings.uses_mtp and assistant)
+        return path.name if path is not None and drafts else None
 
     def check_fits(self, n: int, max_tokens: int) -> None:
         """A prompt of ``n`` tokens plus ``max_tokens`` within the context, else ContextOverflowError."""
