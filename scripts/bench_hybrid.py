@@ -11,15 +11,20 @@ length, p-min 0), and the ratio. Medians over repeats.
 With ``--mtp``: MTP drafting instead, on qwen35 files with an MTP block (a random head, and one fitted to the
 target: tests/_mtp_model.py), against llama.cpp's ``--spec-type draft-mtp`` on the same files.
 
+With ``--assistant``: Gemma 4's shared-memory MTP instead: a tiny gemma4 target and gemma4-assistant drafters
+(random, and fitted to the target: tests/_gemma4_model.py), against llama.cpp's ``--spec-type draft-mtp -md``.
+
 With ``--wide``: the target is made as costly per token as a real model (tests/_arch_models.py ``widen``:
 FFN width 16384 and 16 layers, about 830 MB of F32, tens of ms a token on two cores) while computing the
 same function, so that the loops' own overhead no longer decides the ratio; the drafts stay tiny (seed 2:
 other weights; seed 1: the narrow twin, whose tokens are the target's). qwen35 (snapshots) and
-granitehybrid (checkpoints); with ``--mtp``, qwen35 with the MTP block on the wide file.
+granitehybrid (checkpoints); with ``--mtp``, qwen35 with the MTP block on the wide file; with ``--assistant``,
+a gemma4 of FFN width 16384 and 32 layers (about 810 MB of F32).
 
     python scripts/bench_hybrid.py --peer /path/to/llama-speculative-simple --json out.json
     python scripts/bench_hybrid.py --mtp --peer /path/to/llama-speculative-simple --json mtp.json
     python scripts/bench_hybrid.py --wide --peer /path/to/llama-speculative-simple --json wide.json
+    python scripts/bench_hybrid.py --assistant --wide --peer /path/to/llama-speculative-simple
     python scripts/bench_hybrid.py --from-json docs/results/hybrid-rollback.json   (the table again)
 """
 
@@ -65,10 +70,15 @@ def write(folder: Path, arch: str, seed: int) -> Path:
     return (sorted(out.glob("*-dense.gguf")) or sorted(out.glob("*.gguf")))[0]
 
 
-def ours(target: Path, draft: Path | None, n_max: int, tokens: int, threads: int) -> dict:
+#: A case: the arch label, the target, the draft's label, the draft file (None: the target's MTP layers), and
+#: whether it drafts through MTP (the target's layers, or an MTP assistant file).
+Case = tuple[str, Path, str, Path | None, bool]
+
+
+def ours(target: Path, draft: Path | None, mtp: bool, n_max: int, tokens: int, threads: int) -> dict:
     """One localspec run: tokens/s, rollback seconds per drafting round, replayed tokens, acceptance.
-    ``draft`` None: the target's MTP layers draft."""
-    strategy = "mtp" if draft is None else "model"
+    ``mtp``: drafting through MTP (``draft`` None: the target's MTP layers; else an MTP assistant)."""
+    strategy = "mtp" if mtp else "model"
     with localspec.load(
         target,
         draft or "none",
@@ -93,12 +103,12 @@ def ours(target: Path, draft: Path | None, n_max: int, tokens: int, threads: int
         }
 
 
-def theirs(binary: Path, target: Path, draft: Path | None, n_max: int, tokens: int, threads: int) -> dict:
-    """llama.cpp's own speculative loop on the same files: its decode speed and acceptance (``draft`` None:
-    ``--spec-type draft-mtp``)."""
-    spec = (
-        ["--spec-type", "draft-mtp"] if draft is None else ["--spec-type", "draft-simple", "-md", str(draft)]
-    )
+def theirs(
+    binary: Path, target: Path, draft: Path | None, mtp: bool, n_max: int, tokens: int, threads: int
+) -> dict:
+    """llama.cpp's own speculative loop on the same files: its decode speed and acceptance (``mtp``:
+    ``--spec-type draft-mtp``, with ``-md`` for an assistant)."""
+    spec = ["--spec-type", "draft-mtp" if mtp else "draft-simple"] + (["-md", str(draft)] if draft else [])
     cmd = [
         str(binary), "-m", str(target), "-p", PROMPT, *spec,
         "-n", str(tokens), "-t", str(threads), "--temp", "0",
@@ -131,26 +141,33 @@ def cpu_name() -> str:
 
 
 def table(rows: list[dict], machine: str) -> str:
-    """The Markdown table of a run."""
+    """The Markdown table of a run (with llama.cpp's acceptance when the run recorded it)."""
+    theirs_accepted = any("llama_cpp_acceptance" in r for r in rows)
+    extra = " llama.cpp accepted |" if theirs_accepted else ""
     lines = [
         machine,
         "",
-        "| arch | draft | accepted | rollback ms | replayed | round ms | tok/s | llama.cpp | ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| arch | draft | accepted | rollback ms | replayed | round ms | tok/s | llama.cpp |"
+        + extra
+        + " ratio |",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if theirs_accepted else ""),
     ]
     for r in rows:
         theirs_s = f"{r['llama_cpp_tok_s']:.0f}" if "ratio" in r else "-"
         ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
+        accepted = f" {r['llama_cpp_acceptance']:.0%} |" if "llama_cpp_acceptance" in r else " - |"
         lines.append(
             f"| {r['arch']} | {r['draft']} | {r['acceptance']:.0%} | {r['rollback_ms_per_round']:.3f} | "
-            f"{r['replayed_per_round']:.2f} | {r['round_ms']:.2f} | {r['tok_s']:.0f} | {theirs_s} | {ratio} |"
+            f"{r['replayed_per_round']:.2f} | {r['round_ms']:.2f} | {r['tok_s']:.0f} | {theirs_s} |"
+            f"{accepted if theirs_accepted else ''} {ratio} |"
         )
     return "\n".join(lines)
 
 
-def cases(folder: Path, args: argparse.Namespace) -> list[tuple[str, Path, str, Path | None]]:
+def cases(folder: Path, args: argparse.Namespace) -> list[Case]:
     """What to run: per architecture a draft of other weights and the target itself; with ``--mtp``, qwen35
-    files whose MTP head is random and fitted (tests/_mtp_model.py), drafting with it (draft None)."""
+    files whose MTP head is random and fitted (tests/_mtp_model.py), drafting with it (draft None); with
+    ``--assistant``, a gemma4 target with random and fitted assistants (tests/_gemma4_model.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from _arch_models import widen  # test fixtures: the same files the tests run
 
@@ -158,28 +175,38 @@ def cases(folder: Path, args: argparse.Namespace) -> list[tuple[str, Path, str, 
         out = folder / f"{arch}-wide.gguf"
         return widen(write(folder, arch, 1), out, n_ff=WIDE_FF, copies=WIDE_COPIES)
 
+    if args.assistant:
+        from _gemma4_model import gemma4_assistant, gemma4_target
+
+        shape = {"n_ff": WIDE_FF, "n_layer": 32} if args.wide else {}
+        target = gemma4_target(folder, **shape)
+        label = "wide gemma4" if args.wide else "gemma4"
+        return [
+            (label, target, f"assistant ({kind})", gemma4_assistant(folder, target, kind), True)
+            for kind in ("random", "token")
+        ]
     if args.mtp:
         from _mtp_model import mtp_model
 
         base = wide("qwen35") if args.wide else None
         label = "wide qwen35" if args.wide else "qwen35"
         return [
-            (label, mtp_model(folder, kind, base=base), f"MTP head ({kind})", None)
+            (label, mtp_model(folder, kind, base=base), f"MTP head ({kind})", None, True)
             for kind in ("random", "token")
         ]
-    out: list[tuple[str, Path, str, Path | None]] = []
+    out: list[Case] = []
     if args.wide:
         archs = WIDE_ARCHS if args.archs == ",".join(ARCHS) else tuple(args.archs.split(","))
         for arch in archs:
             target, other, twin = wide(arch), write(folder, arch, 2), write(folder, arch, 1)
             out += [
-                (f"wide {arch}", target, "other weights", other),
-                (f"wide {arch}", target, "narrow twin", twin),
+                (f"wide {arch}", target, "other weights", other, False),
+                (f"wide {arch}", target, "narrow twin", twin, False),
             ]
         return out
     for arch in args.archs.split(","):
         target, other = write(folder, arch, 1), write(folder, arch, 2)
-        out += [(arch, target, "other weights", other), (arch, target, "itself", target)]
+        out += [(arch, target, "other weights", other, False), (arch, target, "itself", target, False)]
     return out
 
 
@@ -195,6 +222,9 @@ def main() -> int:
         "--mtp", action="store_true", help="MTP drafting on qwen35 files with an MTP block instead"
     )
     ap.add_argument(
+        "--assistant", action="store_true", help="Gemma 4's shared-memory MTP: gemma4 + assistant files"
+    )
+    ap.add_argument(
         "--wide", action="store_true", help="targets widened to a real model's cost per token (see above)"
     )
     ap.add_argument("--json", type=Path)
@@ -206,12 +236,12 @@ def main() -> int:
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for arch, target, label, draft in cases(Path(tmp), args):
+        for arch, target, label, draft, mtp in cases(Path(tmp), args):
             runs: dict[str, list[dict]] = {"ours": [], "theirs": []}
             for _ in range(args.repeats):  # interleaved: a slow spell touches both alike
-                runs["ours"].append(ours(target, draft, args.n_max, args.tokens, args.threads))
+                runs["ours"].append(ours(target, draft, mtp, args.n_max, args.tokens, args.threads))
                 if args.peer:
-                    peer_run = theirs(args.peer, target, draft, args.n_max, args.tokens, args.threads)
+                    peer_run = theirs(args.peer, target, draft, mtp, args.n_max, args.tokens, args.threads)
                     runs["theirs"].append(peer_run)
             row: dict[str, object] = {"arch": arch, "draft": label}
             for key in ("tok_s", "rollback_ms_per_round", "replayed_per_round", "round_ms", "acceptance"):
@@ -219,6 +249,9 @@ def main() -> int:
             if runs["theirs"]:
                 theirs_tok_s = statistics.median(r["tok_s"] for r in runs["theirs"])
                 row["llama_cpp_tok_s"] = theirs_tok_s
+                accepted = [r["acceptance"] for r in runs["theirs"] if r["acceptance"] is not None]
+                if accepted:  # its text may differ from ours where logits are near ties (batch splits)
+                    row["llama_cpp_acceptance"] = statistics.median(accepted)
                 row["ratio"] = statistics.median(r["tok_s"] for r in runs["ours"]) / theirs_tok_s
                 each = [a["tok_s"] / b["tok_s"] for a, b in zip(runs["ours"], runs["theirs"], strict=True)]
                 row["ratio_range"] = [min(each), max(each)]  # repeat by repeat: how far noise moves it

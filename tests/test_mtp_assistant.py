@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _arch_models import unrendered_tables
 from _chi2 import chi2_pvalue
 from _gemma4_model import gemma4_assistant, gemma4_target
 from click.testing import CliRunner
@@ -171,6 +172,12 @@ def test_export_gives_llama_server_the_assistant_file(files):
     assert '"method":"mtp"' in res.output
 
 
+def test_the_published_assistant_tables_are_their_result_files():
+    """docs/mtp.md's assistant tables are what `bench_hybrid.py --from-json` prints from the committed
+    runs."""
+    assert unrendered_tables("mtp.md", ("mtp-assistant.json", "mtp-assistant-wide.json")) == []
+
+
 def test_run_and_pair_with_an_assistant_from_the_command_line(files):
     target, assistant = str(files["target"]), str(files["token"])
     args = ["run", "-t", target, "-d", assistant, "-n", "16", "--threads", "2", "hello"]
@@ -179,4 +186,10 @@ def test_run_and_pair_with_an_assistant_from_the_command_line(files):
     assert "mtp" in res.output and "draft memory +" in res.output
     res = CliRunner().invoke(main, ["pair", target, assistant, "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)
+    out = json.loads(res.output)
+    assert out["draft_is_mtp_assistant"] and out["draft_usable"] and out["verdict"] == "identical"
+    res = CliRunner().invoke(main, ["pair", target, assistant])
+    assert res.exit_code == 0 and "an MTP assistant: it drafts as the target's MTP layers" in res.output
+    assert "2 MTP layers reading a gemma4 target's memory" in res.output and "dropped" not in res.output
+    res = CliRunner().invoke(main, ["pair", assistant, target])  # swapped: it says the assistant cannot
+    assert "cannot run as a target: an MTP assistant" in res.output
