@@ -43,7 +43,8 @@ from localspec.gguf.vocab import (
     usability,
 )
 
-CACHE_VERSION = 3  # 2: entries keyed on mode too, errors never cached; 3: memory kind and MTP layers
+CACHE_VERSION = 4  # 2: entries keyed on mode too, errors never cached; 3: memory kind and MTP layers; 4: MTP
+# assistants' layers
 SWEET_SPOT = (5.0, 20.0)  # target params / draft params
 _VERDICT_RANK = {"identical": 0, "compatible": 1, "compatible-with-mask": 2}
 _SIZE_WORDS = re.compile(r"[-_. ]?(\d+(\.\d+)?[bBmM]|instruct|chat|base|it|gguf|q\d\w*|f16|bf16)\b", re.I)
@@ -78,6 +79,9 @@ class ModelInfo:
         """What the file says of MTP (NextN) layers, the drafter some families ship inside the model."""
         if not self.mtp_declared:
             return None
+        assistant_for = MTP_ASSISTANT_ARCHS.get(self.architecture or "")
+        if assistant_for:
+            return f"{self.mtp_present} MTP layers reading a {assistant_for} target's memory (MTP assistant)"
         if not self.mtp_present:
             return f"declares {self.mtp_declared} MTP layer(s), but this quant dropped their weights"
         if self.mtp_present > 1:  # llama.cpp's chained heads

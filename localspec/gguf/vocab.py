@@ -144,8 +144,11 @@ def mtp_layers(meta: GGUFMetadata) -> tuple[int, int]:
     """
     declared = meta.kv.get(f"{meta.architecture}.nextn_predict_layers")
     declared = declared if isinstance(declared, int) and not isinstance(declared, bool) else 0
+    assistant = meta.architecture in MTP_ASSISTANT_ARCHS  # every block of an assistant is an MTP layer
     blocks = {
-        t.name.split(".")[1] for t in meta.tensors or () if ".nextn." in t.name and t.name.startswith("blk.")
+        t.name.split(".")[1]
+        for t in meta.tensors or ()
+        if t.name.startswith("blk.") and (assistant or ".nextn." in t.name)
     }
     return max(0, declared), len(blocks)
 
