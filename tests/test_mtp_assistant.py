@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import localspec
 from localspec.cli import main
-from localspec.errors import IncompatiblePairError, UnusableModelError
+from localspec.errors import IncompatiblePairError, SettingsError, UnusableModelError
 from localspec.gguf.pairing import check_pair
 from localspec.gguf.scan import find_drafts, inspect
 from localspec.hub.export import llama_server
@@ -149,6 +149,12 @@ def test_pairing_says_what_an_assistant_is_and_what_it_fits(files, tmp_path):
     assert ranked[0].fits and ranked[0].model.path in {str(files["random"]), str(files["token"])}
     assert "MTP assistant made for this architecture" in ranked[0].why
     assert not [r for r in find_drafts(other, [files["target"].parent]) if r.fits and "assistant" in r.why]
+
+
+def test_an_assistant_with_the_target_on_rpc_servers_is_refused_before_anything_loads(files):
+    with pytest.raises(SettingsError, match="MTP assistant, which reads the target's KV cache") as exc:
+        _load(files, "token", rpc="127.0.0.1:9")  # nothing listens there: refused before connecting
+    assert "--rpc" in (exc.value.hint or "")
 
 
 def test_auto_pairing_finds_the_assistant_and_auto_routes_to_it(files):

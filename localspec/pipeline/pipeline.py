@@ -118,6 +118,13 @@ class Pipeline:
     ) -> None:
         self.info = info
         servers = parse_endpoints(rpc) if rpc else []  # the target's layers there (llama/rpc.py)
+        if servers and info.assistant:  # its attention would read a KV cache held on other machines
+            name = info.draft_path.name if info.draft_path else "the draft"
+            raise SettingsError(
+                f"{name} is an MTP assistant, which reads the target's KV cache: localspec runs it only with "
+                "the target on this machine",
+                hint="run without --rpc, or with the target on rpc-servers draft with ngram or a draft model",
+            )
         store_path(".", "0" * 16, store_namespace)  # a namespace no file can be named by: refused now
         corpus_folder = Path(corpus).expanduser() if corpus else None
         self._costs: MachineCosts | None = None
