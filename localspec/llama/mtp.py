@@ -186,19 +186,19 @@ class MtpHead:
                 hint="draft with a small model of the same family instead (--draft PATH), or with ngram",
             )
         rows = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))
-        paired = np.empty((n, self.n_embd), dtype=np.float32)
-        paired[0] = self._row_before(pos0)
-        paired[1:] = rows[:-1]
-        for i in range(max(0, n - ROWS_KEPT), n):
-            slot = (pos0 + i) % ROWS_KEPT
-            self._rows[slot] = rows[i]
-            self._row_pos[slot] = pos0 + i
         if not self.shared:  # shared: the target's pass wrote the KV cache the head reads
+            paired = np.empty((n, self.n_embd), dtype=np.float32)
+            paired[0] = self._row_before(pos0)  # before the rows below overwrite a slot of the ring
+            paired[1:] = rows[:-1]
             for head in range(self.n_layers if self.chained else 1):
                 llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
                 with self._head(head):
                     self._run(tokens, pos0, paired, output=False)
             self.follow_passes += 1
+        for i in range(max(0, n - ROWS_KEPT), n):
+            slot = (pos0 + i) % ROWS_KEPT
+            self._rows[slot] = rows[i]
+            self._row_pos[slot] = pos0 + i
         if pos0 <= self.valid:  # else a gap stays: positions the head did not follow
             self.valid = pos0 + n
 
