@@ -13,15 +13,12 @@ import re
 import numpy as np
 import pytest
 from _arch_models import RECURRENT_FIXTURES, unrendered_tables, vendored_arch_source, write_model
-from _chi2 import chi2_pvalue
+from _chi2 import second_token_pvalue
+from _dummy_runs import MAX_TOKENS, PROMPT
 
 import localspec
 from localspec.gguf import vocab
 from localspec.llama.runtime import Model
-
-#: A prompt of the dummy vocabulary's ids that repeats, so lookups find what follows.
-PROMPT = [1, 5, 9, 17, 33, 2, 7, 60, 61, 62, 5, 9, 17, 33, 2, 7, 60, 61, 62, 5, 9]
-MAX_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
@@ -155,14 +152,8 @@ def test_sampling_from_a_hybrid_target_keeps_its_distribution(models):
     """The second sampled token after a prompt (the first may be an accepted draft, the second comes after
     a rollback as often as not), with drafting and without: the same distribution."""
     target, other = models["qwen35"]
-    n = 300
-    samples: dict[str, list[int]] = {"base": [], "spec": []}
     with localspec.load(target, other, n_ctx=256, n_threads=2, n_max=3, suffix_store=False) as pipe:
-        for mode, kw in (("base", {"baseline": True}), ("spec", {"strategy": "model", "adaptive": False})):
-            for seed in range(n):
-                out = list(pipe.stream_tokens(PROMPT, max_tokens=2, temperature=1.0, seed=seed, **kw))
-                samples[mode].append(out[-1].token)
-    assert chi2_pvalue(samples["base"], samples["spec"]) > 0.001
+        assert second_token_pvalue(pipe, PROMPT, {"strategy": "model", "adaptive": False}) > 0.001
 
 
 def test_scan_pair_and_the_pair_card_say_how_drafts_roll_back(models):

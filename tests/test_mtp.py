@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import pytest
 from _arch_models import unrendered_tables, write_model
-from _chi2 import chi2_pvalue
+from _chi2 import second_token_pvalue
+from _dummy_runs import PROMPT, argmax_run, first_position_rate
 from _mtp_model import mtp_model
 
 import localspec
 from localspec.errors import GGUFError, LocalspecError
-
-#: A prompt of the dummy vocabulary's ids that repeats, so lookups find what follows.
-PROMPT = [1, 5, 9, 17, 33, 2, 7, 60, 61, 62, 5, 9, 17, 33, 2, 7, 60, 61, 62, 5, 9]
-MAX_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
@@ -31,57 +28,41 @@ def _load(path, strategy="mtp", **kw):
     return localspec.load(path, "none", strategy=strategy, n_ctx=256, n_threads=2, suffix_store=False, **kw)
 
 
-def _run(pipe, strategy, **kw):
-    pipe.trace = trace = []
-    try:
-        out = list(pipe.stream_tokens(PROMPT, max_tokens=MAX_TOKENS, strategy=strategy, **kw))
-    finally:
-        pipe.trace = None
-    assert trace and all(tok == argmax for tok, _, argmax, _ in trace), (
-        f"{strategy}: every emitted token must be the verifying pass's argmax"
-    )
-    return [r.token for r in out], out[-1].stats
-
-
-def _first_position_rate(stats) -> float:
-    return stats.accepted_by_position[0] / max(1, stats.drafted_by_position[0])
-
-
 @pytest.mark.parametrize("kind", ["random", "token"])
 def test_mtp_drafts_are_lossless_for_every_mtp_strategy(files, kind):
     got = {}
     with _load(files[kind]) as pipe:
         for strategy in ("mtp", "mtp+ngram", "mtp+suffix"):
-            got[strategy], stats = _run(pipe, strategy, adaptive=False, p_min=0.0)
+            got[strategy], stats = argmax_run(pipe, strategy, adaptive=False, p_min=0.0)
             assert stats.drafted > 0
             if strategy == "mtp":
                 assert set(stats.drafted_by_source) == {"mtp"}
         assert pipe._target.rollback.resets == 0  # every rejected draft went back through a snapshot or copy
-        base, _ = _run(pipe, "none", baseline=True)
+        base, _ = argmax_run(pipe, "none", baseline=True)
     for strategy, ids in got.items():
         assert ids == base, f"{kind} {strategy}: not the target's own tokens"
 
 
 def test_a_fitted_head_is_accepted_on_its_domain_and_also_rejected(files):
     with _load(files["token"]) as pipe:
-        _, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
-    assert _first_position_rate(stats) >= 0.5
+        _, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
+    assert first_position_rate(stats) >= 0.5
     assert stats.accepted < stats.drafted  # rejections too: the head is wrong for 1 token in 4
     assert max(i for i, a in enumerate(stats.accepted_by_position) if a) == 3  # whole drafts accepted
 
 
 def test_a_random_head_is_rejected(files):
     with _load(files["random"]) as pipe:
-        _, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
-    assert _first_position_rate(stats) < 0.2
+        _, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
+    assert first_position_rate(stats) < 0.2
 
 
 def test_the_head_reads_the_target_hidden_row_of_the_position_before(files):
     """A head that reads only the hidden row answers right only when the driver pairs the pending token with
     the target's row of the position before it (a zero, stale or shifted row gives chance level: 1 in ~80)."""
     with _load(files["hidden"]) as pipe:
-        _, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
-    assert _first_position_rate(stats) >= 0.25
+        _, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
+    assert first_position_rate(stats) >= 0.25
 
 
 def test_other_strategies_on_an_mtp_pipeline_and_back(files):
@@ -89,25 +70,19 @@ def test_other_strategies_on_an_mtp_pipeline_and_back(files):
     head evaluates what it missed and is as good as before."""
     with _load(files["token"]) as pipe:
         head = pipe._target.mtp
-        _, first = _run(pipe, "mtp", adaptive=False, p_min=0.0)
+        _, first = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
         followed = head.follow_passes
-        base, _ = _run(pipe, "none", baseline=True)
-        ids, _ = _run(pipe, "ngram", adaptive=False)
+        base, _ = argmax_run(pipe, "none", baseline=True)
+        ids, _ = argmax_run(pipe, "ngram", adaptive=False)
         assert head.follow_passes == followed and ids == base
-        ids, again = _run(pipe, "mtp", adaptive=False, p_min=0.0)
+        ids, again = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
         assert ids == base
-        assert _first_position_rate(again) >= 0.5
+        assert first_position_rate(again) >= 0.5
 
 
 def test_sampling_with_mtp_keeps_the_target_distribution(files):
-    n = 300
-    samples: dict[str, list[int]] = {"base": [], "spec": []}
     with _load(files["token"]) as pipe:
-        for mode, kw in (("base", {"baseline": True}), ("spec", {"strategy": "mtp", "adaptive": False})):
-            for seed in range(n):
-                out = list(pipe.stream_tokens(PROMPT, max_tokens=2, temperature=1.0, seed=seed, **kw))
-                samples[mode].append(out[-1].token)
-    assert chi2_pvalue(samples["base"], samples["spec"]) > 0.001
+        assert second_token_pvalue(pipe, PROMPT, {"strategy": "mtp", "adaptive": False}) > 0.001
 
 
 def test_the_memory_line_shows_the_mtp_layers_and_their_cache(files):
@@ -185,10 +160,10 @@ def test_drafts_longer_than_the_snapshots_go_back_through_checkpoints(files):
     with _load(files["token"], n_max=2) as pipe:  # the pipeline's own n_max sizes the snapshots
         model = pipe._target
         assert model.n_rs_seq == 2
-        ids, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0, n_max=6)
+        ids, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0, n_max=6)
         assert model.rollback.saves > 0 and model.rollback.restores > 0 and stats.replayed_tokens > 0
-        assert _first_position_rate(stats) >= 0.5
-        base, _ = _run(pipe, "none", baseline=True)
+        assert first_position_rate(stats) >= 0.5
+        base, _ = argmax_run(pipe, "none", baseline=True)
     assert ids == base
 
 
@@ -212,12 +187,12 @@ def test_auto_runs_the_mtp_layers_of_a_file_that_has_them_and_then_as_measured(f
     lookups) while their controller measures; later requests go as it measured. Lossless either way."""
     with _load(files["token"], strategy="auto", n_max=None) as pipe:
         assert pipe._target.mtp is not None
-        first, stats = _run(pipe, "auto")
+        first, stats = argmax_run(pipe, "auto")
         assert stats.route is not None and stats.route.strategy == stats.strategy == "mtp+suffix"
         assert "not measured yet" in stats.route.reason
-        again, stats = _run(pipe, "auto")
+        again, stats = argmax_run(pipe, "auto")
         assert stats.route is not None and "as measured on earlier requests" in stats.route.reason
-        base, _ = _run(pipe, "none", baseline=True)
+        base, _ = argmax_run(pipe, "none", baseline=True)
     assert first == again == base
 
 
@@ -260,9 +235,9 @@ def test_chained_heads_draft_one_head_per_step(tmp_path):
     finally:
         model.close()
     with _load(path) as pipe:
-        ids, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
+        ids, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
         assert stats.drafted > 0 and max(i for i, d in enumerate(stats.drafted_by_position) if d) == 1
-        base, _ = _run(pipe, "none", baseline=True)
+        base, _ = argmax_run(pipe, "none", baseline=True)
     assert ids == base
 
 
@@ -284,8 +259,8 @@ def test_auto_with_a_draft_model_weighs_the_mtp_layers_too(files, tmp_path):
         files["token"], draft, strategy="auto", n_ctx=256, n_threads=2, suffix_store=False
     ) as pipe:
         assert pipe._target.mtp is not None and pipe._draft is not None
-        runs = [_run(pipe, "auto") for _ in range(3)]
-        base, _ = _run(pipe, "none", baseline=True)
+        runs = [argmax_run(pipe, "auto") for _ in range(3)]
+        base, _ = argmax_run(pipe, "none", baseline=True)
     assert all(ids == base for ids, _ in runs)
     chosen = [stats.strategy for _, stats in runs]
     assert "mtp+suffix" in chosen[:2], chosen  # the MTP layers were tried before the choice settled

@@ -11,7 +11,8 @@ import json
 
 import pytest
 from _arch_models import unrendered_tables
-from _chi2 import chi2_pvalue
+from _chi2 import second_token_pvalue
+from _dummy_runs import PROMPT, argmax_run, first_position_rate
 from _gemma4_model import gemma4_assistant, gemma4_target
 from click.testing import CliRunner
 
@@ -22,10 +23,6 @@ from localspec.gguf.pairing import check_pair
 from localspec.gguf.scan import find_drafts, inspect
 from localspec.hub.export import llama_server
 from localspec.settings import DraftSettings
-
-#: A prompt of the dummy vocabulary's ids that repeats, so lookups find what follows.
-PROMPT = [1, 5, 9, 17, 33, 2, 7, 60, 61, 62, 5, 9, 17, 33, 2, 7, 60, 61, 62, 5, 9]
-MAX_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
@@ -41,22 +38,6 @@ def _load(files, kind, **kw):
     return localspec.load(files["target"], files[kind], n_ctx=256, n_threads=2, suffix_store=False, **kw)
 
 
-def _run(pipe, strategy, **kw):
-    pipe.trace = trace = []
-    try:
-        out = list(pipe.stream_tokens(PROMPT, max_tokens=MAX_TOKENS, strategy=strategy, **kw))
-    finally:
-        pipe.trace = None
-    assert trace and all(tok == argmax for tok, _, argmax, _ in trace), (
-        f"{strategy}: every emitted token must be the verifying pass's argmax"
-    )
-    return [r.token for r in out], out[-1].stats
-
-
-def _first_position_rate(stats) -> float:
-    return stats.accepted_by_position[0] / max(1, stats.drafted_by_position[0])
-
-
 @pytest.mark.parametrize("kind", ["random", "token"])
 def test_assistant_drafts_are_lossless_for_every_mtp_strategy(files, kind):
     got = {}
@@ -65,25 +46,25 @@ def test_assistant_drafts_are_lossless_for_every_mtp_strategy(files, kind):
         head = pipe._target.mtp
         assert head is not None and head.shared and not head.chained
         for strategy in ("mtp", "mtp+ngram", "mtp+suffix", "model"):  # "model" runs the assistant too
-            got[strategy], stats = _run(pipe, strategy, adaptive=False, p_min=0.0)
+            got[strategy], stats = argmax_run(pipe, strategy, adaptive=False, p_min=0.0)
             assert stats.drafted > 0 and stats.draft_name == files[kind].name
             if strategy in ("mtp", "model"):
                 assert stats.strategy == "mtp" and set(stats.drafted_by_source) == {"mtp"}
         assert head.follow_passes == 0  # it reads the target's own cache: nothing follows the passes
-        base, _ = _run(pipe, "none", baseline=True)
+        base, _ = argmax_run(pipe, "none", baseline=True)
     for strategy, ids in got.items():
         assert ids == base, f"{kind} {strategy}: not the target's own tokens"
 
 
 def test_a_fitted_assistant_is_accepted_and_a_random_one_rejected(files):
     with _load(files, "token") as pipe:
-        _, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
-    assert _first_position_rate(stats) >= 0.5
+        _, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
+    assert first_position_rate(stats) >= 0.5
     assert stats.accepted < stats.drafted  # rejections too: the assistant is wrong for 1 token in 4
     assert max(i for i, a in enumerate(stats.accepted_by_position) if a) == 3  # whole drafts accepted
     with _load(files, "random") as pipe:
-        _, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
-    assert _first_position_rate(stats) < 0.2
+        _, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
+    assert first_position_rate(stats) < 0.2
 
 
 def test_every_draft_step_runs_at_the_pending_tokens_position(files):
@@ -105,20 +86,14 @@ def test_every_draft_step_runs_at_the_pending_tokens_position(files):
             run(tokens, pos0, rows, output=output)
 
         head.draft, head._run = spy_draft, spy_run
-        _, stats = _run(pipe, "mtp", adaptive=False, p_min=0.0)
+        _, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
     assert len(passes) == stats.draft_evals > stats.rounds  # drafts of several steps, and no other passes
     assert all(n == 1 and pos == at for n, pos, at in passes), "every step at the pending position"
 
 
 def test_sampling_with_an_assistant_keeps_the_target_distribution(files):
-    n = 300
-    samples: dict[str, list[int]] = {"base": [], "spec": []}
     with _load(files, "token") as pipe:
-        for mode, kw in (("base", {"baseline": True}), ("spec", {"strategy": "mtp", "adaptive": False})):
-            for seed in range(n):
-                out = list(pipe.stream_tokens(PROMPT, max_tokens=2, temperature=1.0, seed=seed, **kw))
-                samples[mode].append(out[-1].token)
-    assert chi2_pvalue(samples["base"], samples["spec"]) > 0.001
+        assert second_token_pvalue(pipe, PROMPT, {"strategy": "mtp", "adaptive": False}) > 0.001
 
 
 def test_the_memory_line_counts_the_assistant_and_no_cache_of_its_own(files):
