@@ -119,6 +119,9 @@ class NgramModLike:
         for i in range(self.last, upto - self.n):
             self.table[tuple(ctx[i : i + self.n])] = ctx[i + self.n]
 
+    def use_sequence(self, seq_id: int) -> None:
+        """A replay runs no model."""
+
     def begin(self, context: list[int]) -> None:
         self.last = 0
         self._add(context, len(context))
@@ -160,6 +163,9 @@ class OracleLength:
         self.outputs = {r.prompt[:-1]: r for r in requests}
         self.V = verify_cost
         self.req: Recorded | None = None
+
+    def use_sequence(self, seq_id: int) -> None:
+        """A replay runs no model."""
 
     def begin(self, context: list[int]) -> None:
         self.req = self.outputs[tuple(context)]

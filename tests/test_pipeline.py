@@ -299,6 +299,9 @@ class _Recorder:
     def draft(self, context, n, params, rng, stop=None):
         return Draft(tokens=[context[-1]] * n, source="recorder", sources=["history"] * n)
 
+    def use_sequence(self, seq_id):
+        pass
+
     def lookup(self, context, n, params, rng):
         return self.draft(context, n, params, rng)
 

@@ -30,6 +30,9 @@ class Fixed:
         self.calls.append((len(context), n))
         return Draft(tokens=self.tokens[:n], source="prompt")
 
+    def use_sequence(self, seq_id):
+        pass
+
     def lookup(self, context, n, params, rng) -> Draft:
         return self.draft(context, n, params, rng)
 

@@ -64,6 +64,9 @@ class Draft:
 class Drafter(Protocol):
     """What the engine asks of a drafter. ``context`` is always the prompt plus every emitted token.
 
+    - ``use_sequence(seq_id)``: the generation runs on this sequence of the target (before ``begin``); a
+      drafter with a model of its own drafts on the same sequence of it, so that generations running at
+      once never share a draft cache.
     - ``begin(context)``: a generation starts (prefill, index the prompt).
     - ``draft(context, n, ...)``: propose up to ``n`` tokens.
     - ``lookup(context, n, ...)``: only what can be proposed for free (no model call); an adaptive round
@@ -79,6 +82,8 @@ class Drafter(Protocol):
     name: str
     free: bool
     takes_stop_rule: bool
+
+    def use_sequence(self, seq_id: int) -> None: ...
 
     def begin(self, context: list[int]) -> None: ...
 
@@ -101,10 +106,10 @@ class Drafter(Protocol):
 class ModelDrafter:
     """Greedy (or sampled) drafting with llama.cpp's knobs: n_min and p_min.
 
-    The draft model's KV cache is shared by every generation of a pipeline; each call re-syncs it to the
-    context it is given (longest common prefix), so a drafter never trusts what an earlier call left.
-    ``n_min``/``p_min`` belong to one generation: :meth:`with_limits` gives a drafter with other limits
-    over the same model, leaving this one unchanged.
+    The draft model's KV cache is shared by every generation of a pipeline, one sequence of it per
+    generation running at once (:meth:`use_sequence`); each call re-syncs that sequence to the context it is
+    given (longest common prefix), so a drafter never trusts what an earlier call left. ``n_min``/``p_min``
+    belong to one generation: :meth:`with_limits` gives a drafter of its own over the same model.
     """
 
     name = "model"
@@ -121,6 +126,7 @@ class ModelDrafter:
         p_min: float = 0.75,
     ) -> None:
         self.model = model
+        self.seq = model.seq0  # the sequence of the draft model it drafts on
         self.target_n_vocab = target_n_vocab
         self.n_min = n_min
         self.p_min = p_min
@@ -131,18 +137,22 @@ class ModelDrafter:
         self._mask = np.array(sorted(bad), dtype=np.int64) if bad else None
 
     def with_limits(self, *, n_min: int, p_min: float) -> ModelDrafter:
-        """The same draft model and mask with another ``n_min``/``p_min`` (this drafter is unchanged)."""
-        if n_min == self.n_min and p_min == self.p_min:
-            return self
+        """A drafter of its own (one generation's) over the same draft model and mask, with these
+        ``n_min``/``p_min`` (this drafter is unchanged)."""
         other = copy.copy(self)
         other.n_min, other.p_min = n_min, p_min
         return other
 
+    def use_sequence(self, seq_id: int) -> None:
+        """Draft on the draft model's sequence ``seq_id`` (its first when it holds fewer)."""
+        seqs = self.model.sequences
+        self.seq = seqs[seq_id] if seq_id < len(seqs) else seqs[0]
+
     def begin(self, context: list[int]) -> None:
         """Evaluate the prompt once (prefill), reusing whatever prefix the cache already holds."""
-        todo = self.model.sync(context, keep_last=0)
-        self.model.decode(todo)
-        self.model.mark_prefix()  # recurrent memory: a later request on this prompt comes back here
+        model, seq = self.model, self.seq
+        model.decode(model.sync(context, keep_last=0, seq=seq), seq=seq)
+        model.mark_prefix(seq)  # recurrent memory: a later request on this prompt comes back here
 
     def draft(
         self,
@@ -155,22 +165,24 @@ class ModelDrafter:
         """Up to ``n`` tokens, greedy or sampled. Without ``stop`` a token under ``p_min`` ends the draft
         (after ``n_min``), as in llama.cpp; with it, the measured expected gain decides."""
         out = Draft(source=self.name)
-        n = min(n, self.model.n_ctx - len(context) + 1)  # the drafts it decodes must fit its own context
+        model, seq = self.model, self.seq
+        n = min(n, model.n_ctx - len(context) + 1)  # the drafts it decodes must fit its own context
         if n <= 0:
             return out
-        todo = self.model.sync(context, keep_last=1)
+        todo = model.sync(context, keep_last=1, seq=seq)
         t = time.perf_counter()
-        logits = self.model.decode_logits(todo, outputs=1)[0]
+        logits = model.decode_logits(todo, outputs=1, seq=seq)[0]
         out.first_seconds = time.perf_counter() - t
         out.evals, out.fed = 1, len(todo)
-        self.model.checkpoint(ahead=n - 1)  # recurrent memory: the drafts it decodes next may be taken back
+        # recurrent memory: the drafts it decodes next may be taken back
+        model.checkpoint(ahead=n - 1, seq=seq)
         for i in range(n):
             pick = _pick(logits, i, params, rng, stop, self._limits())
             if pick is None:
                 break
             out.add(pick, self.target_n_vocab)
             if i + 1 < n and (stop is None or stop.go_on()):
-                logits = self.model.decode_logits([pick.token], outputs=1)[0]
+                logits = model.decode_logits([pick.token], outputs=1, seq=seq)[0]
                 out.evals += 1
             else:
                 break
@@ -255,6 +267,10 @@ class MtpDrafter:
         self.n_min = n_min
         self.p_min = p_min
 
+    def use_sequence(self, seq_id: int) -> None:
+        """Nothing to choose: the MTP layers draft for a target of one sequence
+        (:func:`~localspec.llama.runtime.check_sequences`)."""
+
     def begin(self, context: list[int]) -> None:
         """The head follows the target from here; positions of ``context`` (the target's cache) it did not
         follow (an earlier generation of another strategy) are evaluated again, followed. A head that reads
@@ -328,6 +344,9 @@ class NgramDrafter:
         self._tables: dict[int, dict[tuple[int, ...], int]] = {}
         self._indexed = 0
 
+    def use_sequence(self, seq_id: int) -> None:
+        """A lookup reads the context it is given, whatever sequence holds it."""
+
     def begin(self, context: list[int]) -> None:
         self._tables = {n: {} for n in self.sizes}
         self._indexed = 0
@@ -392,6 +411,10 @@ class CombinedDrafter:
         self.lookup_drafter = lookup
         self.min_lookup = min_lookup
         self.name = f"{model.name}+{lookup.name}"
+
+    def use_sequence(self, seq_id: int) -> None:
+        self.lookup_drafter.use_sequence(seq_id)
+        self.model.use_sequence(seq_id)
 
     def begin(self, context: list[int]) -> None:
         self.lookup_drafter.begin(context)

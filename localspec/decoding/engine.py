@@ -36,11 +36,13 @@ never hang the other callers, and same-thread interleaving cannot deadlock.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -48,14 +50,19 @@ from localspec.constrain.grammar import Constraint, Grammar
 from localspec.decoding import accept
 from localspec.decoding.adaptive import AdaptiveLength
 from localspec.decoding.drafters import Draft, Drafter
+from localspec.decoding.speed import Verify, batch_lengths
 from localspec.decoding.stats import GenerationStats
 from localspec.errors import LocalspecError, SettingsError
 from localspec.llama.runtime import Model
 from localspec.llama.sampling import SamplingParams
+from localspec.llama.sequence import Sequence
 from localspec.settings import DraftSettings
 
 #: How long another thread waits for a running generation's next round before taking the models over.
 HANDOVER_SECONDS = 0.25
+#: The most prompt tokens evaluated in one step beside running generations (chunked prefill): a long prompt
+#: delays their tokens by one such chunk's time at most.
+PREFILL_CHUNK = 256
 #: Adaptive controllers kept per engine (one per distinct drafter setting; least recently used dropped).
 MAX_CONTROLLERS = 8
 
@@ -91,11 +98,12 @@ class Engine:
         # inside another round of the same thread.
         self.lock = threading.RLock()
         self._turn = threading.Condition(self.lock)
-        self._owner: object | None = None  # the generation whose context the target's KV cache holds
-        self._owner_thread: int | None = None  # its thread, while it has not finished
-        self._owner_round_end = 0.0  # when its last round ended
+        # per sequence of the target: the generation whose context it holds, its thread, its last round's end
+        self._owners = {seq.seq_id: _Owner() for seq in target.sequences}
+        #: what passes of each width cost here, measured on the passes the steps ran
+        self.pass_costs = PassCosts()
 
-    def stream(
+    def start(
         self,
         prompt_tokens: list[int],
         *,
@@ -106,12 +114,26 @@ class Engine:
         stop: list[str] | None = None,
         stats: GenerationStats,
         grammar: Grammar | None = None,
-    ) -> Iterator[TokenResponse]:
-        """Validate now (errors raise here, not at the first ``next``), then return the token stream.
+    ) -> Generation:
+        """A generation checked and ready to step (:meth:`step`) or stream (:meth:`stream`): errors raise
+        here, before any pass.
 
         With a ``grammar`` every emitted token keeps it satisfiable (see :mod:`localspec.constrain.grammar`
-        for what
-        the target's token is then); drafts are verified against the same rule."""
+        for what the target's token is then); drafts are verified against the same rule.
+
+        Args:
+            prompt_tokens: the prompt as the target's token ids.
+            drafter: what proposes drafts (None: the target alone).
+            max_tokens: the most tokens to generate.
+            params: sampling (greedy at temperature 0).
+            settings: the drafting settings (lengths, adaptive).
+            stop: stop strings.
+            stats: the generation's running stats, filled as it goes.
+            grammar: a rule the output keeps to.
+
+        Returns:
+            The generation, not yet begun (its prompt is evaluated by its first step).
+        """
         if not prompt_tokens:
             raise LocalspecError("the prompt is empty after tokenization", hint="give a non-empty prompt")
         if drafter is not None and settings.n_max > self.target.max_draft:
@@ -120,117 +142,239 @@ class Engine:
                 f"({self.target.max_draft} drafts: llama.cpp's batch is {self.target.n_batch})",
                 hint=f"use n_max {self.target.max_draft} or less, or load with a larger n_ctx",
             )
-        constraint = None
-        if grammar is not None:
-            t = self.target
-            trigger = t.tokenize(grammar.trigger, add_bos=False, special=True) if grammar.trigger else []
-            if not grammar.trigger or len(trigger) == 1:  # a trigger no single token spells: free text
-                trigger_id = trigger[0] if trigger else None
-                constraint = Constraint(
-                    t.vocab, t.n_vocab, grammar, textless=t.textless_ids(), trigger_id=trigger_id
-                )
-        return self._run(list(prompt_tokens), drafter, max_tokens, params, settings, stop, stats, constraint)
-
-    def _claim(self, me: object, ctx: list[int]) -> None:
-        """Under the lock: make the target's cache hold ``ctx[:-1]`` if another generation ran since."""
-        target = self.target
-        me_thread = threading.get_ident()
-        while self._owner is not me and self._owner_thread not in (None, me_thread):
-            left = self._owner_round_end + HANDOVER_SECONDS - time.monotonic()
-            if left <= 0:
-                break  # the running generation is suspended (or abandoned): take over
-            self._turn.wait(left)
-        if target.closed:
-            raise LocalspecError("this pipeline was closed", hint="load it again with localspec.load()")
-        if self._owner is not me:
-            self._owner, self._owner_thread = me, me_thread
-            target.decode(target.sync(ctx[:-1]))
-
-    def _round_done(self) -> None:
-        self._owner_round_end = time.monotonic()
-
-    def _run(
-        self,
-        ctx: list[int],
-        drafter: Drafter | None,
-        max_tokens: int,
-        params: SamplingParams,
-        settings: DraftSettings,
-        stop: list[str] | None,
-        stats: GenerationStats,
-        constraint: Constraint | None,
-    ) -> Iterator[TokenResponse]:
-        """The generation: begin, then rounds (claim, propose, verify, accept, learn, emit) until a finish."""
-        gen = _Generation(
-            ctx=ctx,
+        stats.prompt_tokens = len(prompt_tokens)
+        return Generation(
+            ctx=list(prompt_tokens),
             drafter=drafter,
             max_tokens=max_tokens,
             params=params,
             settings=settings,
             stats=stats,
-            constraint=constraint,
+            constraint=self._constraint(grammar),
             text=_TextStream(self.target, stop),
             rng=np.random.default_rng(params.seed),
         )
-        stats.prompt_tokens = len(ctx)
+
+    def _constraint(self, grammar: Grammar | None) -> Constraint | None:
+        if grammar is None:
+            return None
+        t = self.target
+        trigger = t.tokenize(grammar.trigger, add_bos=False, special=True) if grammar.trigger else []
+        if grammar.trigger and len(trigger) != 1:  # a trigger no single token spells: free text
+            return None
+        trigger_id = trigger[0] if trigger else None
+        return Constraint(t.vocab, t.n_vocab, grammar, textless=t.textless_ids(), trigger_id=trigger_id)
+
+    def stream(self, prompt_tokens: list[int], **kwargs: Any) -> Iterator[TokenResponse]:
+        """Validate now (errors raise here, not at the first ``next``), then return the token stream of one
+        generation: :meth:`start`'s arguments."""
+        return self.run(self.start(prompt_tokens, **kwargs))
+
+    def run(self, gen: Generation) -> Iterator[TokenResponse]:
+        """One generation (from :meth:`start`) stepped alone until it finishes, its tokens as they come; the
+        lock is never held while it yields, and however the stream ends the generation is ended
+        (:meth:`end`)."""
         try:
-            with self.lock:
-                self._begin(gen)
-                self._round_done()
-            gen.t_start = time.perf_counter()
             while gen.finish is None:
-                with self.lock:
-                    self._claim(gen.me, gen.ctx)
-                    out = self._round(gen)
-                    self._round_done()
+                out = self.step([gen], fit=False)[0]
+                if gen.error is not None:
+                    raise gen.error
                 yield from out  # never while holding the lock: a suspended stream blocks nobody
         finally:
-            self._end(gen)
+            self.end(gen)
 
-    def _begin(self, gen: _Generation) -> None:
-        """A new generation: the cache syncs to ``ctx[:-1]`` (the last token pending), the drafter reads the
-        prompt, and an adaptive setting gets its controller."""
-        t0 = time.perf_counter()
-        self._claim(gen.me, gen.ctx)
-        self.target.mark_prefix()  # recurrent memory: a later request on this prompt comes back here
-        if gen.drafter is not None:
-            gen.drafter.begin(gen.ctx[:-1])
-            if gen.settings.adaptive:
-                gen.controller = self._controller(gen.drafter, gen.settings, gen.params)
-        gen.stats.prompt_seconds = time.perf_counter() - t0
+    # Sequences --------------------------------------------------------------------------------
+    def _place(self, gen: Generation, taken: set[int]) -> bool:
+        """Under the lock: give ``gen`` a sequence of the target that no generation of this step has: a free
+        one holding the longest part of its prompt; with none free, the one idle longest, shared by turns.
 
-    def _round(self, gen: _Generation) -> list[TokenResponse]:
-        """One round under the lock: propose, verify in one pass, accept, learn; the tokens to emit."""
+        Returns:
+            False when every sequence is taken by this step's generations (``gen`` waits for a later step).
+        """
+        now, ctx = time.monotonic(), gen.ctx
+        best: tuple[bool, int, float] | None = None
+        for seq in self.target.sequences:
+            if seq.seq_id in taken:
+                continue
+            owner = self._owners[seq.seq_id]
+            free = owner.thread is None or owner.round_end + HANDOVER_SECONDS < now
+            key = (free, seq.common_prefix(ctx, 1), -owner.round_end)
+            if best is None or key > best:
+                best, gen.seq = key, seq
+        return best is not None
+
+    def _claim(self, gen: Generation) -> None:
+        """Under the lock: make ``gen``'s sequence hold ``ctx[:-1]`` if another generation ran on it since."""
+        assert gen.seq is not None
+        owner = self._owners[gen.seq.seq_id]
+        me_thread = threading.get_ident()
+        while owner.owner is not gen.me and owner.thread not in (None, me_thread):
+            left = owner.round_end + HANDOVER_SECONDS - time.monotonic()
+            if left <= 0:
+                break  # the running generation is suspended (or abandoned): take over
+            self._turn.wait(left)
+        if self.target.closed:
+            raise LocalspecError("this pipeline was closed", hint="load it again with localspec.load()")
+        if owner.owner is not gen.me:
+            owner.owner, owner.thread = gen.me, me_thread
+            todo = self.target.sync(gen.ctx[:-1], seq=gen.seq)
+            if gen.begun:  # taken back from another generation mid-way: its context again, at once
+                self.target.decode(todo, seq=gen.seq)
+            else:
+                gen.todo = todo
+
+    # Steps ------------------------------------------------------------------------------------
+    def step(self, gens: list[Generation], *, fit: bool = True) -> list[list[TokenResponse]]:
+        """One step of every generation in ``gens`` (each on its own sequence), in ONE verify pass.
+
+        A generation whose prompt is not in yet evaluates a chunk of it in the same pass (all of it when
+        it is alone); one whose prompt is in drafts and verifies its round. With ``fit`` and several rounds
+        in the pass, each draft is cut to what pays for its rows
+        (:func:`localspec.decoding.speed.batch_lengths`).
+
+        Args:
+            gens: generations from :meth:`start`, not finished.
+            fit: choose the draft lengths for the batch (False: each drafter's own, as when alone).
+
+        Returns:
+            Per generation, the tokens it emitted in this step (none while its prompt goes in).
+        """
+        with self.lock:
+            taken = {g.seq.seq_id for g in gens if g.seq is not None}
+            placed = []
+            for gen in gens:
+                if gen.seq is None and not self._place(gen, taken):
+                    continue  # every sequence is busy in this step: it waits
+                taken.add(_seq(gen).seq_id)
+                self._claim(gen)
+                placed.append(gen)
+            out = dict(zip(map(id, placed), self._step(placed, fit=fit and len(placed) > 1), strict=True))
+            now = time.monotonic()
+            for gen in placed:
+                self._owners[_seq(gen).seq_id].round_end = now
+            return [out.get(id(g), []) for g in gens]
+
+    def _step(self, gens: list[Generation], *, fit: bool) -> list[list[TokenResponse]]:
         target = self.target
-        room = min(gen.max_tokens - gen.generated, target.n_ctx - len(gen.ctx) + 1)
-        if room <= 0:
-            gen.finish = gen.stats.finish_reason = "length"
-            return []
-        proposal = self._propose(gen, cap=min(room - 1, target.max_draft))
-        n_d = len(proposal.draft.tokens)
-        rollback_before, replayed = target.rollback.seconds, target.owed
-        target.checkpoint(ahead=n_d)  # recurrent memory: what taking the drafts back needs
+        for gen in gens:
+            if not gen.begun and not gen.todo:  # its prompt was cached already
+                self._begin(gen)
+        rounds = [g for g in gens if g.begun and g.finish is None]
+        filling = [g for g in gens if not g.begun]
+        if len(filling) == 1 and not rounds:  # alone: the whole prompt now, as fast as it goes
+            self._prefill(filling[0])
+            return [[] for _ in gens]
+        chunks = self._chunks(filling, rounds)
+        used = sum(target.batch_width(_seq(g), c) for g, c in chunks)
+        plans = self._plans(rounds, target.n_batch - used)
+        if fit and len(plans) > 1:
+            self._fit(plans, base=used)
+        for p in plans:
+            target.checkpoint(ahead=len(p.tokens), seq=p.gen.seq)  # recurrent memory: what taking back needs
+            p.replayed = _seq(p.gen).owed
+        parts = [(_seq(g), c, 0) for g, c in chunks]
+        parts += [(_seq(p.gen), [p.gen.ctx[-1], *p.tokens], len(p.tokens) + 1) for p in plans]
+        widths = [target.batch_width(seq, toks) for seq, toks, _ in parts]
         t = time.perf_counter()
-        rows = target.decode_logits([gen.ctx[-1], *proposal.draft.tokens], outputs=n_d + 1)
-        verify_seconds = time.perf_counter() - t
-        gen.stats.verify_seconds += verify_seconds
-        gen.stats.verify_tokens += n_d + 1
-        t = time.perf_counter()
-        verdict = self._accept(gen, rows, proposal.draft)
-        target.truncate(len(gen.ctx) + verdict.accepted)
-        gen.stats.sample_seconds += time.perf_counter() - t
-        cost = _Cost(verify_seconds, target.rollback.seconds - rollback_before, replayed)
-        gen.stats.rollback_seconds += cost.rollback_seconds
-        gen.stats.replayed_tokens += replayed
-        self._learn(gen, proposal, verdict.accepted, cost)
-        return self._emit(gen, proposal.draft, verdict)
+        rows = target.decode_many(parts) if parts else []
+        seconds = time.perf_counter() - t
+        self.pass_costs.add(sum(widths), seconds)
+        share = [seconds * w / max(1, sum(widths)) for w in widths]
+        for (gen, chunk), spent in zip(chunks, share, strict=False):
+            gen.todo = gen.todo[len(chunk) :]
+            gen.stats.prompt_seconds += spent
+            if not gen.todo:
+                self._begin(gen)
+        n = len(chunks)
+        out = {}
+        for p, r, v in zip(plans, rows[n:], share[n:], strict=True):
+            try:
+                out[id(p.gen)] = self._finish_round(p, r, v)
+            except Exception as exc:  # its grammar or sampler failed: it ends alone
+                _fail(p.gen, exc)
+        return [out.get(id(g), []) for g in gens]
 
-    def _propose(self, gen: _Generation, cap: int) -> _Proposal:
+    def _chunks(
+        self, filling: list[Generation], rounds: list[Generation]
+    ) -> list[tuple[Generation, list[int]]]:
+        """The prompt chunks that go in this step's pass beside the running rounds: at most
+        :data:`PREFILL_CHUNK` tokens in all (a long prompt delays the running sequences' tokens by about one
+        chunk's time), in what the batch leaves after every round's widest pass."""
+        target = self.target
+        widest = sum(1 + _seq(g).owed + (g.settings.n_max if g.drafter else 0) for g in rounds)
+        room = min(target.n_batch - widest, PREFILL_CHUNK)
+        out = []
+        for gen in filling:
+            take = min(len(gen.todo), room - _seq(gen).owed)
+            if take <= 0:
+                break
+            out.append((gen, gen.todo[:take]))
+            room -= take + _seq(gen).owed
+        return out
+
+    def _prefill(self, gen: Generation) -> None:
+        """Evaluate what is left of ``gen``'s prompt now (in chunks of the batch), then begin it."""
+        t0 = time.perf_counter()
+        self.target.decode(gen.todo, seq=gen.seq)
+        gen.todo = []
+        gen.stats.prompt_seconds += time.perf_counter() - t0
+        self._begin(gen)
+
+    def _begin(self, gen: Generation) -> None:
+        """The prompt is in: the drafter reads it, an adaptive setting gets its controller, the clock
+        starts."""
+        t0 = time.perf_counter()
+        assert gen.seq is not None
+        self.target.mark_prefix(gen.seq)  # recurrent memory: a later request on this prompt comes back here
+        if gen.drafter is not None:
+            gen.drafter.use_sequence(gen.seq.seq_id)
+            gen.drafter.begin(gen.ctx[:-1])
+            if gen.settings.adaptive and gen.controller is None:
+                gen.controller = self._controller(gen.drafter, gen.settings, gen.params)
+        gen.stats.prompt_seconds += time.perf_counter() - t0
+        gen.begun = True
+        gen.t_start = time.perf_counter()
+
+    def _plans(self, rounds: list[Generation], free: int) -> list[_Plan]:
+        """Each round's proposal, within the context left and its share of the batch's ``free`` rows."""
+        target, out = self.target, []
+        share = free // max(1, len(rounds))
+        for gen in rounds:
+            assert gen.seq is not None
+            room = min(gen.max_tokens - gen.generated, target.n_ctx - len(gen.ctx) + 1)
+            if room <= 0:
+                gen.finish = gen.stats.finish_reason = "length"
+                continue
+            if gen.seq.owed + 1 > share:  # owed tokens that do not fit beside the others: evaluated first
+                target.decode([], seq=gen.seq)
+            cap = min(room - 1, target.max_draft, share - 1 - gen.seq.owed)
+            try:
+                out.append(self._propose(gen, cap=max(0, cap)))
+            except Exception as exc:  # this generation's drafter failed: it ends alone
+                _fail(gen, exc)
+        return out
+
+    def _fit(self, plans: list[_Plan], base: int) -> None:
+        """Cut the drafts of a shared pass to what pays for its rows, by this machine's measured pass costs
+        (nothing is cut before two widths have been measured)."""
+        verify = self.pass_costs.curve()
+        if verify is None:
+            return
+        reaches = [p.gen.reach(p.draft) for p in plans]
+        rows = base + sum(1 + _seq(p.gen).owed for p in plans)
+        ks = batch_lengths(reaches, [len(p.tokens) for p in plans], base=rows, verify=verify)
+        for p, k in zip(plans, ks, strict=True):
+            if k < len(p.tokens):
+                p.gen.stats.batch_cut += len(p.tokens) - k
+                p.tokens = p.tokens[:k]
+
+    def _propose(self, gen: Generation, cap: int) -> _Plan:
         """The drafter's proposal for this round (empty for the target alone), at most ``cap`` tokens."""
         drafter, controller = gen.drafter, gen.controller
+        rollback_before = _seq(gen).rollback.seconds
         if drafter is None:
-            return _Proposal(_EMPTY, 0, 0.0)
-        replay = bool(self.target.owed)
+            return _Plan(gen, _EMPTY, 0, 0.0, [], rollback_before)
+        replay = bool(_seq(gen).owed)
         # a restored checkpoint's kept tokens are evaluated again first: as llama.cpp does, that pass drafts
         # nothing (it yields a token at a narrow width; rejected drafts would restore and widen it again)
         k = 0 if replay else min(controller.choose() if controller else gen.settings.n_max, cap)
@@ -245,24 +389,44 @@ class Engine:
         seconds = time.perf_counter() - t
         gen.stats.draft_seconds += seconds
         gen.stats.draft_evals += draft.evals
-        return _Proposal(draft, k, seconds)
+        return _Plan(gen, draft, k, seconds, list(draft.tokens), rollback_before)
 
-    def _accept(self, gen: _Generation, rows: np.ndarray, draft: Draft) -> _Verdict:
+    def _finish_round(self, plan: _Plan, rows: np.ndarray, verify_seconds: float) -> list[TokenResponse]:
+        """A round after its pass: accept, take back what was rejected, learn; the tokens to emit."""
+        gen, target = plan.gen, self.target
+        assert gen.seq is not None
+        n_d = len(plan.tokens)
+        draft = plan.verified_draft()
+        replayed = plan.replayed
+        gen.stats.verify_seconds += verify_seconds
+        gen.stats.verify_tokens += n_d + 1
+        t = time.perf_counter()
+        verdict = self._accept(gen, rows, draft)
+        target.truncate(len(gen.ctx) + verdict.accepted, seq=gen.seq)
+        gen.stats.sample_seconds += time.perf_counter() - t
+        cost = _Cost(verify_seconds, gen.seq.rollback.seconds - plan.rollback_before, replayed)
+        gen.stats.rollback_seconds += cost.rollback_seconds
+        gen.stats.replayed_tokens += replayed
+        self._learn(gen, plan, draft, verdict.accepted, cost)
+        return self._emit(gen, draft, verdict)
+
+    def _accept(self, gen: Generation, rows: np.ndarray, draft: Draft) -> _Verdict:
         """What the target keeps of the draft and the token it adds (:mod:`localspec.decoding.accept`)."""
+        trace = gen.trace if gen.trace is not None else self.trace
         if gen.constraint is None:
             emitted, m = accept.verify(rows, draft, gen.params, gen.rng)
-            if self.trace is not None:
-                self.trace.extend(accept.margins(rows, emitted, m))
+            if trace is not None:
+                trace.extend(accept.margins(rows, emitted, m))
             return _Verdict(emitted, m, False)
         t = self.target
         emitted, m, complete = accept.verify_constrained(
-            rows, draft, gen.params, gen.rng, gen.constraint, t.eog_ids, t.space_ids, self.trace
+            rows, draft, gen.params, gen.rng, gen.constraint, t.eog_ids, t.space_ids, trace
         )
         return _Verdict(emitted, m, complete)
 
-    def _learn(self, gen: _Generation, proposal: _Proposal, accepted: int, cost: _Cost) -> None:
+    def _learn(self, gen: Generation, plan: _Plan, draft: Draft, accepted: int, cost: _Cost) -> None:
         """Stats of the round, and what the adaptive controller measures from it."""
-        draft, stats = proposal.draft, gen.stats
+        stats = gen.stats
         n_d = len(draft.tokens)
         if gen.drafter is None:
             stats.rounds += 1
@@ -270,11 +434,11 @@ class Engine:
         stats.record_round(n_d, accepted, [draft.source_of(i) for i in range(n_d)])
         if gen.controller:
             gen.controller.update(
-                proposal.asked,
+                plan.asked,
                 n_d,
                 accepted,
                 draft_evals=draft.evals,
-                draft_seconds=proposal.seconds,
+                draft_seconds=plan.seconds,
                 first_seconds=draft.first_seconds,
                 fed=draft.fed,
                 verify_seconds=cost.verify_seconds,
@@ -284,7 +448,7 @@ class Engine:
             )
             stats.predicted_speedup = gen.controller.predicted_speedup()
 
-    def _emit(self, gen: _Generation, draft: Draft, verdict: _Verdict) -> list[TokenResponse]:
+    def _emit(self, gen: Generation, draft: Draft, verdict: _Verdict) -> list[TokenResponse]:
         """Append the round's tokens to the context and turn them into responses; sets the finish."""
         out: list[TokenResponse] = []
         stats, m = gen.stats, verdict.accepted
@@ -312,19 +476,25 @@ class Engine:
                 break
         return out
 
-    def _end(self, gen: _Generation) -> None:
-        """Whatever happened (a closed stream, Ctrl-C, an error in a callback), keep the cache equal to what
-        was really accepted so the next call starts from a true state, and let the drafter learn."""
+    def end(self, gen: Generation) -> None:
+        """Whatever happened (a closed stream, Ctrl-C, an error in a callback, a cancelled request), keep the
+        sequence equal to what was really accepted so the next call starts from a true state, free it for
+        others, and let the drafter learn. Called once per generation, finished or not.
+
+        Args:
+            gen: a generation from :meth:`start`.
+        """
         stats, target = gen.stats, self.target
         stats.total_seconds = time.perf_counter() - gen.t_start
         stats.finish_reason = stats.finish_reason or gen.finish or "cancelled"
         with self.lock:
-            if self._owner is gen.me:
-                self._owner_thread = None  # finished: nobody need wait for it
+            owner = self._owners[gen.seq.seq_id] if gen.seq is not None else None
+            if owner is not None and owner.owner is gen.me:
+                owner.thread = None  # finished: nobody need wait for it
                 self._turn.notify_all()
                 if not target.closed:
-                    target.truncate(min(len(target.tokens), len(gen.ctx) - 1))
-            if gen.drafter is not None:
+                    target.truncate(min(len(gen.seq.tokens), len(gen.ctx) - 1), seq=gen.seq)  # type: ignore[union-attr]
+            if gen.drafter is not None and gen.begun:
                 gen.drafter.finish(gen.ctx)
         if gen.constraint is not None:
             gen.constraint.close()
@@ -359,11 +529,23 @@ class Engine:
 _EMPTY = Draft()
 
 
-@dataclass
-class _Generation:
-    """One generation's state across its rounds (the engine itself holds only what generations share)."""
+def _fail(gen: Generation, exc: Exception) -> None:
+    """``gen`` ends with ``exc`` (the others in its step go on)."""
+    gen.error = exc
+    gen.finish = gen.stats.finish_reason = "error"
 
-    ctx: list[int]  # the prompt plus every emitted token; the target's cache holds ctx[:-1]
+
+def _seq(gen: Generation) -> Sequence:
+    """The sequence a placed generation runs on."""
+    assert gen.seq is not None, "placed by its first step"
+    return gen.seq
+
+
+@dataclass
+class Generation:
+    """One generation's state across its steps (the engine itself holds only what generations share)."""
+
+    ctx: list[int]  # the prompt plus every emitted token; its sequence holds ctx[:-1]
     drafter: Drafter | None
     max_tokens: int
     params: SamplingParams
@@ -373,19 +555,115 @@ class _Generation:
     text: _TextStream
     rng: np.random.Generator
     controller: AdaptiveLength | None = None
+    seq: Sequence | None = None  # the target's sequence it runs on (placed at its first step)
+    todo: list[int] = field(default_factory=list)  # prompt tokens its sequence has still to evaluate
+    begun: bool = False  # its prompt is in and its drafter has read it
+    error: Exception | None = None  # what ended it, when something failed in its own part of a step
+    trace: list[accept.TraceRow] | None = None  # its own trace rows (else the engine's :attr:`Engine.trace`)
     generated: int = 0
     finish: str | None = None
     t_start: float = field(default_factory=time.perf_counter)
-    me: object = field(default_factory=object)  # the owner marker of the target's KV cache
+    me: object = field(default_factory=object)  # the owner marker of its sequence
+
+    def reach(self, draft: Draft) -> list[float]:
+        """The chance that the first ``i + 1`` tokens of ``draft`` are all accepted, per ``i``: each token at
+        its drafter's confidence where it gives one, else at this generation's acceptance so far (one
+        accepted of two drafted to start from)."""
+        s = self.stats
+        rate = (s.accepted + 1) / (s.drafted + 2)
+        out, p = [], 1.0
+        for i in range(len(draft.tokens)):
+            c = draft.confidence[i] if i < len(draft.confidence) else 1.0
+            p *= c if c < 1.0 else rate
+            out.append(p)
+        return out
 
 
-@dataclass(frozen=True)
-class _Proposal:
-    """A round's draft, the length the controller asked for, and the seconds drafting took."""
+@dataclass
+class _Plan:
+    """A round's proposal: the draft, the tokens of it that go in the pass (cut to fit a shared pass), the
+    length the controller asked for, the seconds drafting took, and what was owed and spent on rollback
+    before it."""
 
+    gen: Generation
     draft: Draft
     asked: int
     seconds: float
+    tokens: list[int]
+    rollback_before: float
+    replayed: int = 0
+
+    def verified_draft(self) -> Draft:
+        """The draft as far as it went in the pass."""
+        k, d = len(self.tokens), self.draft
+        if k == len(d.tokens):
+            return d
+        return dataclasses.replace(
+            d, tokens=d.tokens[:k], probs=d.probs[:k], sources=d.sources[:k], confidence=d.confidence[:k]
+        )
+
+
+@dataclass
+class _Owner:
+    """Who a sequence of the target runs for: the generation whose context it holds, that generation's
+    thread while it has not finished, and when its last step ended."""
+
+    owner: object | None = None
+    thread: int | None = None
+    round_end: float = 0.0
+
+
+class PassCosts:
+    """What a pass of each width cost on this machine, from the passes the engine ran (a running mean per
+    width): the cost curve a shared pass's draft lengths are chosen by."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+        self._counts: dict[int, int] = {}
+
+    def add(self, width: int, seconds: float) -> None:
+        """One pass of ``width`` rows took ``seconds``."""
+        if width <= 0 or seconds <= 0:
+            return
+        n = self._counts.get(width, 0)
+        old = self._seconds.get(width, seconds)
+        weight = 1.0 / min(n + 1, 16)  # a mean at first, then a moving one (the machine's load changes)
+        self._seconds[width] = old + weight * (seconds - old)
+        self._counts[width] = n + 1
+
+    def curve(self) -> Verify | None:
+        """Seconds of a pass of ``b`` rows: measured where that width ran, else on the line fitted through
+        the widths that ran; None before two widths have."""
+        if len(self._seconds) < 2:
+            return None
+        points = [(float(b), s, float(min(self._counts[b], 16))) for b, s in self._seconds.items()]
+        line = _SecondsLine.fit(points)
+        measured = dict(self._seconds)
+
+        def verify(b: int) -> float:
+            return measured.get(b) or line(b)
+
+        return verify
+
+
+@dataclass(frozen=True)
+class _SecondsLine:
+    """The least-squares line through (width, seconds, weight) points, never decreasing with the width."""
+
+    at0: float
+    slope: float
+
+    def __call__(self, b: float) -> float:
+        return max(1e-9, self.at0 + self.slope * b)
+
+    @classmethod
+    def fit(cls, points: list[tuple[float, float, float]]) -> _SecondsLine:
+        sw = sum(w for _, _, w in points)
+        mb = sum(w * b for b, _, w in points) / sw
+        ms = sum(w * s for _, s, w in points) / sw
+        den = sum(w * (b - mb) ** 2 for b, _, w in points)
+        slope = max(0.0, sum(w * (b - mb) * (s - ms) for b, s, w in points) / den) if den > 0 else 0.0
+        return cls(ms - slope * mb, slope)
 
 
 @dataclass(frozen=True)

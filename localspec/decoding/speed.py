@@ -206,3 +206,41 @@ def _per_round(rollback: Callable[[int], float] | float) -> Callable[[int], floa
         return rollback
     value = float(rollback)
     return lambda _k: value
+
+
+def batch_lengths(
+    reaches: Sequence[Sequence[float]], lengths: Sequence[int], *, base: int, verify: Verify
+) -> list[int]:
+    """How much of each sequence's draft one shared verify pass should carry, for the most tokens per second
+    of the whole batch (goodput, as SmartSpec defines it).
+
+    A pass over several sequences checks each one's pending token and its first ``k_i`` drafts: it yields
+    ``sum_i E_i(k_i)`` tokens (:func:`expected_tokens`) and costs ``V(base + sum_i k_i)``, ``base`` being the
+    rows every sequence brings anyway (its pending token, tokens owed after a rollback, a prompt's chunk).
+    The drafts are in hand, so only the width is chosen: the draft token least likely to be reached goes
+    first, and cutting goes on while it raises tokens per cost. As the batch fills and a wider pass stops
+    being free, drafts shrink, down to none; where a wider pass costs nothing more (a GPU) nothing is cut.
+
+    Args:
+        reaches: per sequence, ``reach[i]``: the chance its first ``i + 1`` drafts are all accepted.
+        lengths: per sequence, the drafts in hand (at most ``len(reach)`` count).
+        base: the rows of the pass that are not drafts.
+        verify: the cost of a pass of ``b`` rows (any unit).
+
+    Returns:
+        Per sequence, the drafts to verify (a prefix of each draft).
+    """
+    ks = [max(0, min(k, len(r))) for k, r in zip(lengths, reaches, strict=True)]
+    tokens = sum(expected_tokens(r, k) for r, k in zip(reaches, ks, strict=True))
+    width = base + sum(ks)
+    while True:
+        cut = [(reaches[i][k - 1], i) for i, k in enumerate(ks) if k > 0]
+        if not cut:
+            return ks
+        gain, i = min(cut)
+        cost, cheaper = verify(width), verify(width - 1)
+        if cheaper <= 0 or (tokens - gain) * cost <= tokens * cheaper:
+            return ks  # the last draft token pays for its row
+        ks[i] -= 1
+        tokens -= gain
+        width -= 1

@@ -112,6 +112,9 @@ class GenerationStats:
     # What the adaptive controller's measurements predicted for drafting at its best length, in
     # target-alone units (None without an adaptive setting or before its costs were measured).
     predicted_speedup: float | None = None
+    # Drafted tokens left out of a pass shared with other requests because their rows would not pay for
+    # themselves there (:func:`localspec.decoding.speed.batch_lengths`; 0 when it ran alone).
+    batch_cut: int = 0
 
     # Derived values -----------------------------------------------------------------------------
     @property

@@ -25,8 +25,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
 from typing import Any
 
 import llama_cpp
@@ -101,6 +101,15 @@ class RollbackStats:
     replayed: int = 0  # tokens evaluated again after a restore (in front of a later pass)
     resets: int = 0  # rollbacks no snapshot or checkpoint reached: the sequence evaluated again from 0
 
+    @classmethod
+    def total(cls, parts: Iterable[RollbackStats]) -> RollbackStats:
+        """Every count and time of ``parts`` summed."""
+        out = cls()
+        for part in parts:
+            for f in fields(cls):
+                setattr(out, f.name, getattr(out, f.name) + getattr(part, f.name))
+        return out
+
     @property
     def seconds(self) -> float:
         """Seconds spent copying states out and back (the replayed tokens' share of later passes excluded)."""
@@ -111,9 +120,13 @@ class Checkpoint:
     """One sequence's recurrent state at a token count, copied out of a llama.cpp context (host memory).
 
     The buffer is kept and reused by later saves of the same size or smaller.
+
+    Args:
+        seq_id: the sequence whose state it copies (llama.cpp's sequence id).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, seq_id: int = 0) -> None:
+        self.seq_id = seq_id
         self.n_tokens = -1  # the token count the saved state is at; -1: nothing saved
         self._buf: Any = None
         self._size = 0
@@ -124,23 +137,23 @@ class Checkpoint:
         return self._size
 
     def save(self, ctx: Any, n_tokens: int, stats: RollbackStats) -> bool:
-        """Copy sequence 0's recurrent state out of ``ctx``; it stands at ``n_tokens`` tokens.
+        """Copy the sequence's recurrent state out of ``ctx``; it stands at ``n_tokens`` tokens.
 
         Returns:
             False when llama.cpp could not copy it (the checkpoint is then empty).
         """
         t = time.perf_counter()
-        size = int(llama_cpp.llama_state_seq_get_size_ext(ctx, 0, PARTIAL_ONLY))
+        size = int(llama_cpp.llama_state_seq_get_size_ext(ctx, self.seq_id, PARTIAL_ONLY))
         if self._buf is None or len(self._buf) < size:
             self._buf = (ctypes.c_uint8 * max(size, 1))()
-        got = int(llama_cpp.llama_state_seq_get_data_ext(ctx, self._buf, size, 0, PARTIAL_ONLY))
+        got = int(llama_cpp.llama_state_seq_get_data_ext(ctx, self._buf, size, self.seq_id, PARTIAL_ONLY))
         self._size, self.n_tokens = size, n_tokens if got == size and size > 0 else -1
         stats.saves += 1
         stats.save_seconds += time.perf_counter() - t
         return self.n_tokens >= 0
 
     def restore(self, ctx: Any, stats: RollbackStats) -> bool:
-        """Copy the saved state back into sequence 0 of ``ctx``.
+        """Copy the saved state back into its sequence of ``ctx``.
 
         Returns:
             False when nothing is saved or llama.cpp did not take all of it.
@@ -148,7 +161,9 @@ class Checkpoint:
         if self.n_tokens < 0:
             return False
         t = time.perf_counter()
-        got = int(llama_cpp.llama_state_seq_set_data_ext(ctx, self._buf, self._size, 0, PARTIAL_ONLY))
+        got = int(
+            llama_cpp.llama_state_seq_set_data_ext(ctx, self._buf, self._size, self.seq_id, PARTIAL_ONLY)
+        )
         stats.restores += 1
         stats.restore_seconds += time.perf_counter() - t
         if got != self._size:

@@ -24,7 +24,8 @@ import re
 import signal
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +45,7 @@ from localspec.errors import (
 from localspec.llama import mtp as mtp_layers
 from localspec.llama import recurrent, rpc
 from localspec.llama.build import check_amx
+from localspec.llama.sequence import ContextHandle, Sequence, sequences_asked
 from localspec.settings import N_CTX_RANGE, max_threads
 
 
@@ -86,6 +88,37 @@ def default_gpu_layers(requested: int | None, *, offload: bool) -> int:
     if requested is not None:
         return requested
     return -1 if offload else 0
+
+
+def check_sequences(n_seq: int, *, mtp: bool, what: str = "model") -> None:
+    """Refuse a number of sequences llama.cpp cannot hold, or MTP layers asked to draft for several.
+
+    Args:
+        n_seq: sequences the context is to hold.
+        mtp: whether MTP layers (or an MTP assistant) are loaded with it.
+        what: the model, for the message.
+    """
+    top = int(llama_cpp.llama_max_parallel_sequences())
+    if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= top:
+        raise SettingsError(
+            f"parallel {n_seq!r} is out of range for the {what}",
+            hint=f"use 1 to {top} sequences at once",
+        )
+    if mtp and n_seq > 1:
+        raise SettingsError(
+            f"the MTP layers of {what} draft for one sequence at a time, and {n_seq} were asked for",
+            hint="use parallel 1 with MTP, or draft with ngram, suffix or a draft model to run requests "
+            "at once",
+        )
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One sequence's share of a pass: its tokens (owed ones in front) and the logits rows it asks for."""
+
+    seq: Sequence
+    tokens: list[int]
+    outputs: int
 
 
 T = TypeVar("T")
@@ -149,10 +182,12 @@ def placement(n_gpu_layers: int, n_layer: int, *, offload: bool) -> str:
 
 
 class Model:
-    """A loaded GGUF model with its own context, batch and KV bookkeeping (sequence 0 only).
+    """A loaded GGUF model with its own context and batch, holding :attr:`sequences` (one per generation that
+    may run at once: :class:`~localspec.llama.sequence.Sequence`) in one KV cache.
 
-    ``n_ctx`` and ``n_batch`` are llama.cpp's real values (read back after loading); ``n_ctx_train`` is the
-    context the model was trained on (the pipeline keeps ``n_ctx`` within it).
+    ``n_ctx`` (per sequence) and ``n_batch`` are llama.cpp's real values (read back after loading);
+    ``n_ctx_train`` is the context the model was trained on (the pipeline keeps ``n_ctx`` within it). The
+    calls that work on one sequence take it as ``seq`` and default to sequence 0 (:attr:`seq0`).
     """
 
     def __init__(
@@ -163,11 +198,12 @@ class Model:
         n_threads: int,
         n_gpu_layers: int = 0,
         n_batch: int = 512,
-        rpc_servers: Sequence[rpc.Endpoint] = (),
-        tensor_split: Sequence[float] | None = None,
+        rpc_servers: Seq[rpc.Endpoint] = (),
+        tensor_split: Seq[float] | None = None,
         rollback_depth: int = 0,
         mtp: bool = False,
         mtp_assistant: str | os.PathLike | None = None,
+        n_seq: int = 1,
     ) -> None:
         """Load the model.
 
@@ -187,12 +223,15 @@ class Model:
                 pass of this model (:mod:`localspec.llama.mtp`).
             mtp_assistant: an MTP assistant file (Gemma 4's) to draft for this model instead of MTP layers of
                 its own: its head reads this model's KV cache (:func:`localspec.llama.mtp.assistant_head`).
+            n_seq: sequences held at once (each with ``n_ctx`` tokens of room, in one unified KV cache); the
+                MTP layers draft for one sequence only.
 
         Raises:
             RpcError: a server that does not answer, or one lost while loading.
         """
         self.path = Path(path)
         check_load_settings(n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=n_gpu_layers, what=self.path.name)
+        check_sequences(n_seq, mtp=mtp or mtp_assistant is not None, what=self.path.name)
         self._batch: Any = None
         self._llama: llama_cpp.Llama | None = None
         #: the MTP head drafting for this model (None unless loaded with ``mtp``)
@@ -211,7 +250,8 @@ class Model:
         )
         said = self._load(
             devices,
-            n_ctx=n_ctx,
+            n_ctx=n_ctx * n_seq,
+            n_seq=n_seq,
             n_batch=n_batch,
             n_threads=n_threads,
             n_gpu_layers=n_gpu_layers,
@@ -226,7 +266,7 @@ class Model:
             self._start_mtp(n_threads)
 
     def _place(
-        self, *, n_threads: int, n_gpu_layers: int, tensor_split: Sequence[float] | None
+        self, *, n_threads: int, n_gpu_layers: int, tensor_split: Seq[float] | None
     ) -> tuple[Any, dict[str, str]]:
         """Where the layers go: the rpc-servers' devices and their labels (``RPC0`` -> ``host:port``), the
         split checked and the model's :class:`rpc.Guard` made; else (None, {}) after the AMX check of a
@@ -251,9 +291,10 @@ class Model:
         n_batch: int,
         n_threads: int,
         n_gpu_layers: int,
-        tensor_split: Sequence[float] | None,
+        tensor_split: Seq[float] | None,
         rollback_depth: int,
         mtp: bool,
+        n_seq: int,
     ) -> Said:
         """llama.cpp loads the file (its load log kept quiet and returned); its refusal becomes a
         :class:`GGUFError` with llama.cpp's own reason, and a Ctrl-C during the load is honoured after it."""
@@ -279,6 +320,7 @@ class Model:
                 quiet_stderr() as said,
                 rpc.load_devices(devices),
                 recurrent.snapshots_asked(rollback_depth),
+                sequences_asked(n_seq),
                 mtp_layers.layers_asked(mtp),
             ):
                 self._llama = self._call(load)
@@ -317,22 +359,20 @@ class Model:
             self._rpc_placement = rpc_placement(said.lines, labels, self.n_layer)
         self._cache_bytes = cache_bytes_logged(said.lines)
         # llama.cpp's own numbers: it rounds n_ctx up and caps the batch at the n_ctx asked for.
-        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        n_seq = int(llama_cpp.llama_n_seq_max(self.ctx))
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx)) // n_seq  # each sequence's room
         self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.tokens: list[int] = []  # what the KV cache holds, in order (its last ``owed`` are still due)
         #: "attention", "hybrid" or "recurrent": how rejected drafts leave this model's memory
         self.memory_kind = recurrent.memory_kind(self.model)
         #: recurrent-state snapshots llama.cpp keeps per sequence (0: a rollback needs a checkpoint)
         self.n_rs_seq = int(llama_cpp.llama_n_rs_seq(self.ctx))
-        self.rollback = recurrent.RollbackStats()
-        # Copies of the recurrent state: the last one before a pass that may be taken back (a round's), and
-        # the one at the end of the last prompt (where the next request on the same prompt comes back to).
-        self._round_checkpoint = recurrent.Checkpoint()
-        self._prefix_checkpoint = recurrent.Checkpoint()
-        # The last tokens of ``tokens`` that a checkpoint restore took out of llama.cpp's memory: the next
-        # decode evaluates them again in front of its own tokens (see :meth:`truncate`).
-        self._owed: list[int] = []
+        handle = ContextHandle(
+            self.ctx, self.memory, self.memory_kind, self.n_rs_seq, n_seq, self.path.name, self._call
+        )
+        #: the sequences this context holds, by llama.cpp's sequence id
+        self.sequences = [Sequence(handle, i) for i in range(n_seq)]
+        self.seq0 = self.sequences[0]
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
@@ -527,150 +567,84 @@ class Model:
             self._space = np.array(ids, dtype=np.int64)
         return self._space
 
-    # KV cache ---------------------------------------------------------------------------------
+    # Sequences --------------------------------------------------------------------------------
     @property
-    def _held(self) -> int:
-        """Tokens really in llama.cpp's memory: :attr:`tokens` less the owed ones."""
-        return len(self.tokens) - len(self._owed)
+    def rollback(self) -> recurrent.RollbackStats:
+        """What taking tokens back out of this model's recurrent memory cost so far, every sequence summed."""
+        return recurrent.RollbackStats.total(seq.rollback for seq in self.sequences)
+
+    @property
+    def tokens(self) -> list[int]:
+        """What the KV cache holds for sequence 0 (:attr:`seq0`), in order."""
+        return self.seq0.tokens
 
     @property
     def owed(self) -> int:
-        """Tokens the cache holds in name only (after a checkpoint restore): the next decode evaluates
-        them first."""
-        return len(self._owed)
+        """Tokens sequence 0 holds in name only (after a checkpoint restore): see :attr:`Sequence.owed`."""
+        return self.seq0.owed
 
     def recurrent_state_bytes(self) -> int:
-        """Bytes of sequence 0's recurrent state as it stands (0 for a transformer; a small header while the
-        sequence is empty): what a checkpoint copies, and what each of the :attr:`n_rs_seq` snapshots costs
-        again."""
-        if self.memory_kind == "attention":
-            return 0
-        return int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, 0, recurrent.PARTIAL_ONLY))
+        """Bytes of sequence 0's recurrent state as it stands (0 for a transformer): what a checkpoint copies,
+        and what each of the :attr:`n_rs_seq` snapshots costs again."""
+        return self.seq0.state_bytes()
 
     def time_rollback(self) -> tuple[float, float]:
-        """Seconds to copy this model's recurrent state out and to copy it back, timed once now on the
-        sequence as it stands (``(0.0, 0.0)`` for a transformer). The sequence is left as it was."""
-        if self.memory_kind == "attention":
-            return 0.0, 0.0
-        probe, stats = recurrent.Checkpoint(), recurrent.RollbackStats()
-        held = self._held
-        self._call(lambda: probe.save(self.ctx, held, stats) and probe.restore(self.ctx, stats))
-        return stats.save_seconds, stats.restore_seconds
+        """Seconds to copy sequence 0's recurrent state out and back, timed once now
+        (:meth:`Sequence.time_rollback`)."""
+        return self.seq0.time_rollback()
 
-    def checkpoint(self, ahead: int) -> None:
-        """Before a pass that appends up to ``ahead`` tokens which may be taken back: keep what taking them
-        back needs. Nothing for a transformer, nor when the state snapshots cover ``ahead`` tokens;
-        otherwise the recurrent state is copied out here (unless the copy already stands here).
+    def checkpoint(self, ahead: int, seq: Sequence | None = None) -> None:
+        """Before a pass that appends up to ``ahead`` tokens to ``seq`` (default sequence 0) which may be
+        taken back: keep what taking them back needs (:meth:`Sequence.needs_checkpoint`).
 
         Owed tokens are evaluated first when there are more than :data:`recurrent.OWED_CARRIED` of them: a
         copy taken before them would owe them again after the next restore, round after round."""
-        if self.memory_kind == "attention" or ahead <= self.n_rs_seq:
+        seq = seq or self.seq0
+        if not seq.needs_checkpoint(ahead):
             return
-        if len(self._owed) > recurrent.OWED_CARRIED:
-            self.decode([])
-        self._save(self._round_checkpoint)
+        if seq.owed > recurrent.OWED_CARRIED:
+            self.decode([], seq)
+        seq.save_round()
 
-    def mark_prefix(self) -> None:
-        """The cached tokens are a prompt that later requests may start with again: keep the recurrent state
-        here, so that going back to it later restores it instead of evaluating it all again (nothing for a
-        transformer, whose cache drops any suffix)."""
-        if self.memory_kind != "attention":
-            self._save(self._prefix_checkpoint)
+    def mark_prefix(self, seq: Sequence | None = None) -> None:
+        """The tokens ``seq`` (default sequence 0) holds are a prompt later requests may start with again
+        (:meth:`Sequence.mark_prefix`)."""
+        (seq or self.seq0).mark_prefix()
 
-    def _save(self, checkpoint: recurrent.Checkpoint) -> None:
-        held = self._held
-        if checkpoint.n_tokens != held:
-            self._call(lambda: checkpoint.save(self.ctx, held, self.rollback))
+    def truncate(self, n: int, seq: Sequence | None = None) -> None:
+        """Forget every token of ``seq`` (default sequence 0) from position ``n`` on
+        (:meth:`Sequence.truncate`)."""
+        (seq or self.seq0).truncate(n)
 
-    def truncate(self, n: int) -> None:
-        """Forget every cached token from position ``n`` on.
-
-        A transformer drops them (``seq_rm``), and so does a recurrent model within its state snapshots.
-        Past them, the latest checkpoint at or before ``n`` (a round's, or the last prompt's) is copied back
-        and the tokens between it and ``n`` are owed: the next decode evaluates them first. With no such
-        checkpoint the sequence starts over and every kept token is owed (correct, and as slow as a new
-        prompt).
-        """
-        if n >= len(self.tokens):
-            return
-        held = self._held
-        if n >= held:  # only owed tokens go
-            del self._owed[n - held :]
-            del self.tokens[n:]
-            return
-        self._owed = []  # every owed token stood past n
-        for checkpoint in (self._round_checkpoint, self._prefix_checkpoint):
-            if checkpoint.n_tokens > n:
-                checkpoint.forget()
-        if self._call(lambda: llama_cpp.llama_memory_seq_rm(self.memory, 0, n, -1)):
-            del self.tokens[n:]
-            return
-        if self.memory_kind == "attention":
-            raise LocalspecError(
-                f"{self.path.name}: llama.cpp cannot roll back part of this model's memory",
-                hint="report it with the model's architecture: its memory type is not one localspec knows",
-            )
-        at = self._call(lambda: self._restore(n))
-        self._owed = self.tokens[at:n]
-        del self.tokens[n:]
-
-    def _restore(self, n: int) -> int:
-        """Sequence 0 back at the latest checkpoint (every one left is at or before ``n``), or empty.
+    def sync(self, context: list[int], keep_last: int = 0, seq: Sequence | None = None) -> list[int]:
+        """Trim ``seq`` (default sequence 0) to its longest common prefix with ``context`` minus ``keep_last``
+        tokens.
 
         Returns:
-            The token count the sequence now holds.
+            The tokens of ``context`` that still need evaluating.
         """
-        latest = max(self._round_checkpoint, self._prefix_checkpoint, key=lambda c: c.n_tokens)
-        at = latest.n_tokens
-        # the attention layers' KV cache past the checkpoint goes as on a transformer
-        if at >= 0 and latest.restore(self.ctx, self.rollback):
-            if llama_cpp.llama_memory_seq_rm(self.memory, 0, at, -1):
-                return at
-        self._forget_checkpoints()
-        if not llama_cpp.llama_memory_seq_rm(self.memory, 0, -1, -1):
-            llama_cpp.llama_memory_clear(self.memory, True)
-        self.rollback.resets += n > 0
-        return 0
-
-    def _forget_checkpoints(self) -> None:
-        self._round_checkpoint.forget()
-        self._prefix_checkpoint.forget()
-
-    def _take_owed(self, tokens: list[int]) -> list[int]:
-        """``tokens`` with the owed ones in front (no longer counted as held), for the decode about to run."""
-        if not self._owed:
-            return tokens
-        owed, self._owed = self._owed, []
-        del self.tokens[len(self.tokens) - len(owed) :]
-        self.rollback.replayed += len(owed)
-        return owed + tokens
-
-    def sync(self, context: list[int], keep_last: int = 0) -> list[int]:
-        """Trim the cache to its longest common prefix with ``context`` minus ``keep_last`` tokens.
-
-        Returns the tokens of ``context`` that still need evaluating.
-        """
-        limit = len(context) - keep_last
-        n = 0
-        mine = self.tokens
-        top = min(len(mine), limit)
-        while n < top and mine[n] == context[n]:
-            n += 1
-        self.truncate(n)
+        seq = seq or self.seq0
+        n = seq.common_prefix(context, keep_last)
+        seq.truncate(n)
         return context[n:]
 
-    def decode(self, tokens: list[int]) -> None:
-        """Evaluate ``tokens`` after the cached ones without any logits rows (a prefill).
+    def decode(self, tokens: list[int], seq: Sequence | None = None) -> None:
+        """Evaluate ``tokens`` after the ones ``seq`` (default sequence 0) holds, without any logits rows
+        (a prefill).
 
         Goes in chunks of the real batch, so any length that fits the context is safe.
         """
-        self._check_room(tokens)
-        tokens = self._take_owed(tokens)
+        seq = seq or self.seq0
+        self._check_room(tokens, seq)
+        tokens = seq.take_owed(tokens)
         for start in range(0, len(tokens), self.n_batch):
-            self._decode_chunk(tokens[start : start + self.n_batch], 0)
+            self._decode_parts([_Part(seq, tokens[start : start + self.n_batch], 0)])
 
-    def decode_logits(self, tokens: list[int], *, outputs: int = 1) -> np.ndarray:
-        """Evaluate ``tokens`` after the cached ones; return logits rows for the last ``outputs``.
+    def decode_logits(
+        self, tokens: list[int], *, outputs: int = 1, seq: Sequence | None = None
+    ) -> np.ndarray:
+        """Evaluate ``tokens`` after the ones ``seq`` (default sequence 0) holds; return logits rows for the
+        last ``outputs``.
 
         All ``outputs`` rows come from ONE llama.cpp decode (a row of an earlier chunk no longer exists):
         the tokens before them are prefilled first, in chunks. ``outputs`` above :attr:`n_batch` is refused.
@@ -678,68 +652,112 @@ class Model:
         """
         if not tokens or not 1 <= outputs <= len(tokens):
             raise ValueError(f"need 1 <= outputs <= {len(tokens)} tokens, got outputs={outputs}")
+        self._check_outputs(outputs)
+        seq = seq or self.seq0
+        self._check_room(tokens, seq)
+        tokens = seq.take_owed(tokens)
+        head = tokens[: max(0, len(tokens) - self.n_batch)]  # the last chunk is a full batch: all rows in it
+        for start in range(0, len(head), self.n_batch):
+            self._decode_parts([_Part(seq, head[start : start + self.n_batch], 0)])
+        return self._decode_parts([_Part(seq, tokens[len(head) :], outputs)])[0]
+
+    def decode_many(self, parts: list[tuple[Sequence, list[int], int]]) -> list[np.ndarray]:
+        """One llama.cpp pass over several sequences: each ``(seq, tokens, outputs)`` evaluates ``tokens``
+        after what ``seq`` holds (its owed tokens first) and gets logits rows for its last ``outputs``.
+
+        Every part goes in ONE decode, so the tokens of all parts (owed ones included) must fit one batch
+        (:attr:`n_batch`): the caller sizes the pass (:meth:`batch_width`). A part with 0 outputs is a chunk
+        of a prefill.
+
+        Returns:
+            Per part, its logits rows (``outputs`` x ``n_vocab``; empty for 0), views into llama.cpp's buffer
+            valid until the next decode.
+        """
+        if len({id(seq) for seq, _, _ in parts}) != len(parts):
+            raise ValueError("each sequence may appear once in a pass")
+        for seq, tokens, outputs in parts:
+            if not 0 <= outputs <= len(tokens):
+                raise ValueError(f"need 0 <= outputs <= {len(tokens)} tokens, got outputs={outputs}")
+            self._check_room(tokens, seq)
+        if sum(self.batch_width(seq, tokens) for seq, tokens, _ in parts) > self.n_batch:
+            raise SettingsError(
+                f"{self.path.name}: a pass of {sum(len(t) for _, t, _ in parts)} tokens over "
+                f"{len(parts)} sequences exceeds llama.cpp's batch of {self.n_batch}",
+                hint="this is a bug in the caller's sizing of the pass: report it",
+            )
+        self._check_outputs(sum(outputs for _, _, outputs in parts))
+        return self._decode_parts([_Part(seq, seq.take_owed(tokens), out) for seq, tokens, out in parts])
+
+    def batch_width(self, seq: Sequence, tokens: list[int]) -> int:
+        """The rows ``tokens`` take in a pass for ``seq``: its owed tokens go in front of them."""
+        return seq.owed + len(tokens)
+
+    def _check_outputs(self, outputs: int) -> None:
         if outputs > self.n_batch:
             raise SettingsError(
                 f"{self.path.name}: a pass of {outputs} logits rows exceeds llama.cpp's batch of "
                 f"{self.n_batch}",
                 hint=f"draft at most {self.max_draft} tokens per round (n_max), or load with a larger n_ctx",
             )
-        self._check_room(tokens)
-        tokens = self._take_owed(tokens)
-        head = tokens[: max(0, len(tokens) - self.n_batch)]  # the last chunk is a full batch: all rows in it
-        for start in range(0, len(head), self.n_batch):
-            self._decode_chunk(head[start : start + self.n_batch], 0)
-        self._decode_chunk(tokens[len(head) :], outputs)
-        ptr = self._call(lambda: llama_cpp.llama_get_logits(self.ctx))
-        return np.ctypeslib.as_array(ptr, shape=(outputs, self.n_vocab))
 
-    def _check_room(self, tokens: list[int]) -> None:
-        if len(self.tokens) + len(tokens) > self.n_ctx:
+    def _check_room(self, tokens: list[int], seq: Sequence) -> None:
+        if len(seq.tokens) + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
-                f"{self.path.name}: {len(self.tokens) + len(tokens)} tokens do not fit the context of "
+                f"{self.path.name}: {len(seq.tokens) + len(tokens)} tokens do not fit the context of "
                 f"{self.n_ctx}",
                 hint="use a shorter prompt, a smaller max_tokens, or a larger n_ctx",
             )
 
-    def _decode_chunk(self, chunk: list[int], outputs: int) -> None:
-        if not chunk:
-            return
+    def _decode_parts(self, parts: list[_Part]) -> list[np.ndarray]:
+        parts = [p for p in parts if p.tokens]
+        if not parts:
+            return []
         if self.closed:
             raise LocalspecError(f"{self.path.name}: this model was closed", hint="load it again")
-        assert len(chunk) <= self.n_batch  # the one rule llama.cpp aborts the process on
-        self._call(lambda: self._decode_now(chunk, outputs))
+        assert (
+            sum(len(p.tokens) for p in parts) <= self.n_batch
+        )  # the one rule llama.cpp aborts the process on
+        return self._call(lambda: self._decode_now(parts))
 
-    def _decode_now(self, chunk: list[int], outputs: int) -> None:
-        pos0 = len(self.tokens)
-        self._fill(chunk, pos0, outputs)
-        rc = llama_cpp.llama_decode(self.ctx, self._batch)
+    def _decode_now(self, parts: list[_Part]) -> list[np.ndarray]:
+        at = 0
+        b = self._batch
+        for part in parts:
+            pos0, n, first_out = len(part.seq.tokens), len(part.tokens), len(part.tokens) - part.outputs
+            for i, t in enumerate(part.tokens):
+                b.token[at + i] = t
+                b.pos[at + i] = pos0 + i
+                b.seq_id[at + i][0] = part.seq.seq_id
+                b.logits[at + i] = 1 if i >= first_out else 0
+            at += n
+        b.n_tokens = at
+        rc = llama_cpp.llama_decode(self.ctx, b)
         if rc != 0:
-            # A failed decode may leave part of the batch in memory: remove it, keep the bookkeeping true
-            # (recurrent memory cannot drop it: the sequence starts over, every token owed).
-            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, len(self.tokens), -1):
-                self._forget_checkpoints()
-                llama_cpp.llama_memory_clear(self.memory, True)
-                self._owed = list(self.tokens)
+            for part in parts:
+                part.seq.failed_decode()
             raise LocalspecError(
                 f"{self.path.name}: llama_decode failed with status {rc}",
                 hint="the context may be full: try a larger n_ctx or a shorter prompt",
             )
-        self.tokens.extend(chunk)
-        if self.mtp is not None:
-            self.mtp.follow(chunk, pos0)
-
-    def _fill(self, chunk: list[int], pos0: int, outputs: int) -> None:
-        b = self._batch
-        n = len(chunk)
-        b.n_tokens = n
-        first_out = n - outputs
-        for i, t in enumerate(chunk):
-            b.token[i] = t
-            b.pos[i] = pos0 + i
-            b.logits[i] = 1 if i >= first_out else 0
+        for part in parts:
+            pos0 = len(part.seq.tokens)
+            part.seq.appended(part.tokens)
+            if self.mtp is not None:  # loaded with one sequence only
+                self.mtp.follow(part.tokens, pos0)
+        total = sum(p.outputs for p in parts)
+        if total == 0:
+            return [np.empty((0, self.n_vocab), dtype=np.float32) for _ in parts]
+        rows = np.ctypeslib.as_array(llama_cpp.llama_get_logits(self.ctx), shape=(total, self.n_vocab))
+        out, first = [], 0
+        for part in parts:
+            out.append(rows[first : first + part.outputs])
+            first += part.outputs
+        return out
 
     def reset(self) -> None:
-        self.truncate(0)
+        """Empty every sequence."""
+        for seq in self.sequences:
+            seq.truncate(0)
 
     @property
     def closed(self) -> bool:

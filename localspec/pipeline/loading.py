@@ -112,6 +112,7 @@ def load(
     store_namespace: str = "default",
     rpc: str | Sequence[str] | None = None,
     tensor_split: Sequence[float] | None = None,
+    parallel: int = 1,
 ) -> Pipeline:
     """Load a target and a draft (or a model-free drafter) into a reusable :class:`Pipeline`.
 
@@ -134,7 +135,7 @@ def load(
         adaptive: let the adaptive controller pick the draft model's lengths.
         progress: called as ``progress(what, done, total)`` while a preset downloads.
         n_threads, n_gpu_layers, draft_n_threads, draft_n_gpu_layers, suffix_store, corpus,
-            store_namespace, rpc, tensor_split: as :class:`Pipeline` takes them.
+            store_namespace, rpc, tensor_split, parallel: as :class:`Pipeline` takes them.
 
     Returns:
         The loaded :class:`Pipeline` (close it, or use it as a context manager, to free the models).
@@ -168,6 +169,7 @@ def load(
         store_namespace=store_namespace,
         rpc=rpc,
         tensor_split=tensor_split,
+        parallel=parallel,
     )
 
 
@@ -269,6 +271,7 @@ def _plan_settings(plan: _LoadPlan, *, strategy: str | None, n_max: int | None, 
 
 _LOAD_KEYS = {
     "rpc",
+    "parallel",
     "tensor_split",
     "n_ctx",
     "n_threads",

@@ -14,6 +14,7 @@ from typing import Any
 
 from localspec import constants
 from localspec.constrain.grammar import Grammar, reply_grammar
+from localspec.decoding.batch import Batch
 from localspec.decoding.costs import MachineCosts, machine_costs, stored_costs
 from localspec.decoding.drafters import (
     CombinedDrafter,
@@ -22,7 +23,7 @@ from localspec.decoding.drafters import (
     MtpDrafter,
     NgramDrafter,
 )
-from localspec.decoding.engine import Engine, TokenResponse
+from localspec.decoding.engine import Engine, Generation, TokenResponse
 from localspec.decoding.routing import Route, pick_drafter, route
 from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
@@ -31,7 +32,13 @@ from localspec.gguf.pairing import PairInfo
 from localspec.gguf.vocab import mtp_layers, mtp_weights_bytes
 from localspec.llama.recurrent import MAX_SNAPSHOTS
 from localspec.llama.rpc import Endpoint, parse_endpoints
-from localspec.llama.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
+from localspec.llama.runtime import (
+    Model,
+    check_load_settings,
+    check_sequences,
+    default_gpu_layers,
+    supports_gpu_offload,
+)
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.chat_format import ChatFormat
 from localspec.pipeline.chat_turns import chat_messages
@@ -98,6 +105,9 @@ class Pipeline:
             draft stays on this machine (docs/rpc.md). ``n_gpu_layers`` then counts layers on the servers
             (default all).
         tensor_split: each RPC device's share of those layers (default: by their free memory).
+        parallel: generations that run at once in one pass (:meth:`generate_many`, ``serve --parallel``):
+            the target and the draft hold that many sequences, each with ``n_ctx`` of room (the KV cache
+            grows with it; the MTP layers draft for one).
     """
 
     def __init__(
@@ -115,6 +125,7 @@ class Pipeline:
         store_namespace: str = "default",
         rpc: str | Sequence[str] | None = None,
         tensor_split: Sequence[float] | None = None,
+        parallel: int = 1,
     ) -> None:
         self.info = info
         servers = parse_endpoints(rpc) if rpc else []  # the target's layers there (llama/rpc.py)
@@ -135,11 +146,15 @@ class Pipeline:
         self.route: Route | None = None  # the last "auto" decision and its reason
         #: told (a line of text) before a one-time wait: measuring this machine's costs (the CLI prints it)
         self.notify: Callable[[str], None] | None = None
-        self.settings = settings = _settings_for(info, settings)
+        settings = _settings_for(info, settings)
+        self.settings = settings
         # Beyond its trained context a model writes garbage, and a huge n_ctx would allocate its KV cache
         # before anything failed: lower it to what the header says, before loading. ``n_ctx`` tells.
         threads = constants.default_threads() if n_threads is None else n_threads
         check_load_settings(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers or 0, what="target")
+        check_sequences(parallel, mtp=settings.uses_mtp or info.assistant, what=info.target_path.name)
+        #: generations that run at once in one pass (the sequences the target holds)
+        self.parallel = parallel
         #: the n_ctx asked for, when it was lowered to the trained context (errors and the CLI say so)
         self.n_ctx_asked: int | None = None
         if info.n_ctx_train and n_ctx > info.n_ctx_train:
@@ -194,7 +209,9 @@ class Pipeline:
         threads, gpu_layers, _ = self._load_facts
         info = self.info
         routed = self.settings.kind.routed
-        mtp = self.settings.uses_mtp or (routed and (info.assistant or self._file_has_mtp()))
+        mtp = self.settings.uses_mtp or (
+            routed and self.parallel == 1 and (info.assistant or self._file_has_mtp())
+        )
         target = Model(
             self.info.target_path,
             n_ctx=n_ctx,
@@ -205,6 +222,7 @@ class Pipeline:
             rollback_depth=depth,
             mtp=mtp,
             mtp_assistant=info.draft_path if mtp and info.assistant else None,
+            n_seq=self.parallel,
         )
         mem.rss_after_target_bytes = rss_bytes()
         mem.target_weights_bytes = target.weights_bytes
@@ -251,6 +269,7 @@ class Pipeline:
                 n_threads=self._load_facts[0] if draft_n_threads is None else draft_n_threads,
                 n_gpu_layers=default_gpu_layers(draft_n_gpu_layers, offload=offload),
                 rollback_depth=depth,
+                n_seq=self.parallel,
             )
             mem.rss_after_draft_bytes = rss_bytes()
             mem.draft_weights_bytes += draft.weights_bytes  # on top of MTP layers loaded for ``auto``
@@ -319,7 +338,8 @@ class Pipeline:
     @property
     def trace(self) -> list[tuple[int, bool, int, float]] | None:
         """Set to a list to record, per emitted token: (token, from_draft, argmax of the verifying row,
-        top-2 logit margin). For tests and diagnostics; None (off) by default."""
+        top-2 logit margin). For tests and diagnostics; None (off) by default. After
+        :meth:`generate_many` it holds each prompt's rows in turn, in the prompts' order."""
         return self._engine.trace
 
     @trace.setter
@@ -505,15 +525,59 @@ class Pipeline:
                 vocabulary, an empty prompt, a strategy that needs a draft model this pipeline lacks).
             ContextOverflowError: the prompt and ``max_tokens`` do not fit the context.
         """
-        params = SamplingParams(temperature, top_k, top_p, min_p, seed)
-        tokens, stop = self._checked_call(tokens, max_tokens, stop, grammar, params)
-        settings, chosen = self._call_settings(
-            tokens, strategy, baseline, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive
-        )
-        drafter = self._drafter(settings)
-        stream = self._engine.stream(
+        gen = self.start_tokens(
             tokens,
-            drafter=drafter,
+            max_tokens=max_tokens,
+            params=SamplingParams(temperature, top_k, top_p, min_p, seed),
+            stop=stop,
+            strategy=strategy,
+            baseline=baseline,
+            grammar=grammar,
+            n_max=n_max,
+            n_min=n_min,
+            p_min=p_min,
+            adaptive=adaptive,
+        )
+        stream = self._engine.run(gen)
+        drafter = _learned_drafter(gen.settings)
+        return self._learning(stream, drafter) if drafter else stream
+
+    def start_tokens(
+        self,
+        tokens: list[int],
+        *,
+        max_tokens: int,
+        params: SamplingParams,
+        stop: list[str] | None,
+        strategy: str | None,
+        baseline: bool,
+        grammar: Grammar | None,
+        **overrides: Any,
+    ) -> Generation:
+        """One generation checked, routed and given its drafter, not yet run: for :meth:`stream_tokens`, and
+        for running several at once (:class:`~localspec.decoding.batch.Batch`, :meth:`generate_many`).
+
+        Args:
+            tokens: the prompt as the target's token ids.
+            max_tokens: the most tokens to generate.
+            params: sampling.
+            stop: stop strings.
+            strategy: the drafting strategy for this call (None: the pipeline's).
+            baseline: run the target alone.
+            grammar: a rule the output keeps to.
+            **overrides: ``n_max``, ``n_min``, ``p_min``, ``adaptive`` for this call.
+
+        Returns:
+            The generation (:meth:`Engine.start`).
+
+        Raises:
+            SettingsError, ContextOverflowError: as :meth:`stream_tokens`.
+        """
+        tokens, stop = self._checked_call(tokens, max_tokens, stop, grammar, params)
+        settings, chosen = self._call_settings(tokens, strategy, baseline, **overrides)
+        return self._engine.start(
+            tokens,
+            drafter=self._drafter(settings),
             max_tokens=max_tokens,
             params=params,
             settings=settings,
@@ -521,9 +585,86 @@ class Pipeline:
             stats=self._new_stats(settings, chosen),
             grammar=grammar,
         )
-        if settings.uses_model or settings.uses_mtp:
-            return self._learning(stream, "mtp" if settings.uses_mtp else "model")
-        return stream
+
+    def generate_many(
+        self,
+        prompts: Sequence[str],
+        *,
+        on_token: Callable[[int, TokenResponse], None] | None = None,
+        **kwargs: Any,
+    ) -> list[GenerationResult]:
+        """Several plain completions at once: up to :attr:`parallel` run together, each step one target pass
+        over all of them (the rest wait for a free sequence, in order). Each text is what that prompt gives
+        alone (greedy: the verifying pass's argmax at every token).
+
+        Args:
+            prompts: the texts to continue.
+            on_token: called as ``on_token(i, response)`` with each token of prompt ``i`` as it comes.
+            **kwargs: :meth:`stream_tokens`'s keyword arguments, for every prompt.
+
+        Returns:
+            One :class:`GenerationResult` per prompt, in order.
+
+        Raises:
+            SettingsError, ContextOverflowError: as :meth:`stream` for any prompt (before any runs).
+            LocalspecError: a generation that failed while running (the others were cancelled).
+        """
+        if isinstance(prompts, str):
+            raise SettingsError(
+                "generate_many takes a list of prompts, got one string", hint="use generate() for one prompt"
+            )
+        baseline = kwargs.pop("baseline", False)
+        start = self._start_kwargs(kwargs)
+        gens = [self.start_tokens(self.tokenize(p), baseline=baseline, **start) for p in prompts]
+        out: list[list[TokenResponse]] = [[] for _ in gens]
+        order = {id(g): i for i, g in enumerate(gens)}
+        traced = self._engine.trace
+        for gen in gens if traced is not None else ():
+            gen.trace = []  # each its own, joined in the prompts' order at the end
+        batch = Batch(self._engine, on_end=self._learned_from)
+        for gen in gens:
+            batch.add(gen)
+        try:
+            while not batch.idle:
+                for event in batch.step():
+                    if event.error is not None:
+                        raise event.error
+                    i = order[id(event.gen)]
+                    out[i] += event.tokens
+                    for r in event.tokens if on_token else ():
+                        on_token(i, r)  # type: ignore[misc]
+        finally:
+            for gen in [*batch.running, *batch.waiting]:
+                batch.cancel(gen)
+            for gen in gens if traced is not None else ():
+                traced.extend(gen.trace or [])
+        return [collect(iter(tokens)) for tokens in out]
+
+    @staticmethod
+    def _start_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`stream_tokens`'s keyword arguments as :meth:`start_tokens` takes them."""
+        sampling = ("temperature", "top_k", "top_p", "min_p", "seed")
+        known = {
+            "max_tokens",
+            "stop",
+            "strategy",
+            "grammar",
+            "n_max",
+            "n_min",
+            "p_min",
+            "adaptive",
+            *sampling,
+        }
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise SettingsError(
+                f"unknown argument(s): {', '.join(unknown)}", hint="see help(Pipeline.stream)"
+            )
+        defaults = SamplingParams()
+        params = SamplingParams(*(kwargs.pop(k, getattr(defaults, k)) for k in sampling))
+        kwargs.setdefault("max_tokens", constants.DEFAULT_MAX_TOKENS)
+        unset = {"stop": None, "strategy": None, "grammar": None, "n_max": None, "n_min": None}
+        return {"params": params, **unset, "p_min": None, "adaptive": None, **kwargs}
 
     def _checked_call(
         self,
@@ -607,14 +748,24 @@ class Pipeline:
                 yield last
         finally:
             if last is not None:
-                drafted = last.stats.drafted_by_source.get(drafter, 0)
-                if drafted >= 8:
-                    rate = last.stats.accepted_by_source.get(drafter, 0) / drafted
-                    self._acceptance[drafter] = _blend(self._acceptance[drafter], rate)
-                # kept even from a few drafts: a controller that stopped drafting early measured why, and
-                # ``auto`` then moves on to the other drafter instead of trying this one again
-                if last.stats.predicted_speedup is not None:
-                    self._speed[drafter] = _blend(self._speed[drafter], last.stats.predicted_speedup)
+                self._learn(drafter, last.stats)
+
+    def _learned_from(self, gen: Generation) -> None:
+        """What a generation that ran in a batch measured, for the ``auto`` router."""
+        drafter = _learned_drafter(gen.settings)
+        if drafter and gen.stats.generated_tokens:
+            self._learn(drafter, gen.stats)
+
+    def _learn(self, drafter: str, stats: GenerationStats) -> None:
+        """Remember ``drafter``'s acceptance and predicted speed from one generation's ``stats``."""
+        drafted = stats.drafted_by_source.get(drafter, 0)
+        if drafted >= 8:
+            rate = stats.accepted_by_source.get(drafter, 0) / drafted
+            self._acceptance[drafter] = _blend(self._acceptance[drafter], rate)
+        # kept even from a few drafts: a controller that stopped drafting early measured why, and
+        # ``auto`` then moves on to the other drafter instead of trying this one again
+        if stats.predicted_speedup is not None:
+            self._speed[drafter] = _blend(self._speed[drafter], stats.predicted_speedup)
 
     def tokenize(self, text: str) -> list[int]:
         """The target's tokens of a plain prompt (its BOS first, as llama.cpp adds it)."""
@@ -761,6 +912,13 @@ class Pipeline:
         their medians.
         """
         return compare(self, prompt, repeats=repeats, warmup=warmup, **kwargs)
+
+
+def _learned_drafter(settings: DraftSettings) -> str | None:
+    """The model drafter whose measurements ``auto`` keeps from a generation with ``settings``."""
+    if settings.uses_mtp:
+        return "mtp"
+    return "model" if settings.uses_model else None
 
 
 def _blend(old: float | None, new: float) -> float:

@@ -141,6 +141,9 @@ class SuffixDrafter:
         self._costs: list[float] = []  # verify_cost(b) by b, read once per width
         self._costs_of: Callable[[int], float] | None = None
 
+    def use_sequence(self, seq_id: int) -> None:
+        """A lookup reads the context it is given, whatever sequence holds it."""
+
     def begin(self, context: list[int]) -> None:
         """A new request: it starts from :meth:`carried_calibration`, what a new process would start from,
         so a request drafts the same in a long-lived server as from the command line (see
