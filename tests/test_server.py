@@ -75,20 +75,20 @@ class LearningPipe:
     def __getattr__(self, name):
         return getattr(self._pipe, name)
 
-    def stream_tokens(self, tokens, **kw):
-        inner = self._pipe.stream_tokens(tokens, **kw)
+    def batch(self, **kw):
+        batch = self._pipe.batch(**kw)
+        learn = batch.on_end
 
-        def gen():
-            try:
-                yield from inner
-            finally:
-                inner.close()
-                self.closing.set()
-                if self.fail:
-                    raise RuntimeError("the store's disk went away")
-                self.release.wait(30)
+        def on_end(gen):
+            if learn is not None:
+                learn(gen)
+            self.closing.set()
+            if self.fail:
+                raise RuntimeError("the store's disk went away")
+            self.release.wait(30)
 
-        return gen()
+        batch.on_end = on_end
+        return batch
 
 
 @pytest.fixture(scope="module")
@@ -327,20 +327,46 @@ class ScriptedPipe:
         self.formatted = (messages, kw)
         return self._pipe.format_chat(messages, **kw)
 
-    def stream_tokens(self, tokens, **kw):
-        from localspec.decoding.engine import TokenResponse
+    def start_tokens(self, tokens, **kw):
         from localspec.decoding.stats import GenerationStats
 
         self.prompts.append(list(tokens))
         self.kwargs.append(kw)
-        script = list(self.script)
+        return _ScriptedGeneration(list(self.script), GenerationStats())
 
-        def gen():
-            for i, piece in enumerate(script):
-                last = i == len(script) - 1
-                yield TokenResponse(piece, 0, False, GenerationStats(), "stop" if last else None)
+    def batch(self, **kw):
+        return _ScriptedBatch()
 
-        return gen()
+
+class _ScriptedGeneration:
+    def __init__(self, pieces, stats):
+        self.pieces, self.stats, self.finish = pieces, stats, None
+
+
+class _ScriptedBatch:
+    """The worker's batch, its tokens scripted: each step hands every generation its next piece."""
+
+    def __init__(self):
+        self.running = []
+
+    def add(self, gen):
+        self.running.append(gen)
+
+    def cancel(self, gen):
+        if gen in self.running:
+            self.running.remove(gen)
+
+    def step(self, deliver):
+        from localspec.decoding.batch import StepEvent
+        from localspec.decoding.engine import TokenResponse
+
+        for gen in list(self.running):
+            piece = gen.pieces.pop(0)
+            gen.finish = None if gen.pieces else "stop"
+            token = TokenResponse(piece, 0, False, gen.stats, gen.finish)
+            deliver(StepEvent(gen, [token], gen.finish is not None))
+            if gen.finish:
+                self.running.remove(gen)
 
 
 @pytest.fixture(scope="module")

@@ -254,6 +254,7 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
         store_namespace=store_namespace,
         rpc=opts.get("rpc"),
         tensor_split=opts.get("tensor_split"),
+        parallel=opts.get("parallel", 1),
         **{k: v for k, v in gpu.items() if v is not None},
     )
     pipe.notify = lambda line: click.echo(f"localspec: {line}", err=True)

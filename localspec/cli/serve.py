@@ -41,6 +41,12 @@ from localspec.cli.options import load_pipeline, model_options
     type=click.FloatRange(min=0.01),
     help="Largest request body accepted, in MB (1 MB = 1,000,000 bytes).",
 )
+@click.option(
+    "--parallel",
+    type=click.IntRange(1, 256),
+    help="Requests that generate at once, in one pass of the target per step (default: 4, fewer when "
+    "their KV caches do not fit the free memory, 1 with MTP drafting).",
+)
 @click.option("--model-id", help="The model id the API reports (default: the target's file name).")
 @click.option("--log-requests", is_flag=True, help="Log each HTTP request (uvicorn's access log).")
 def serve(
@@ -50,14 +56,16 @@ def serve(
     insecure_no_auth,
     max_queue,
     max_body_mb,
+    parallel,
     model_id,
     log_requests,
     **model,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
-    Point any OpenAI client at http://127.0.0.1:8000/v1. One request generates at a time; others wait in
-    a FIFO queue. With no --target and no --preset it serves the small embedded pair, offline.
+    Point any OpenAI client at http://127.0.0.1:8000/v1. Up to --parallel requests generate at once (one
+    pass of the target verifies all of them each step); others wait in a FIFO queue. With no --target and
+    no --preset it serves the small embedded pair, offline.
     """
     from localspec import constants
     from localspec.serve.app import serve
@@ -79,7 +87,8 @@ def serve(
     )
     exposure_line(opts)  # refuse an exposed bind before spending time on loading the models
     # With an API key, the suffix store is that key's own: another key's server never drafts from it.
-    pipe = load_pipeline(store_namespace=namespace_for_key(api_key) if api_key else "default", **model)
+    namespace = namespace_for_key(api_key) if api_key else "default"
+    pipe = load_pipeline(store_namespace=namespace, parallel=parallel, **model)
     with pipe:
         serve(pipe, opts, echo=lambda line: click.echo(line, err=True), log_requests=log_requests)
         # Stopped: one more Ctrl-C or SIGTERM (an impatient user, a supervisor) while the models are freed

@@ -39,6 +39,8 @@ class Batch:
         width: the most generations running at once (default: the target's sequences).
         fit: choose the draft lengths for the whole pass (False: each drafter's own lengths, as alone).
         on_end: called with each generation once it is over (after the engine ended it).
+        on_cleanup_error: called with a generation and what failed while ending it (feeding the suffix
+            cache, saving its store): the others go on. None: it is raised.
     """
 
     def __init__(
@@ -48,11 +50,13 @@ class Batch:
         width: int | None = None,
         fit: bool = True,
         on_end: Callable[[Generation], None] | None = None,
+        on_cleanup_error: Callable[[Generation, Exception], None] | None = None,
     ) -> None:
         self.engine = engine
         self.width = max(1, min(width or len(engine.target.sequences), len(engine.target.sequences)))
         self.fit = fit
         self.on_end = on_end
+        self.on_cleanup_error = on_cleanup_error
         self.running: list[Generation] = []
         self.waiting: list[Generation] = []
 
@@ -74,13 +78,17 @@ class Batch:
             self.running.remove(gen)
             self._end(gen)
 
-    def step(self) -> list[StepEvent]:
+    def step(self, deliver: Callable[[StepEvent], None] | None = None) -> list[StepEvent]:
         """One step: the waiting generations that fit join, one pass runs over every running one, the finished
         ones end.
 
         A failure of the pass itself (a llama.cpp decode error, a closed pipeline) ends every generation that
         was in it, each with that error; a failure while one generation drafts or accepts ends that one
         alone.
+
+        Args:
+            deliver: called with each event before the finished generations are ended (their ending feeds
+                the suffix cache and may save its store: a client need not wait for that).
 
         Returns:
             One event per generation that was in the step.
@@ -92,21 +100,26 @@ class Batch:
             return []
         try:
             outs = self.engine.step(gens, fit=self.fit)
+            events = [
+                StepEvent(g, out, g.finish is not None, g.error) for g, out in zip(gens, outs, strict=True)
+            ]
         except Exception as exc:  # the shared pass failed: nobody in it can go on
-            for gen in gens:
-                self.running.remove(gen)
-                self._end(gen)
-            return [StepEvent(gen, [], True, exc) for gen in gens]
-        events = []
-        for gen, out in zip(gens, outs, strict=True):
-            done = gen.finish is not None
-            if done:
-                self.running.remove(gen)
-                self._end(gen)
-            events.append(StepEvent(gen, out, done, gen.error))
+            events = [StepEvent(g, [], True, exc) for g in gens]
+        if deliver is not None:
+            for event in events:
+                deliver(event)
+        for event in events:
+            if event.done:
+                self.running.remove(event.gen)
+                self._end(event.gen)
         return events
 
     def _end(self, gen: Generation) -> None:
-        self.engine.end(gen)
-        if self.on_end is not None:
-            self.on_end(gen)
+        try:
+            self.engine.end(gen)
+            if self.on_end is not None:
+                self.on_end(gen)
+        except Exception as exc:
+            if self.on_cleanup_error is None:
+                raise
+            self.on_cleanup_error(gen, exc)

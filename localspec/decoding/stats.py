@@ -19,6 +19,11 @@ def rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
+def available_bytes() -> int:
+    """Memory the system can give without swapping, in bytes (psutil's ``available``)."""
+    return int(psutil.virtual_memory().available)
+
+
 @dataclass
 class MemoryReport:
     """What each model costs in memory, and what the draft adds on top of the target alone."""

@@ -112,7 +112,7 @@ def load(
     store_namespace: str = "default",
     rpc: str | Sequence[str] | None = None,
     tensor_split: Sequence[float] | None = None,
-    parallel: int = 1,
+    parallel: int | None = 1,
 ) -> Pipeline:
     """Load a target and a draft (or a model-free drafter) into a reusable :class:`Pipeline`.
 

@@ -25,10 +25,11 @@ from localspec.decoding.drafters import (
 )
 from localspec.decoding.engine import Engine, Generation, TokenResponse
 from localspec.decoding.routing import Route, pick_drafter, route
-from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
+from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, available_bytes, rss_bytes
 from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
 from localspec.gguf.meta import read_metadata
 from localspec.gguf.pairing import PairInfo
+from localspec.gguf.sizes import kv_bytes_per_sequence
 from localspec.gguf.vocab import mtp_layers, mtp_weights_bytes
 from localspec.llama.recurrent import MAX_SNAPSHOTS
 from localspec.llama.rpc import Endpoint, parse_endpoints
@@ -56,6 +57,68 @@ from localspec.suffix.cache import SuffixCache
 from localspec.suffix.calibration import TOKEN_WEIGHT, Cell, TokenCell
 from localspec.suffix.drafter import SuffixDrafter
 from localspec.suffix.store_files import store_path
+from localspec.units import format_bytes
+
+#: The most generations ``choose_parallel`` runs at once: past four, a CPU's pass grows with every row, and a
+#: GPU user sets ``--parallel`` for their card.
+DEFAULT_PARALLEL = 4
+
+
+def choose_parallel(info: PairInfo, *, n_ctx: int, mtp: bool) -> tuple[int, str]:
+    """How many generations to run at once when nobody said: :data:`DEFAULT_PARALLEL`, fewer when their KV
+    caches do not fit the free memory, one with MTP layers drafting (they draft for one sequence).
+
+    Args:
+        info: the pair.
+        n_ctx: each sequence's room.
+        mtp: whether MTP layers (or an MTP assistant) draft.
+
+    Returns:
+        The number and why, for people.
+    """
+    if mtp:
+        return 1, "the MTP layers draft for one request at a time"
+    for n in range(DEFAULT_PARALLEL, 1, -1):
+        try:
+            check_parallel_fits(info, n_ctx=n_ctx, parallel=n)
+        except SettingsError:
+            continue
+        return n, "the default" if n == DEFAULT_PARALLEL else "the most whose KV caches fit the free memory"
+    return 1, "one KV cache more does not fit the free memory"
+
+
+def check_parallel_fits(info: PairInfo, *, n_ctx: int, parallel: int) -> None:
+    """Refuse, before anything loads, ``parallel`` sequences whose KV caches (target and draft, ``n_ctx``
+    tokens each) do not fit the memory this machine has free beside the weights; the message names the most
+    that fit.
+
+    Args:
+        info: the pair.
+        n_ctx: each sequence's room.
+        parallel: the sequences asked for.
+
+    Raises:
+        SettingsError: they do not fit.
+    """
+    if parallel <= 1:
+        return
+    paths = [p for p in (info.target_path, info.draft_path) if p is not None]
+    try:
+        per_seq = sum(
+            kv_bytes_per_sequence(read_metadata(p, tensors=False, merges=False), n_ctx) for p in paths
+        )
+    except LocalspecError:
+        return  # an unreadable header fails the load itself, with its own message
+    weights = sum(p.stat().st_size for p in paths)
+    free = available_bytes() - weights
+    if per_seq <= 0 or per_seq * parallel <= free:
+        return
+    most = max(0, free // per_seq)
+    raise SettingsError(
+        f"{parallel} sequences of {n_ctx} tokens need {format_bytes(per_seq * parallel)} of KV cache, and "
+        f"this machine has {format_bytes(max(0, free))} free beside the weights",
+        hint=f"use parallel {most} or less, or a smaller n_ctx" if most >= 1 else "use a smaller n_ctx",
+    )
 
 
 def _settings_for(info: PairInfo, settings: DraftSettings | None) -> DraftSettings:
@@ -107,7 +170,8 @@ class Pipeline:
         tensor_split: each RPC device's share of those layers (default: by their free memory).
         parallel: generations that run at once in one pass (:meth:`generate_many`, ``serve --parallel``):
             the target and the draft hold that many sequences, each with ``n_ctx`` of room (the KV cache
-            grows with it; the MTP layers draft for one).
+            grows with it; the MTP layers draft for one). None: chosen (:func:`choose_parallel`), and
+            :attr:`parallel_reason` says why.
     """
 
     def __init__(
@@ -125,7 +189,7 @@ class Pipeline:
         store_namespace: str = "default",
         rpc: str | Sequence[str] | None = None,
         tensor_split: Sequence[float] | None = None,
-        parallel: int = 1,
+        parallel: int | None = 1,
     ) -> None:
         self.info = info
         servers = parse_endpoints(rpc) if rpc else []  # the target's layers there (llama/rpc.py)
@@ -152,7 +216,13 @@ class Pipeline:
         # before anything failed: lower it to what the header says, before loading. ``n_ctx`` tells.
         threads = constants.default_threads() if n_threads is None else n_threads
         check_load_settings(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers or 0, what="target")
-        check_sequences(parallel, mtp=settings.uses_mtp or info.assistant, what=info.target_path.name)
+        mtp = settings.uses_mtp or info.assistant
+        #: why :attr:`parallel` is what it is
+        self.parallel_reason = "asked for"
+        if parallel is None:
+            parallel, self.parallel_reason = choose_parallel(info, n_ctx=n_ctx, mtp=mtp)
+        check_sequences(parallel, mtp=mtp, what=info.target_path.name)
+        check_parallel_fits(info, n_ctx=n_ctx, parallel=parallel)
         #: generations that run at once in one pass (the sequences the target holds)
         self.parallel = parallel
         #: the n_ctx asked for, when it was lowered to the trained context (errors and the CLI say so)
@@ -525,7 +595,7 @@ class Pipeline:
                 vocabulary, an empty prompt, a strategy that needs a draft model this pipeline lacks).
             ContextOverflowError: the prompt and ``max_tokens`` do not fit the context.
         """
-        gen = self.start_tokens(
+        gen = self._start(
             tokens,
             max_tokens=max_tokens,
             params=SamplingParams(temperature, top_k, top_p, min_p, seed),
@@ -542,7 +612,39 @@ class Pipeline:
         drafter = _learned_drafter(gen.settings)
         return self._learning(stream, drafter) if drafter else stream
 
-    def start_tokens(
+    def start_tokens(self, tokens: list[int], **kwargs: Any) -> Generation:
+        """One generation checked, routed and given its drafter, not yet run: what runs several at once
+        (:meth:`batch`, :meth:`generate_many`, ``serve --parallel``).
+
+        Args:
+            tokens: the prompt as the target's token ids.
+            **kwargs: :meth:`stream_tokens`'s keyword arguments.
+
+        Returns:
+            The generation (:meth:`localspec.decoding.engine.Engine.start`), for a :class:`Batch`.
+
+        Raises:
+            SettingsError, ContextOverflowError: as :meth:`stream_tokens`.
+        """
+        return self._start(tokens, **self._start_kwargs(dict(kwargs)))
+
+    def batch(
+        self, *, fit: bool = True, on_cleanup_error: Callable[[Generation, Exception], None] | None = None
+    ) -> Batch:
+        """A :class:`~localspec.decoding.batch.Batch` of this pipeline's generations: up to :attr:`parallel`
+        step together, one target pass per step; what each measured feeds ``auto`` as alone.
+
+        Args:
+            fit: cut each draft to what pays for its rows in the shared pass (False: each drafter's own
+                lengths, as when it runs alone).
+            on_cleanup_error: as :class:`~localspec.decoding.batch.Batch` takes it.
+
+        Returns:
+            An empty batch: :meth:`Batch.add` generations from :meth:`start_tokens`, then step it.
+        """
+        return Batch(self._engine, fit=fit, on_end=self._learned_from, on_cleanup_error=on_cleanup_error)
+
+    def _start(
         self,
         tokens: list[int],
         *,
@@ -554,25 +656,7 @@ class Pipeline:
         grammar: Grammar | None,
         **overrides: Any,
     ) -> Generation:
-        """One generation checked, routed and given its drafter, not yet run: for :meth:`stream_tokens`, and
-        for running several at once (:class:`~localspec.decoding.batch.Batch`, :meth:`generate_many`).
-
-        Args:
-            tokens: the prompt as the target's token ids.
-            max_tokens: the most tokens to generate.
-            params: sampling.
-            stop: stop strings.
-            strategy: the drafting strategy for this call (None: the pipeline's).
-            baseline: run the target alone.
-            grammar: a rule the output keeps to.
-            **overrides: ``n_max``, ``n_min``, ``p_min``, ``adaptive`` for this call.
-
-        Returns:
-            The generation (:meth:`Engine.start`).
-
-        Raises:
-            SettingsError, ContextOverflowError: as :meth:`stream_tokens`.
-        """
+        """:meth:`start_tokens` with the sampling parameters made."""
         tokens, stop = self._checked_call(tokens, max_tokens, stop, grammar, params)
         settings, chosen = self._call_settings(tokens, strategy, baseline, **overrides)
         return self._engine.start(
@@ -613,15 +697,13 @@ class Pipeline:
             raise SettingsError(
                 "generate_many takes a list of prompts, got one string", hint="use generate() for one prompt"
             )
-        baseline = kwargs.pop("baseline", False)
-        start = self._start_kwargs(kwargs)
-        gens = [self.start_tokens(self.tokenize(p), baseline=baseline, **start) for p in prompts]
+        gens = [self.start_tokens(self.tokenize(p), **kwargs) for p in prompts]
         out: list[list[TokenResponse]] = [[] for _ in gens]
         order = {id(g): i for i, g in enumerate(gens)}
         traced = self._engine.trace
         for gen in gens if traced is not None else ():
             gen.trace = []  # each its own, joined in the prompts' order at the end
-        batch = Batch(self._engine, on_end=self._learned_from)
+        batch = self.batch()
         for gen in gens:
             batch.add(gen)
         try:
@@ -636,35 +718,26 @@ class Pipeline:
         finally:
             for gen in [*batch.running, *batch.waiting]:
                 batch.cancel(gen)
-            for gen in gens if traced is not None else ():
-                traced.extend(gen.trace or [])
+            if traced is not None:
+                for gen in gens:
+                    traced.extend(gen.trace or [])
         return [collect(iter(tokens)) for tokens in out]
 
     @staticmethod
     def _start_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-        """:meth:`stream_tokens`'s keyword arguments as :meth:`start_tokens` takes them."""
+        """:meth:`stream_tokens`'s keyword arguments as :meth:`_start` takes them (sampling made, the ones
+        not given at their defaults); an unknown one is refused."""
         sampling = ("temperature", "top_k", "top_p", "min_p", "seed")
-        known = {
-            "max_tokens",
-            "stop",
-            "strategy",
-            "grammar",
-            "n_max",
-            "n_min",
-            "p_min",
-            "adaptive",
-            *sampling,
-        }
-        unknown = sorted(set(kwargs) - known)
+        defaults: dict[str, Any] = {"max_tokens": constants.DEFAULT_MAX_TOKENS, "baseline": False}
+        defaults.update(dict.fromkeys(("stop", "strategy", "grammar", "n_max", "n_min", "p_min", "adaptive")))
+        unknown = sorted(set(kwargs) - set(defaults) - set(sampling))
         if unknown:
             raise SettingsError(
-                f"unknown argument(s): {', '.join(unknown)}", hint="see help(Pipeline.stream)"
+                f"unknown argument(s): {', '.join(unknown)}", hint="see help(Pipeline.stream_tokens)"
             )
-        defaults = SamplingParams()
-        params = SamplingParams(*(kwargs.pop(k, getattr(defaults, k)) for k in sampling))
-        kwargs.setdefault("max_tokens", constants.DEFAULT_MAX_TOKENS)
-        unset = {"stop": None, "strategy": None, "grammar": None, "n_max": None, "n_min": None}
-        return {"params": params, **unset, "p_min": None, "adaptive": None, **kwargs}
+        blank = SamplingParams()
+        params = SamplingParams(*(kwargs.pop(k, getattr(blank, k)) for k in sampling))
+        return {**defaults, **kwargs, "params": params}
 
     def _checked_call(
         self,

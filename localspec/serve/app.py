@@ -170,7 +170,8 @@ def serve(
     names = ep.model_id + (f" (also: {', '.join(ep.names[1:])})" if len(ep.names) > 1 else "")
     echo(f"localspec serve: OpenAI-compatible API at {_url(opts.host, port)}  model {names}")
     echo(f"  pair: {pipe.info.note}; context {pipe.n_ctx} tokens{pipe.n_ctx_note()}")
-    echo(f"  one request at a time, up to {opts.max_queue} waiting")
+    at_once = "one request at a time" if pipe.parallel == 1 else f"{pipe.parallel} requests at once"
+    echo(f"  {at_once} ({pipe.parallel_reason}), up to {opts.max_queue} waiting")
     echo(f"  {line}")
     echo("  Ctrl+C to stop")
     uv = _Uvicorn(app, log_level="info" if log_requests else "warning", access_log=log_requests)

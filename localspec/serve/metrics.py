@@ -6,16 +6,23 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
+from localspec.decoding.stats import GenerationStats
+
 
 class QueueState(Protocol):
-    """What ``/metrics`` reads of the worker (:class:`localspec.serve.worker.Worker`): its queue and
-    whether a generation runs. A protocol, so the counters below the worker do not import it."""
+    """What ``/metrics`` reads of the worker (:class:`localspec.serve.worker.Worker`): its queue, whether a
+    generation runs, and the requests generating at once. A protocol, so the counters below the worker do
+    not import it."""
 
     @property
     def waiting(self) -> int: ...
 
     @property
     def busy(self) -> bool: ...
+
+    slots: int  # requests that generate at once
+
+    def slot_stats(self) -> list[GenerationStats]: ...
 
 
 class Metrics:
@@ -118,5 +125,20 @@ def prometheus_text(metrics: Metrics, worker: QueueState, model_id: str) -> str:
     )
     metric("queue_length", "gauge", "Requests waiting for the worker.", [("", worker.waiting)])
     metric("busy", "gauge", "1 while a generation runs.", [("", int(worker.busy))])
+    running = worker.slot_stats()
+    metric("slots", "gauge", "Requests that can generate at once (--parallel).", [("", worker.slots)])
+    metric("slots_busy", "gauge", "Requests generating now.", [("", len(running))])
+    metric(
+        "slot_acceptance_ratio",
+        "gauge",
+        "Accepted / drafted tokens of each request generating now.",
+        [(f'{{slot="{i}"}}', float(s.acceptance_rate)) for i, s in enumerate(running)],
+    )
+    metric(
+        "slot_batch_cut_tokens",
+        "gauge",
+        "Drafted tokens of each running request left out of passes shared with others (they would not pay).",
+        [(f'{{slot="{i}"}}', s.batch_cut) for i, s in enumerate(running)],
+    )
     metric("info", "gauge", "The served model.", [(f'{{model="{model}"}}', 1)])
     return "\n".join(lines) + "\n"

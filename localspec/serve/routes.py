@@ -96,7 +96,14 @@ def _status_routes(app: FastAPI, ep: Endpoint, authorize: Callable[[Request], No
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        body = {"status": "ok", "model": ep.model_id, "queue": worker.waiting, "busy": worker.busy}
+        body = {
+            "status": "ok",
+            "model": ep.model_id,
+            "queue": worker.waiting,
+            "busy": worker.busy,
+            "slots": worker.slots,
+            "slots_busy": len(worker.slot_stats()),
+        }
         reason = backend_lost(worker)
         if reason is None:
             return JSONResponse(body)
