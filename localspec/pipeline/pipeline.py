@@ -370,6 +370,12 @@ class Pipeline:
 
     # Facts ------------------------------------------------------------------------------------
     @property
+    def target(self) -> Model:
+        """The loaded target model, to read (its sequences, memory kind, rollback counts); generating goes
+        through the pipeline."""
+        return self._target
+
+    @property
     def n_ctx(self) -> int:
         """The context llama.cpp really gave (it rounds up what was asked)."""
         return self._target.n_ctx
