@@ -261,3 +261,14 @@ def test_a_hybrid_target_is_lossless_with_four_sequences(tmp_path, arch):
                 got[id(event.gen)] += [r.token for r in event.tokens]
         assert [got[id(g)] for g in gens] == alone
         assert sum(g.stats.drafted for g in gens) > 0 and pipe.target.rollback.resets == 0
+
+
+def test_the_one_line_api_takes_a_list_of_prompts():
+    texts = localspec.generate(PROMPTS[:2], max_tokens=8, suffix_store=False)
+    assert isinstance(texts, list) and len(texts) == 2
+    assert [t.tokens for t in texts] == [
+        localspec.generate(p, max_tokens=8, suffix_store=False).tokens for p in PROMPTS[:2]
+    ]
+    with pytest.raises(SettingsError, match="list of prompts"):
+        with localspec.load() as pipe:
+            pipe.generate_many("one string")

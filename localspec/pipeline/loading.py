@@ -13,12 +13,12 @@ import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from localspec import constants
 from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
 from localspec.gguf.pairing import check_pair, is_mtp_assistant
-from localspec.pipeline.pipeline import Pipeline
+from localspec.pipeline.pipeline import DEFAULT_PARALLEL, Pipeline
 from localspec.pipeline.results import GenerationResult
 from localspec.settings import LOOKUP_N_MAX, STRATEGY_BY_NAME, SUFFIX_STRATEGIES, DraftSettings
 
@@ -286,6 +286,7 @@ _LOAD_KEYS = {
 _CACHE: dict[tuple, Pipeline] = {}
 
 
+@overload
 def generate(
     prompt: str,
     *,
@@ -295,26 +296,56 @@ def generate(
     max_tokens: int = constants.DEFAULT_MAX_TOKENS,
     temperature: float = 0.0,
     **opts,
-) -> GenerationResult:
+) -> GenerationResult: ...
+
+
+@overload
+def generate(
+    prompt: Sequence[str],
+    *,
+    target: str | os.PathLike | None = None,
+    draft: str | os.PathLike | None = None,
+    preset: str | None = None,
+    max_tokens: int = constants.DEFAULT_MAX_TOKENS,
+    temperature: float = 0.0,
+    **opts,
+) -> list[GenerationResult]: ...
+
+
+def generate(
+    prompt: str | Sequence[str],
+    *,
+    target: str | os.PathLike | None = None,
+    draft: str | os.PathLike | None = None,
+    preset: str | None = None,
+    max_tokens: int = constants.DEFAULT_MAX_TOKENS,
+    temperature: float = 0.0,
+    **opts,
+) -> GenerationResult | list[GenerationResult]:
     """Generate text in one line. The loaded pipeline is kept for the next call with the same models.
 
     Args:
-        prompt: the text to continue.
+        prompt: the text to continue, or a list of texts: they run at once (``parallel`` of them, default
+            up to 4, in one target pass per step: :meth:`Pipeline.generate_many`).
         target: as for :func:`load`.
         draft: as for :func:`load`.
         preset: as for :func:`load`.
         max_tokens: the most tokens to generate.
         temperature: 0 for greedy decoding, else sampling.
-        **opts: :func:`load`'s keyword arguments (``n_ctx``, ``n_threads``, ``suffix_store``, ...) and
-            :meth:`Pipeline.stream_tokens`'s (``strategy``, ``stop``, ``seed``, ``grammar``, ...).
+        **opts: :func:`load`'s keyword arguments (``n_ctx``, ``n_threads``, ``suffix_store``, ``parallel``,
+            ...) and :meth:`Pipeline.stream_tokens`'s (``strategy``, ``stop``, ``seed``, ``grammar``, ...).
 
     Returns:
-        The text, a :class:`GenerationResult` carrying its stats and tokens.
+        The text, a :class:`GenerationResult` carrying its stats and tokens; for a list, one per prompt, in
+        order.
 
     Raises:
         LocalspecError: what :func:`load` or :meth:`Pipeline.stream_tokens` raises (bad arguments, a
             prompt that does not fit the context, a model that does not load).
     """
+    many = not isinstance(prompt, str)
+    if many and "parallel" not in opts:
+        opts["parallel"] = max(1, min(len(prompt), DEFAULT_PARALLEL))
     load_kw = {k: opts.pop(k) for k in list(opts) if k in _LOAD_KEYS}
     key = (str(target), str(draft), preset, tuple(sorted((k, str(v)) for k, v in load_kw.items())))
     pipe = _CACHE.get(key)
@@ -324,4 +355,6 @@ def generate(
         _CACHE.clear()
         pipe = load(target, draft, preset, **load_kw)
         _CACHE[key] = pipe
-    return pipe.generate(prompt, max_tokens=max_tokens, temperature=temperature, **opts)
+    if isinstance(prompt, str):
+        return pipe.generate(prompt, max_tokens=max_tokens, temperature=temperature, **opts)
+    return pipe.generate_many(list(prompt), max_tokens=max_tokens, temperature=temperature, **opts)
