@@ -12,7 +12,7 @@ from _lossless import NEAR_TIE
 
 import localspec
 from localspec import constants
-from localspec.decoding.drafters import Draft
+from localspec.decoding.draft import Draft
 from localspec.decoding.engine import Engine, PassCosts
 from localspec.decoding.speed import batch_lengths
 from localspec.errors import LocalspecError, SettingsError

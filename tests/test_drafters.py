@@ -52,7 +52,7 @@ def test_drafters_import_without_llama_cpp():
 
     code = (
         "import sys; sys.modules['llama_cpp'] = None\n"
-        "from localspec.decoding.drafters import NgramDrafter, SOURCES\n"
+        "from localspec.decoding.drafters import NgramDrafter\nfrom localspec.decoding.draft import SOURCES\n"
         "from localspec.llama.sampling import SamplingParams\n"
         "import numpy as np\n"
         "d = NgramDrafter(); ctx = [1, 2, 3, 4, 5, 1, 2, 3]; d.begin(ctx[:-1])\n"

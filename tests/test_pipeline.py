@@ -14,7 +14,7 @@ import pytest
 
 import localspec
 from localspec import constants
-from localspec.decoding.drafters import Draft
+from localspec.decoding.draft import Draft
 from localspec.decoding.engine import MAX_CONTROLLERS, Engine
 from localspec.decoding.stats import GenerationStats
 from localspec.errors import ContextOverflowError, SettingsError

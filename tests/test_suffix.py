@@ -12,7 +12,7 @@ from _lossless import assert_lossless
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localspec.decoding.drafters import SOURCES
+from localspec.decoding.draft import SOURCES
 from localspec.decoding.stats import GenerationStats
 from localspec.llama.sampling import SamplingParams
 from localspec.settings import DraftSettings

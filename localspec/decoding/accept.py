@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from localspec.constrain.grammar import Constraint
-from localspec.decoding.drafters import Draft
+from localspec.decoding.draft import Draft
 from localspec.llama.sampling import SamplingParams, accept_or_resample, distribution, sample
 
 #: Under a grammar, a draft model's proposal is judged by the exact rejection rule only when at most this

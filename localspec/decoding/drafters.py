@@ -13,52 +13,18 @@ API can report acceptance by source.
 from __future__ import annotations
 
 import copy
-import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from localspec.decoding.draft import Draft
+from localspec.decoding.model_draft import DraftJob, Limits, pick, submit
 from localspec.decoding.stopping import expected_accepted
-from localspec.llama.sampling import SamplingParams, distribution, sample
+from localspec.llama.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from localspec.decoding.stopping import GainStop
     from localspec.llama.runtime import Model
-
-#: Sources that are a model's predictions: a draft model's, or the target's own MTP layers'.
-MODEL_SOURCES: tuple[str, ...] = ("model", "mtp")
-#: Where a drafted token came from: the draft model, the target's MTP layers, the current prompt and output,
-#: earlier requests of this pipeline (or the persisted store), or an indexed corpus.
-SOURCES: tuple[str, ...] = (*MODEL_SOURCES, "prompt", "history", "corpus")
-
-
-@dataclass
-class Draft:
-    tokens: list[int] = field(default_factory=list)
-    # Per drafted token, the drafter's distribution q (None: a deterministic proposal). Only filled
-    # when sampling; greedy verification needs no q.
-    probs: list[np.ndarray | None] = field(default_factory=list)
-    source: str = ""  # the drafter's name
-    # Per drafted token: where it came from (one of SOURCES) and the drafter's confidence in it
-    # (its probability of being accepted, as the drafter estimates it; 1.0 when it has no estimate).
-    sources: list[str] = field(default_factory=list)
-    confidence: list[float] = field(default_factory=list)
-    evals: int = 0  # draft-model decode calls spent on this draft
-    first_seconds: float = 0.0  # the first of those calls, which also fed the tokens accepted since the last
-    fed: int = 0  # tokens that first call fed (more than two: it caught up after rounds without a draft)
-
-    def add(self, pick: Pick, n_vocab: int, source: str = "model") -> None:
-        """Append a drafted token (its distribution fitted to the target's ``n_vocab`` ids when sampled)."""
-        self.tokens.append(pick.token)
-        if pick.q is not None:
-            self.probs.append(_fit(pick.q, n_vocab))
-        self.sources.append(source)
-        self.confidence.append(pick.p_top)
-
-    def source_of(self, i: int) -> str:
-        """Where drafted token ``i`` came from."""
-        return self.sources[i] if i < len(self.sources) else (self.source or "model")
 
 
 class Drafter(Protocol):
@@ -164,32 +130,13 @@ class ModelDrafter:
     ) -> Draft:
         """Up to ``n`` tokens, greedy or sampled. Without ``stop`` a token under ``p_min`` ends the draft
         (after ``n_min``), as in llama.cpp; with it, the measured expected gain decides."""
-        out = Draft(source=self.name)
-        model, seq = self.model, self.seq
-        n = min(n, model.n_ctx - len(context) + 1)  # the drafts it decodes must fit its own context
-        if n <= 0:
-            return out
-        todo = model.sync(context, keep_last=1, seq=seq)
-        t = time.perf_counter()
-        logits = model.decode_logits(todo, outputs=1, seq=seq)[0]
-        out.first_seconds = time.perf_counter() - t
-        out.evals, out.fed = 1, len(todo)
-        # recurrent memory: the drafts it decodes next may be taken back
-        model.checkpoint(ahead=n - 1, seq=seq)
-        for i in range(n):
-            pick = _pick(logits, i, params, rng, stop, self._limits())
-            if pick is None:
-                break
-            out.add(pick, self.target_n_vocab)
-            if i + 1 < n and (stop is None or stop.go_on()):
-                logits = model.decode_logits([pick.token], outputs=1, seq=seq)[0]
-                out.evals += 1
-            else:
-                break
-        return out
+        job = DraftJob(
+            self.model, self.seq, context, n, params, rng, stop, self._limits(), self.target_n_vocab
+        )
+        return submit(job)
 
-    def _limits(self) -> _Limits:
-        return _Limits(self.n_min, self.p_min, self._mask)
+    def _limits(self) -> Limits:
+        return Limits(self.n_min, self.p_min, self._mask)
 
     def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         """A draft model has nothing to propose without calling the model."""
@@ -197,54 +144,6 @@ class ModelDrafter:
 
     def finish(self, context: list[int]) -> None:
         """Nothing to learn: the KV cache already holds what the next call can reuse."""
-
-
-@dataclass(frozen=True)
-class Pick:
-    """One token a model drafter chose: the token, the distribution it was sampled from (None: greedy) and
-    the model's top probability (its confidence)."""
-
-    token: int
-    q: np.ndarray | None
-    p_top: float
-
-
-@dataclass(frozen=True)
-class _Limits:
-    n_min: int
-    p_min: float
-    mask: np.ndarray | None  # ids never proposed
-
-
-def _pick(
-    logits: np.ndarray,
-    i: int,
-    params: SamplingParams,
-    rng: np.random.Generator,
-    stop: GainStop | None,
-    limits: _Limits,
-) -> Pick | None:
-    """Draft step ``i``'s token from a model's logits row, or None where the draft ends: without ``stop`` a
-    top probability under ``p_min`` ends it (after ``n_min`` tokens), as in llama.cpp; with it, the measured
-    expected gain decides."""
-    row = logits
-    if limits.mask is not None:
-        row = row.copy()
-        row[limits.mask] = -np.inf
-    q = None if params.greedy else distribution(row, params)
-    if q is None:
-        tok = int(np.argmax(row))
-        p_top = 1.0 / float(np.exp(row - row[tok]).sum())
-    else:
-        p_top = float(q.max())
-    if stop is not None:
-        if not stop.keep(i, p_top):
-            return None
-    elif limits.p_min > 0.0 and i >= limits.n_min and p_top < limits.p_min:
-        return None
-    if q is not None:
-        tok = sample(q, rng)
-    return Pick(tok, q, p_top)
 
 
 class MtpDrafter:
@@ -293,14 +192,14 @@ class MtpDrafter:
         out = Draft(source=self.name)
         if n <= 0:
             return out
-        limits = _Limits(self.n_min, self.p_min, None)
+        limits = Limits(self.n_min, self.p_min, None)
 
         def choose(i: int, logits: np.ndarray) -> tuple[int | None, bool]:
-            pick = _pick(logits, i, params, rng, stop, limits)
-            if pick is None:
+            chosen = pick(logits, i, params, rng, stop, limits)
+            if chosen is None:
                 return None, False
-            out.add(pick, self.target.n_vocab, "mtp")
-            return pick.token, stop is None or stop.go_on()
+            out.add(chosen, self.target.n_vocab, "mtp")
+            return chosen.token, stop is None or stop.go_on()
 
         made = self.target.call(lambda: self.head.draft(context[-1], len(context) - 1, n, choose))
         out.evals, out.first_seconds, out.fed = made.evals, made.first_seconds, 1
@@ -312,15 +211,6 @@ class MtpDrafter:
 
     def finish(self, context: list[int]) -> None:
         """Nothing to learn."""
-
-
-def _fit(q: np.ndarray, n: int) -> np.ndarray:
-    """Draft distribution over the target's id range (masked ids beyond it carry no mass)."""
-    if q.shape[0] == n:
-        return q
-    if q.shape[0] > n:
-        return q[:n]
-    return np.concatenate([q, np.zeros(n - q.shape[0], dtype=q.dtype)])
 
 
 class NgramDrafter:

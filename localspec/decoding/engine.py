@@ -36,6 +36,7 @@ never hang the other callers, and same-thread interleaving cannot deadlock.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import threading
 import time
@@ -50,6 +51,7 @@ from localspec.constrain.grammar import Constraint, Grammar
 from localspec.decoding import accept
 from localspec.decoding.adaptive import AdaptiveLength
 from localspec.decoding.drafters import Draft, Drafter
+from localspec.decoding.model_draft import joint_drafting
 from localspec.decoding.speed import Verify, batch_lengths
 from localspec.decoding.stats import GenerationStats
 from localspec.errors import LocalspecError, SettingsError
@@ -339,19 +341,25 @@ class Engine:
         """Each round's proposal, within the context left and its share of the batch's ``free`` rows."""
         target, out = self.target, []
         share = free // max(1, len(rounds))
-        for gen in rounds:
-            assert gen.seq is not None
-            room = min(gen.max_tokens - gen.generated, target.n_ctx - len(gen.ctx) + 1)
-            if room <= 0:
-                gen.finish = gen.stats.finish_reason = "length"
-                continue
-            if gen.seq.owed + 1 > share:  # owed tokens that do not fit beside the others: evaluated first
-                target.decode([], seq=gen.seq)
-            cap = min(room - 1, target.max_draft, share - 1 - gen.seq.owed)
-            try:
-                out.append(self._propose(gen, cap=max(0, cap)))
-            except Exception as exc:  # this generation's drafter failed: it ends alone
-                _fail(gen, exc)
+        joint = joint_drafting() if len(rounds) > 1 else contextlib.nullcontext()
+        t0 = time.perf_counter()
+        with joint:  # the draft model's steps for every round share passes (localspec.decoding.model_draft)
+            for gen in rounds:
+                assert gen.seq is not None
+                room = min(gen.max_tokens - gen.generated, target.n_ctx - len(gen.ctx) + 1)
+                if room <= 0:
+                    gen.finish = gen.stats.finish_reason = "length"
+                    continue
+                if gen.seq.owed + 1 > share:  # owed tokens that do not fit beside the others: first alone
+                    target.decode([], seq=gen.seq)
+                cap = min(room - 1, target.max_draft, share - 1 - gen.seq.owed)
+                try:
+                    out.append(self._propose(gen, cap=max(0, cap)))
+                except Exception as exc:  # this generation's drafter failed: it ends alone
+                    _fail(gen, exc)
+            t_joint = time.perf_counter()
+        if len(rounds) > 1:
+            _share_joint(out, time.perf_counter() - t_joint, t_joint - t0)
         return out
 
     def _fit(self, plans: list[_Plan], base: int) -> None:
@@ -388,7 +396,7 @@ class Engine:
             draft = drafter.lookup(gen.ctx, min(gen.settings.n_max, cap), gen.params, gen.rng)
         seconds = time.perf_counter() - t
         gen.stats.draft_seconds += seconds
-        gen.stats.draft_evals += draft.evals
+        gen.stats.draft_evals += draft.evals  # (a joint draft's are added when it ran: _share_joint)
         return _Plan(gen, draft, k, seconds, list(draft.tokens), rollback_before)
 
     def _finish_round(self, plan: _Plan, rows: np.ndarray, verify_seconds: float) -> list[TokenResponse]:
@@ -527,6 +535,21 @@ class Engine:
 
 
 _EMPTY = Draft()
+
+
+def _share_joint(plans: list[_Plan], seconds: float, before: float) -> None:
+    """After joint drafting: each plan's draft as it was filled, and its share (by passes) of the ``seconds``
+    the shared draft passes took."""
+    del before  # the proposals' own time (lookups) is already counted per plan
+    evals = sum(p.draft.evals for p in plans if not p.tokens)
+    for p in plans:
+        if p.tokens or not p.draft.evals:
+            continue  # a lookup's draft, or nothing drafted
+        spent = seconds * p.draft.evals / max(1, evals)
+        p.tokens = list(p.draft.tokens)
+        p.seconds += spent
+        p.gen.stats.draft_seconds += spent
+        p.gen.stats.draft_evals += p.draft.evals
 
 
 def _fail(gen: Generation, exc: Exception) -> None:

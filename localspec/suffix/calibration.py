@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from localspec.decoding.drafters import SOURCES
+from localspec.decoding.draft import SOURCES
 from localspec.suffix.confidence import MAX_DRAFT
 from localspec.suffix.index import EXTENTS, Proposal
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-from localspec.decoding.drafters import Draft
+from localspec.decoding.draft import Draft
 from localspec.llama.sampling import SamplingParams
 from localspec.suffix.calibration import (
     BUCKET_END,
