@@ -272,3 +272,51 @@ def test_the_one_line_api_takes_a_list_of_prompts():
     with pytest.raises(SettingsError, match="list of prompts"):
         with localspec.load() as pipe:
             pipe.generate_many("one string")
+
+
+def test_sampling_keeps_the_targets_distribution_in_a_mixed_batch(pipe3):
+    """The second sampled token of one request (temperature 1, its draft model drafting) beside two greedy
+    requests of other prompts, against the same request sampled by the target alone: the same distribution."""
+    from _chi2 import chi2_pvalue
+
+    prompt = pipe3.tokenize("def fib(n):")
+    others = [pipe3.tokenize(p) for p in PROMPTS[1:3]]
+    alone, mixed = [], []
+    for seed in range(200):
+        base = list(pipe3.stream_tokens(prompt, max_tokens=2, temperature=1.0, seed=seed, baseline=True))
+        alone.append(base[-1].token)
+        batch = pipe3.batch()
+        mine = pipe3.start_tokens(
+            prompt, max_tokens=2, temperature=1.0, seed=seed, strategy="model", adaptive=False
+        )
+        for gen in (mine, *(pipe3.start_tokens(o, max_tokens=3, strategy="ngram") for o in others)):
+            batch.add(gen)
+        last = None
+        while not batch.idle:
+            for event in batch.step():
+                if event.gen is mine and event.tokens:
+                    last = event.tokens[-1].token
+        mixed.append(last)
+    assert chi2_pvalue(alone, mixed) > 0.001
+
+
+def test_a_json_schema_request_stays_valid_beside_free_text(pipe3):
+    import json
+
+    from localspec import Grammar
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}, "required": ["n"]}
+    batch = pipe3.batch()
+    constrained = pipe3.start_tokens(
+        pipe3.tokenize("{"), max_tokens=40, grammar=Grammar.json_schema(schema)
+    )
+    free = [pipe3.start_tokens(pipe3.tokenize(p), max_tokens=20, strategy="ngram") for p in PROMPTS[:2]]
+    texts: dict[int, str] = {}
+    for gen in (constrained, *free):
+        batch.add(gen)
+    while not batch.idle:
+        for event in batch.step():
+            assert event.error is None
+            texts[id(event.gen)] = texts.get(id(event.gen), "") + "".join(r.text for r in event.tokens)
+    assert constrained.finish == "stop"
+    assert json.loads(texts[id(constrained)])["n"] <= 9
