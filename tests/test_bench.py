@@ -259,7 +259,7 @@ def test_the_ceiling_reads_acceptance_per_position_pooled_over_a_strategys_cells
 def test_tune_grid_and_honest_none():
     grid = tune.tune_configs(["model", "ngram", "none"], [1, 2, 3], [0.5, 0.9])
     assert len(grid) == 3 * 2 + 3
-    assert [c.label for c in grid if c.strategy == "ngram"] == ["ngram k=1", "ngram k=2", "ngram k=3"]
+    assert [c.label for c in grid if c.strategy.name == "ngram"] == ["ngram k=1", "ngram k=2", "ngram k=3"]
     with pytest.raises(BenchError):
         tune.tune_configs(["magic"], [1], [0.5])
     order = bench.plan_configs(grid, baseline_every=4)
@@ -440,10 +440,10 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     assert len(paths) == 4 and all(Path(p).is_file() for p in paths)
     assert rep.tuning["replaced"] == []
     p = get_preset("my-tuned")
-    assert (p.draft.strategy, p.draft.n_max) == ("ngram", 5)
-    assert get_preset("my-tuned-chat").draft.strategy == "none"
+    assert (p.draft.strategy.name, p.draft.n_max) == ("ngram", 5)
+    assert get_preset("my-tuned-chat").draft.strategy.name == "none"
     e = get_preset("my-tuned-edit")
-    assert (e.draft.strategy, e.draft.n_max, e.draft.p_min) == ("model", 3, 0.5)
+    assert (e.draft.strategy.name, e.draft.n_max, e.draft.p_min) == ("model", 3, 0.5)
     assert e.n_ctx == 2048 and str(e.target.path) == str(t)
     assert not e.draft.adaptive and get_preset("my-tuned-code").draft.adaptive
     # a second save over the same names says which paths held a preset before (the CLI prints "replaced")

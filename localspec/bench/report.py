@@ -330,8 +330,8 @@ def auto_lines(report: BenchReport) -> list[str]:
     out = []
     for w in dict.fromkeys(c.workload for c in report.cells):
         cells = [c for c in report.cells if c.workload == w and _number(c.speedup)]
-        autos = [c for c in cells if c.strategy == "auto"]
-        fixed = [c for c in cells if c.strategy != "auto" and not c.adaptive]
+        autos = [c for c in cells if c.kind.routed]
+        fixed = [c for c in cells if not c.kind.routed and not c.adaptive]
         if autos and fixed:
             best = max(fixed, key=lambda c: c.speedup)
             out += [

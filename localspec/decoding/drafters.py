@@ -47,6 +47,9 @@ class Draft:
     evals: int = 0  # draft-model decode calls spent on this draft
     first_seconds: float = 0.0  # the first of those calls, which also fed the tokens accepted since the last
     fed: int = 0  # tokens that first call fed (more than two: it caught up after rounds without a draft)
+    # Seconds per drafter asked for it, by name, where more than one was (a combination's lookup and model);
+    # empty: the one drafter asked took the round's drafting time.
+    spent: dict[str, float] = field(default_factory=dict)
 
     def add(self, pick: Pick, n_vocab: int, source: str = "model") -> None:
         """Append a drafted token (its distribution fitted to the target's ``n_vocab`` ids when sampled)."""
@@ -399,7 +402,10 @@ class CombinedDrafter:
 
     def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         """The lookup part alone: what a round can still propose for free while the draft model sits out."""
-        return self.lookup_drafter.draft(context, n, params, rng)
+        t = time.perf_counter()
+        d = self.lookup_drafter.draft(context, n, params, rng)
+        d.spent = {self.lookup_drafter.name: time.perf_counter() - t}
+        return d
 
     def draft(
         self,
@@ -409,12 +415,18 @@ class CombinedDrafter:
         rng: np.random.Generator,
         stop: GainStop | None = None,
     ) -> Draft:
+        t = time.perf_counter()
         d = self.lookup_drafter.draft(context, n, params, rng)
+        looked = time.perf_counter() - t
         if len(d.tokens) >= min(self.min_lookup, n) and (
             stop is None or expected_accepted(d.confidence[: len(d.tokens)]) >= stop.model_tokens
         ):
+            d.spent = {self.lookup_drafter.name: looked}
             return d
-        return self.model.draft(context, n, params, rng, stop)
+        t = time.perf_counter()
+        made = self.model.draft(context, n, params, rng, stop)
+        made.spent = {self.lookup_drafter.name: looked, self.model.name: time.perf_counter() - t}
+        return made
 
     def finish(self, context: list[int]) -> None:
         self.lookup_drafter.finish(context)

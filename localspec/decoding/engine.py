@@ -245,6 +245,8 @@ class Engine:
         seconds = time.perf_counter() - t
         gen.stats.draft_seconds += seconds
         gen.stats.draft_evals += draft.evals
+        if draft is not _EMPTY:  # the drafter was asked: its calls and seconds (a combination's parts apart)
+            gen.stats.record_calls(draft.spent or {drafter.name: seconds})
         return _Proposal(draft, k, seconds)
 
     def _accept(self, gen: _Generation, rows: np.ndarray, draft: Draft) -> _Verdict:
@@ -267,7 +269,7 @@ class Engine:
         if gen.drafter is None:
             stats.rounds += 1
             return
-        stats.record_round(n_d, accepted, [draft.source_of(i) for i in range(n_d)])
+        stats.record_round(n_d, accepted, [draft.source_of(i) for i in range(n_d)], drafter=draft.source)
         if gen.controller:
             gen.controller.update(
                 proposal.asked,

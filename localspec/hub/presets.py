@@ -310,7 +310,7 @@ def _parse_draft_settings(table: Any, where: str) -> DraftSettings:
         "n_min": _expect(table, "n_min", int, where, d.n_min),
         "p_min": _expect(table, "p_min", (int, float), where, d.p_min),
         "adaptive": _expect(table, "adaptive", bool, where, d.adaptive),
-        "strategy": _expect(table, "strategy", str, where, d.strategy),
+        "strategy": _expect(table, "strategy", str, where, d.strategy.name),
     }
     try:
         return DraftSettings(**values)

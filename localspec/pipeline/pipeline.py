@@ -23,7 +23,7 @@ from localspec.decoding.drafters import (
     NgramDrafter,
 )
 from localspec.decoding.engine import Engine, TokenResponse
-from localspec.decoding.routing import Route, pick_drafter, route
+from localspec.decoding.routing import Route, Router
 from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
 from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
 from localspec.gguf.meta import read_metadata
@@ -39,12 +39,7 @@ from localspec.pipeline.checks import checked_stop, checked_text, checked_tokens
 from localspec.pipeline.compare import compare
 from localspec.pipeline.results import GenerationResult, collect
 from localspec.pipeline.tool_calls import ChatResponse, ToolUse, tool_use
-from localspec.settings import (
-    LOOKUP_N_MAX,
-    SUFFIX_STRATEGIES,
-    DraftSettings,
-    mtp_counterpart,
-)
+from localspec.settings import DRAFT_MODEL, TARGET_ALONE, DraftSettings, Strategy, parse_strategy
 from localspec.suffix.cache import SuffixCache
 from localspec.suffix.calibration import TOKEN_WEIGHT, Cell, TokenCell
 from localspec.suffix.drafter import SuffixDrafter
@@ -53,19 +48,36 @@ from localspec.suffix.store_files import store_path
 
 def _settings_for(info: PairInfo, settings: DraftSettings | None) -> DraftSettings:
     """A pipeline's settings: the ones given (a draft model strategy only with a draft model), else the draft
-    model when the pair has one, else the target alone. With an MTP assistant for the draft, a draft model
-    strategy drafts with it as the target's MTP layers (``model+suffix`` runs ``mtp+suffix``)."""
+    model when the pair has one, else the target alone (each call's settings go through
+    :func:`_for_pair` as these do)."""
     if settings is None:
-        settings = DraftSettings(strategy="model" if info.draft_path is not None else "none")
-    if info.assistant:
-        settings = settings.with_overrides(strategy=mtp_counterpart(settings.strategy))
+        settings = DraftSettings(strategy=DRAFT_MODEL if info.draft_path is not None else TARGET_ALONE)
+    settings = _for_pair(info, settings)
     if settings.uses_model and info.draft_path is None:
         raise SettingsError(
-            f"strategy {settings.strategy!r} needs a draft model, and none was given",
+            f"strategy {settings.strategy.name!r} needs a draft model, and none was given",
             hint="give a draft model (draft=PATH; on the command line --draft PATH) or a preset with "
             "one, or use strategy 'suffix' or 'ngram'",
         )
     return settings
+
+
+def _for_pair(info: PairInfo, settings: DraftSettings) -> DraftSettings:
+    """``settings`` as this pair runs them: with an MTP assistant for the draft, a draft model strategy drafts
+    with it as the target's MTP layers (``model+suffix`` runs ``mtp+suffix``)."""
+    if info.assistant:
+        return settings.with_overrides(strategy=settings.strategy.mtp_counterpart)
+    return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadFacts:
+    """What a pipeline's measured costs depend on besides the files: the target's CPU threads, and the
+    layers of the target and of the draft on a GPU (or, for the target, on rpc-servers)."""
+
+    threads: int
+    gpu_layers: int
+    draft_gpu_layers: int
 
 
 class Pipeline:
@@ -128,10 +140,6 @@ class Pipeline:
         store_path(".", "0" * 16, store_namespace)  # a namespace no file can be named by: refused now
         corpus_folder = Path(corpus).expanduser() if corpus else None
         self._costs: MachineCosts | None = None
-        # per model drafter ("model", "mtp"): the acceptance generations that ran it measured, and the speed
-        # its adaptive controller predicted, for ``auto``
-        self._acceptance: dict[str, float | None] = {"model": None, "mtp": None}
-        self._speed: dict[str, float | None] = {"model": None, "mtp": None}
         self.route: Route | None = None  # the last "auto" decision and its reason
         #: told (a line of text) before a one-time wait: measuring this machine's costs (the CLI prints it)
         self.notify: Callable[[str], None] | None = None
@@ -146,7 +154,7 @@ class Pipeline:
             self.n_ctx_asked, n_ctx = n_ctx, info.n_ctx_train
         offload = supports_gpu_offload()
         # what the measured costs depend on: threads, and GPU layers of the target and the draft
-        self._load_facts = (
+        self.load_facts = LoadFacts(
             threads,
             default_gpu_layers(n_gpu_layers, offload=offload or bool(servers)),  # over RPC: all layers
             default_gpu_layers(draft_n_gpu_layers, offload=offload) if info.draft_path else 0,
@@ -171,6 +179,8 @@ class Pipeline:
             if self._draft
             else None
         )
+        #: ``auto``'s decisions and what it measured per model drafter (:mod:`localspec.decoding.routing`)
+        self.router = Router(model=self._model_drafter is not None, mtp=self._target.mtp is not None)
         self._chat: ChatFormat | None = None
         self._suffix = SuffixCache(
             self._target,
@@ -191,15 +201,14 @@ class Pipeline:
     ) -> Model:
         """The target (with its MTP layers for an MTP strategy, and for ``auto`` when the file has them: it
         weighs them against the draft model), and what it costs in ``mem``."""
-        threads, gpu_layers, _ = self._load_facts
-        info = self.info
-        routed = self.settings.kind.routed
+        facts, info = self.load_facts, self.info
+        routed = self.settings.strategy.routed
         mtp = self.settings.uses_mtp or (routed and (info.assistant or self._file_has_mtp()))
         target = Model(
             self.info.target_path,
             n_ctx=n_ctx,
-            n_threads=threads,
-            n_gpu_layers=gpu_layers,
+            n_threads=facts.threads,
+            n_gpu_layers=facts.gpu_layers,
             rpc_servers=servers,
             tensor_split=tensor_split,
             rollback_depth=depth,
@@ -248,7 +257,7 @@ class Pipeline:
             draft = Model(
                 self.info.draft_path,
                 n_ctx=n_ctx,
-                n_threads=self._load_facts[0] if draft_n_threads is None else draft_n_threads,
+                n_threads=self.load_facts.threads if draft_n_threads is None else draft_n_threads,
                 n_gpu_layers=default_gpu_layers(draft_n_gpu_layers, offload=offload),
                 rollback_depth=depth,
             )
@@ -338,25 +347,25 @@ class Pipeline:
         lookup: Drafter = self.suffix_drafter() if s.uses_suffix else NgramDrafter()
         if s.uses_mtp:
             mtp = self._mtp_drafter(s)
-            return CombinedDrafter(mtp, lookup) if s.kind.combined else mtp
+            return CombinedDrafter(mtp, lookup) if s.strategy.combined else mtp
         if not s.uses_model:
             return lookup
         if self._model_drafter is None:
             raise LocalspecError(
-                f"strategy {s.strategy!r} needs a draft model, and this pipeline has none",
+                f"strategy {s.strategy.name!r} needs a draft model, and this pipeline has none",
                 hint="load with a draft model (draft=PATH; on the command line --draft PATH) or a preset "
                 "with one, or use strategy 'suffix' or 'ngram'",
             )
         model = self._model_drafter.with_limits(n_min=s.n_min, p_min=s.p_min)
-        return CombinedDrafter(model, lookup) if s.kind.combined else model
+        return CombinedDrafter(model, lookup) if s.strategy.combined else model
 
     def _mtp_drafter(self, s: DraftSettings) -> MtpDrafter:
         """The target's MTP layers as the drafter of strategy ``s`` (loaded with the target for an MTP
         strategy)."""
         if self._target.mtp is None:
             raise LocalspecError(
-                f"strategy {s.strategy!r} drafts with the target's MTP layers, and this pipeline was loaded "
-                "without them",
+                f"strategy {s.strategy.name!r} drafts with the target's MTP layers, and this pipeline was "
+                "loaded without them",
                 hint="load with strategy='mtp' (on the command line --strategy mtp) to load them",
             )
         return MtpDrafter(self._target, n_min=s.n_min, p_min=s.p_min)
@@ -366,27 +375,32 @@ class Pipeline:
         """This machine's measured verify curve V(b) and token costs for these models (measured once per
         machine, build, model files, threads and offload, then read from the cache)."""
         if self._costs is None:
-            threads, gpu, draft_gpu = self._load_facts
+            facts = self.load_facts
             self._costs = machine_costs(
                 self._target,
                 self._draft,
-                threads=threads,
-                gpu_layers=gpu,
-                draft_gpu_layers=draft_gpu,
+                threads=facts.threads,
+                gpu_layers=facts.gpu_layers,
+                draft_gpu_layers=facts.draft_gpu_layers,
                 notify=self.notify,
             )
         return self._costs
 
-    def costs_pending(self, strategy: str | None = None) -> bool:
+    def costs_pending(self, strategy: str | Strategy | None = None) -> bool:
         """True when a generation with ``strategy`` (default: the pipeline's) will first measure this
         machine's costs (:meth:`machine_costs`, which takes seconds on a CPU): the suffix
         cache and ``auto`` need them, and they are neither loaded nor stored yet. A caller that shows
         progress (the web UI) says so and calls :meth:`machine_costs` itself first."""
-        if (strategy or self.settings.strategy) not in SUFFIX_STRATEGIES or self._costs is not None:
+        kind = self.settings.strategy if strategy is None else parse_strategy(strategy)
+        if not kind.sizes_own_drafts or self._costs is not None:
             return False
-        threads, gpu, draft_gpu = self._load_facts
+        f = self.load_facts
         found = stored_costs(
-            self._target, self._draft, threads=threads, gpu_layers=gpu, draft_gpu_layers=draft_gpu
+            self._target,
+            self._draft,
+            threads=f.threads,
+            gpu_layers=f.gpu_layers,
+            draft_gpu_layers=f.draft_gpu_layers,
         )
         return found is None
 
@@ -424,35 +438,12 @@ class Pipeline:
         self._suffix.set_corpus(folder, notify=self.notify)
 
     def _route(self, s: DraftSettings, tokens: list[int]) -> tuple[DraftSettings, Route]:
-        """``auto``: suffix alone, or a model drafter (adaptive) with the suffix cache, for this request: the
-        draft model and the target's MTP layers, whichever are loaded, weighed by what they measured."""
-        here = {"model": self._model_drafter is not None, "mtp": self._target.mtp is not None}
-        loaded = {d: self._speed[d] for d, there in here.items() if there}
-        overlap = self.suffix_drafter().overlap(tokens)
-
-        def weigh(drafter: str) -> Route:
-            return route(
-                has_model=bool(loaded),
-                costs=self.machine_costs() if drafter == "model" and loaded else None,
-                model_acceptance=self._acceptance["model"],
-                n_max=min(s.n_max, 8),
-                overlap=overlap,
-                measured_speed=self._speed[drafter],
-                drafter=drafter,
-            )
-
-        if len(loaded) < 2:
-            r = weigh(next(iter(loaded), "model"))
-        else:  # both: each runs once to be measured (the draft model first, if the costs say it may pay)
-            first = weigh("model") if loaded["model"] is None else None
-            if (
-                first is not None and first.strategy == "suffix"
-            ):  # it would not pay: weighed by that prediction
-                loaded["model"] = first.model_speed
-            drafter, others = pick_drafter(loaded)
-            r = weigh(drafter)
-            r = dataclasses.replace(r, reason=f"{r.reason} ({others})")
-        adaptive = True if r.strategy in ("model+suffix", "mtp+suffix") else s.adaptive
+        """``auto``: suffix alone, or a model drafter (adaptive) with the suffix cache, for this request, as
+        the :attr:`router` decides from what the loaded drafters measured."""
+        r = self.router.route(
+            costs=self.machine_costs, n_max=min(s.n_max, 8), overlap=self.suffix_drafter().overlap(tokens)
+        )
+        adaptive = True if r.strategy.combined else s.adaptive  # a model drafter runs adaptive
         return s.with_overrides(strategy=r.strategy, adaptive=adaptive), r
 
     def stream_tokens(
@@ -466,7 +457,7 @@ class Pipeline:
         min_p: float = 0.0,
         seed: int | None = None,
         stop: list[str] | None = None,
-        strategy: str | None = None,
+        strategy: str | Strategy | None = None,
         n_max: int | None = None,
         n_min: int | None = None,
         p_min: float | None = None,
@@ -521,8 +512,8 @@ class Pipeline:
             stats=self._new_stats(settings, chosen),
             grammar=grammar,
         )
-        if settings.uses_model or settings.uses_mtp:
-            return self._learning(stream, "mtp" if settings.uses_mtp else "model")
+        if self.router.record_for(settings.strategy) is not None:
+            return self._learning(stream, settings.strategy)
         return stream
 
     def _checked_call(
@@ -551,19 +542,21 @@ class Pipeline:
         return tokens, stop
 
     def _call_settings(
-        self, tokens: list[int], strategy: str | None, baseline: bool, *, n_max: int | None, **overrides: Any
+        self,
+        tokens: list[int],
+        strategy: str | Strategy | None,
+        baseline: bool,
+        *,
+        n_max: int | None,
+        **overrides: Any,
     ) -> tuple[DraftSettings, Route | None]:
         """The settings one call runs: the pipeline's with the call's overrides, and ``auto`` resolved to a
         strategy for this request (with its :class:`Route`; None when a strategy was named)."""
-        if strategy is not None and n_max is None and strategy in SUFFIX_STRATEGIES:
-            if not self.settings.uses_suffix:  # switching to the suffix cache: it sizes its own drafts
-                n_max = min(LOOKUP_N_MAX, self.max_draft)
-        if strategy is not None and self.info.assistant:  # the assistant drafts as MTP layers
-            strategy = mtp_counterpart(strategy)
-        settings = self.settings.with_overrides(
-            strategy="none" if baseline else strategy, n_max=n_max, **overrides
+        switched = self.settings.switched_to(
+            TARGET_ALONE if baseline else strategy, n_max=n_max, max_draft=self.max_draft, **overrides
         )
-        if settings.strategy != "auto":
+        settings = _for_pair(self.info, switched)
+        if not settings.strategy.routed:
             return settings, None
         settings, chosen = self._route(settings, tokens)
         self.route = chosen
@@ -598,23 +591,25 @@ class Pipeline:
                 lowered_from=self.n_ctx_asked or None,
             )
 
-    def _learning(self, stream: Iterator[TokenResponse], drafter: str) -> Iterator[TokenResponse]:
-        """Pass tokens through; remember ``drafter``'s (``"model"`` or ``"mtp"``) acceptance and the speed
-        its adaptive controller predicted, for the ``auto`` router."""
+    def _learning(self, stream: Iterator[TokenResponse], strategy: Strategy) -> Iterator[TokenResponse]:
+        """Pass tokens through; then tell the :attr:`router` what the model drafter of ``strategy`` measured:
+        its drafted and accepted tokens, its rounds, and the speed its adaptive controller predicted."""
         last = None
         try:
             for last in stream:
                 yield last
         finally:
-            if last is not None:
-                drafted = last.stats.drafted_by_source.get(drafter, 0)
-                if drafted >= 8:
-                    rate = last.stats.accepted_by_source.get(drafter, 0) / drafted
-                    self._acceptance[drafter] = _blend(self._acceptance[drafter], rate)
-                # kept even from a few drafts: a controller that stopped drafting early measured why, and
-                # ``auto`` then moves on to the other drafter instead of trying this one again
-                if last.stats.predicted_speedup is not None:
-                    self._speed[drafter] = _blend(self._speed[drafter], last.stats.predicted_speedup)
+            record = self.router.record_for(strategy)
+            if last is not None and record is not None:
+                stats = last.stats
+                counts = stats.by_drafter.get(record.source)
+                record.record(
+                    self.router.requests,
+                    drafted=stats.drafted_by_source.get(record.source, 0),
+                    accepted=stats.accepted_by_source.get(record.source, 0),
+                    rounds=counts.rounds if counts else 0,
+                    speed=stats.predicted_speedup,
+                )
 
     def tokenize(self, text: str) -> list[int]:
         """The target's tokens of a plain prompt (its BOS first, as llama.cpp adds it)."""
@@ -761,8 +756,3 @@ class Pipeline:
         their medians.
         """
         return compare(self, prompt, repeats=repeats, warmup=warmup, **kwargs)
-
-
-def _blend(old: float | None, new: float) -> float:
-    """The running value the ``auto`` router reads: the newest measurement weighs half."""
-    return new if old is None else 0.5 * old + 0.5 * new
