@@ -201,3 +201,41 @@ def test_costs_pending_says_when_the_next_generation_will_measure_first(home, mo
         assert not pipe.costs_pending()
     with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix", suffix_store=False) as again:
         assert not again.costs_pending()  # stored under LOCALSPEC_HOME/costs: a new process reads them
+
+
+def test_each_drafter_counts_its_calls_tokens_and_seconds_and_auto_learns_from_them(home):
+    """A combination's parts are counted apart (lookups and the draft model), as llama.cpp's
+    per-implementation counters do; the router records what the draft model drafted, on how many rounds,
+    for later requests."""
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="auto", suffix_store=False) as pipe:
+        pipe._costs = MachineCosts(1.0, {1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.05)  # the model pays here
+        stats = _argmax_law(pipe, CODE, max_tokens=24).stats
+        assert stats.strategy.name == "model+suffix"
+        parts = stats.by_drafter
+        assert (
+            set(parts) <= {"model", "suffix"} and "suffix" in parts
+        )  # lookups are asked every drafting round
+        assert sum(p.drafted for p in parts.values()) == stats.drafted
+        assert sum(p.accepted for p in parts.values()) == stats.accepted
+        assert all(p.rounds <= p.calls and p.accepted <= p.drafted for p in parts.values())
+        assert sum(p.seconds for p in parts.values()) <= stats.draft_seconds + 1e-6
+        model = parts.get("model")
+        record = pipe.router.model
+        assert record is not None
+        drafted = stats.drafted_by_source.get("model", 0)
+        assert (model.drafted if model else 0) == drafted
+        assert record.tokens == drafted and record.rounds == (model.rounds if model else 0)
+        assert record.requests == (1 if drafted else 0)  # a request that drafted nothing teaches nothing
+        again = _argmax_law(pipe, CODE, max_tokens=8).stats
+        assert again.route is not None
+        if record.estimate() is not None:
+            assert f"measured on {drafted} drafted tokens" in again.route.reason
+
+
+def test_a_model_alone_is_one_drafter_counted_per_round(home):
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="model", suffix_store=False) as pipe:
+        stats = _argmax_law(pipe, CODE, max_tokens=16).stats
+    assert set(stats.by_drafter) == {"model"}
+    model = stats.by_drafter["model"]
+    assert model.drafted == stats.drafted and model.accepted == stats.accepted
+    assert 0 < model.rounds <= model.calls and model.seconds == pytest.approx(stats.draft_seconds, abs=1e-3)

@@ -402,7 +402,7 @@ def default_configs(has_model: bool) -> list[SessionConfig]:
 
 def session_configs(names: Sequence[str], has_model: bool) -> list[SessionConfig]:
     """The :data:`SESSION_ROWS` named, in order; ``model`` left out without a draft model."""
-    return [SESSION_ROWS[n] for n in names if n != "model" or has_model]
+    return [SESSION_ROWS[n] for n in names if has_model or not SESSION_ROWS[n].settings.uses_model]
 
 
 def markdown(results: list[dict[str, Any]]) -> str:

@@ -250,7 +250,7 @@ class Router:
                 return w, f"{w.why} should give {w.speed:.2f}x"
         best = max(weighed, key=lambda w: w.speed or 0.0)
         if best.measured and best.speed is not None and best.speed >= MIN_GAIN:
-            return best, f"{best.why}: drafting should give {best.speed:.2f}x"
+            return best, f"{best.why}: it pays"
         due = [w for w in weighed if self._due(w)]
         if not due:
             return None, ""

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -16,27 +15,22 @@ from localspec import constants
 from localspec.constrain.grammar import Grammar, reply_grammar
 from localspec.decoding.costs import MachineCosts, machine_costs, stored_costs
 from localspec.decoding.drafters import (
-    CombinedDrafter,
-    Drafter,
     ModelDrafter,
-    MtpDrafter,
-    NgramDrafter,
 )
 from localspec.decoding.engine import Engine, TokenResponse
 from localspec.decoding.routing import Route, Router
-from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, rss_bytes
+from localspec.decoding.stats import Comparison, GenerationStats
 from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
-from localspec.gguf.meta import read_metadata
 from localspec.gguf.pairing import PairInfo
-from localspec.gguf.vocab import mtp_layers, mtp_weights_bytes
-from localspec.llama.recurrent import MAX_SNAPSHOTS
-from localspec.llama.rpc import Endpoint, parse_endpoints
-from localspec.llama.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
+from localspec.llama.rpc import parse_endpoints
+from localspec.llama.runtime import check_load_settings, default_gpu_layers, supports_gpu_offload
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.chat_format import ChatFormat
 from localspec.pipeline.chat_turns import chat_messages
 from localspec.pipeline.checks import checked_stop, checked_text, checked_tokens
 from localspec.pipeline.compare import compare
+from localspec.pipeline.drafting import drafter_for
+from localspec.pipeline.models import LoadFacts, load_models
 from localspec.pipeline.results import GenerationResult, collect
 from localspec.pipeline.tool_calls import ChatResponse, ToolUse, tool_use
 from localspec.settings import DRAFT_MODEL, TARGET_ALONE, DraftSettings, Strategy, parse_strategy
@@ -68,16 +62,6 @@ def _for_pair(info: PairInfo, settings: DraftSettings) -> DraftSettings:
     if info.assistant:
         return settings.with_overrides(strategy=settings.strategy.mtp_counterpart)
     return settings
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadFacts:
-    """What a pipeline's measured costs depend on besides the files: the target's CPU threads, and the
-    layers of the target and of the draft on a GPU (or, for the target, on rpc-servers)."""
-
-    threads: int
-    gpu_layers: int
-    draft_gpu_layers: int
 
 
 class Pipeline:
@@ -159,14 +143,19 @@ class Pipeline:
             default_gpu_layers(n_gpu_layers, offload=offload or bool(servers)),  # over RPC: all layers
             default_gpu_layers(draft_n_gpu_layers, offload=offload) if info.draft_path else 0,
         )
-        mem = MemoryReport(rss_baseline_bytes=rss_bytes())
-        # a recurrent or hybrid model keeps state snapshots for a draft this long (longer: checkpoints)
-        depth = min(settings.n_max, MAX_SNAPSHOTS) if settings.is_speculative else 0
-        self._target = self._load_target(n_ctx, servers, tensor_split, depth, mem)
-        self._draft: Model | None = self._load_draft(
-            n_ctx, draft_n_threads, draft_n_gpu_layers, offload, depth, mem
+        loaded = load_models(
+            info,
+            settings,
+            self.load_facts,
+            n_ctx=n_ctx,
+            servers=servers,
+            tensor_split=tensor_split,
+            draft_n_threads=draft_n_threads,
+            draft_n_gpu_layers=draft_n_gpu_layers,
+            offload=offload,
         )
-        self.memory = mem
+        self._target, self._draft = loaded.target, loaded.draft
+        self.memory = loaded.memory
         self._engine = Engine(self._target)
         self._model_drafter = (
             ModelDrafter(
@@ -190,84 +179,6 @@ class Pipeline:
             corpus=corpus_folder,
             namespace=store_namespace,
         )
-
-    def _load_target(
-        self,
-        n_ctx: int,
-        servers: list[Endpoint],
-        tensor_split: Sequence[float] | None,
-        depth: int,
-        mem: MemoryReport,
-    ) -> Model:
-        """The target (with its MTP layers for an MTP strategy, and for ``auto`` when the file has them: it
-        weighs them against the draft model), and what it costs in ``mem``."""
-        facts, info = self.load_facts, self.info
-        routed = self.settings.strategy.routed
-        mtp = self.settings.uses_mtp or (routed and (info.assistant or self._file_has_mtp()))
-        target = Model(
-            self.info.target_path,
-            n_ctx=n_ctx,
-            n_threads=facts.threads,
-            n_gpu_layers=facts.gpu_layers,
-            rpc_servers=servers,
-            tensor_split=tensor_split,
-            rollback_depth=depth,
-            mtp=mtp,
-            mtp_assistant=info.draft_path if mtp and info.assistant else None,
-        )
-        mem.rss_after_target_bytes = rss_bytes()
-        mem.target_weights_bytes = target.weights_bytes
-        mem.target_kv_bytes = target.kv_bytes()
-        if target.mtp is not None and info.assistant:  # its weights only: it reads the target's KV cache
-            mem.draft_weights_bytes = target.mtp.weights_bytes
-        elif target.mtp is not None:  # the MTP layers are the drafter: their memory is the draft's
-            mem.draft_weights_bytes = mtp_weights_bytes(read_metadata(self.info.target_path))
-            mem.target_weights_bytes -= mem.draft_weights_bytes
-            mem.draft_kv_bytes = target.mtp_bytes()
-        return target
-
-    def _file_has_mtp(self) -> bool:
-        """Whether the target file carries MTP layers (its header and tensor list)."""
-        try:
-            return mtp_layers(read_metadata(self.info.target_path))[1] > 0
-        except LocalspecError:
-            return False
-
-    def _load_draft(
-        self,
-        n_ctx: int,
-        draft_n_threads: int | None,
-        draft_n_gpu_layers: int | None,
-        offload: bool,
-        depth: int,
-        mem: MemoryReport,
-    ) -> Model | None:
-        """The draft model, if the pair has one, and what it costs in ``mem``; first, the settings' n_max
-        checked against one verify pass of the loaded target. A failure closes the target."""
-        settings, target = self.settings, self._target
-        try:
-            if settings.is_speculative and settings.n_max > target.max_draft:
-                raise SettingsError(
-                    f"n_max {settings.n_max} is more than one verify pass can check at n_ctx {n_ctx} "
-                    f"(at most {target.max_draft} drafts: llama.cpp's batch is {target.n_batch})",
-                    hint=f"use n_max {target.max_draft} or less, or a larger n_ctx",
-                )
-            if self.info.draft_path is None or self.info.assistant:  # an assistant drafts as MTP layers
-                return None
-            draft = Model(
-                self.info.draft_path,
-                n_ctx=n_ctx,
-                n_threads=self.load_facts.threads if draft_n_threads is None else draft_n_threads,
-                n_gpu_layers=default_gpu_layers(draft_n_gpu_layers, offload=offload),
-                rollback_depth=depth,
-            )
-            mem.rss_after_draft_bytes = rss_bytes()
-            mem.draft_weights_bytes += draft.weights_bytes  # on top of MTP layers loaded for ``auto``
-            mem.draft_kv_bytes += draft.kv_bytes()
-            return draft
-        except BaseException:
-            target.close()
-            raise
 
     # Lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -336,40 +247,6 @@ class Pipeline:
         self._engine.trace = value
 
     # Generation -------------------------------------------------------------------------------
-    def _drafter(self, s: DraftSettings) -> Drafter | None:
-        """A drafter for one generation. N-gram tables belong to that generation only; the suffix cache
-        is the pipeline's (it remembers every request; the engine's lock serialises its rounds, and its
-        live part re-syncs to whichever context asks)."""
-        if not s.uses_mtp:  # the target's passes need not feed its MTP layers
-            self._target.follow_mtp(False)
-        if not s.is_speculative:
-            return None
-        lookup: Drafter = self.suffix_drafter() if s.uses_suffix else NgramDrafter()
-        if s.uses_mtp:
-            mtp = self._mtp_drafter(s)
-            return CombinedDrafter(mtp, lookup) if s.strategy.combined else mtp
-        if not s.uses_model:
-            return lookup
-        if self._model_drafter is None:
-            raise LocalspecError(
-                f"strategy {s.strategy.name!r} needs a draft model, and this pipeline has none",
-                hint="load with a draft model (draft=PATH; on the command line --draft PATH) or a preset "
-                "with one, or use strategy 'suffix' or 'ngram'",
-            )
-        model = self._model_drafter.with_limits(n_min=s.n_min, p_min=s.p_min)
-        return CombinedDrafter(model, lookup) if s.strategy.combined else model
-
-    def _mtp_drafter(self, s: DraftSettings) -> MtpDrafter:
-        """The target's MTP layers as the drafter of strategy ``s`` (loaded with the target for an MTP
-        strategy)."""
-        if self._target.mtp is None:
-            raise LocalspecError(
-                f"strategy {s.strategy.name!r} drafts with the target's MTP layers, and this pipeline was "
-                "loaded without them",
-                hint="load with strategy='mtp' (on the command line --strategy mtp) to load them",
-            )
-        return MtpDrafter(self._target, n_min=s.n_min, p_min=s.p_min)
-
     # The suffix cache and the machine's costs ----------------------------------------------------
     def machine_costs(self) -> MachineCosts:
         """This machine's measured verify curve V(b) and token costs for these models (measured once per
@@ -501,7 +378,7 @@ class Pipeline:
         settings, chosen = self._call_settings(
             tokens, strategy, baseline, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive
         )
-        drafter = self._drafter(settings)
+        drafter = drafter_for(settings, self._target, self._model_drafter, self.suffix_drafter)
         stream = self._engine.stream(
             tokens,
             drafter=drafter,

@@ -1,0 +1,140 @@
+"""The models a :class:`~localspec.pipeline.pipeline.Pipeline` loads: the target (with its MTP layers where
+they may draft), the draft model, and what each costs in memory."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from localspec.decoding.stats import MemoryReport, rss_bytes
+from localspec.errors import LocalspecError, SettingsError
+from localspec.gguf.meta import read_metadata
+from localspec.gguf.pairing import PairInfo
+from localspec.gguf.vocab import mtp_layers, mtp_weights_bytes
+from localspec.llama.recurrent import MAX_SNAPSHOTS
+from localspec.llama.rpc import Endpoint
+from localspec.llama.runtime import Model, default_gpu_layers
+from localspec.settings import DraftSettings
+
+
+@dataclass(frozen=True)
+class LoadFacts:
+    """What a pipeline's measured costs depend on besides the files: the target's CPU threads, and the
+    layers of the target and of the draft on a GPU (or, for the target, on rpc-servers)."""
+
+    threads: int
+    gpu_layers: int
+    draft_gpu_layers: int
+
+
+@dataclass(frozen=True)
+class LoadedModels:
+    """A pipeline's models: the target, the draft model (None: none, or an MTP assistant, which drafts as
+    the target's MTP layers) and their memory."""
+
+    target: Model
+    draft: Model | None
+    memory: MemoryReport
+
+
+def load_models(
+    info: PairInfo,
+    settings: DraftSettings,
+    facts: LoadFacts,
+    *,
+    n_ctx: int,
+    servers: list[Endpoint],
+    tensor_split: Sequence[float] | None,
+    draft_n_threads: int | None,
+    draft_n_gpu_layers: int | None,
+    offload: bool,
+) -> LoadedModels:
+    """Load the target, then the draft model; a failure after the target loaded closes it.
+
+    Args:
+        info: the checked pair.
+        settings: what the pipeline runs (an MTP strategy, or ``auto`` on a file with MTP layers, loads them;
+            ``n_max`` sizes a recurrent target's snapshots and is checked against one verify pass).
+        facts: threads and GPU layers (the draft's threads default to the target's).
+        n_ctx: the context of each model.
+        servers: rpc-servers that hold the target's layers.
+        tensor_split: each RPC device's share of those layers.
+        draft_n_threads: the draft's CPU threads (None: the target's).
+        draft_n_gpu_layers: the draft's layers on a GPU (None: all when ``offload``).
+        offload: llama.cpp can offload to a GPU here.
+
+    Returns:
+        The loaded models and what each costs in memory.
+    """
+    mem = MemoryReport(rss_baseline_bytes=rss_bytes())
+    # a recurrent or hybrid model keeps state snapshots for a draft this long (longer: checkpoints)
+    depth = min(settings.n_max, MAX_SNAPSHOTS) if settings.is_speculative else 0
+    target = _load_target(info, settings, facts, n_ctx, servers, tensor_split, depth, mem)
+    try:
+        if settings.is_speculative and settings.n_max > target.max_draft:
+            raise SettingsError(
+                f"n_max {settings.n_max} is more than one verify pass can check at n_ctx {n_ctx} "
+                f"(at most {target.max_draft} drafts: llama.cpp's batch is {target.n_batch})",
+                hint=f"use n_max {target.max_draft} or less, or a larger n_ctx",
+            )
+        if info.draft_path is None or info.assistant:  # an assistant drafts as MTP layers
+            return LoadedModels(target, None, mem)
+        draft = Model(
+            info.draft_path,
+            n_ctx=n_ctx,
+            n_threads=facts.threads if draft_n_threads is None else draft_n_threads,
+            n_gpu_layers=default_gpu_layers(draft_n_gpu_layers, offload=offload),
+            rollback_depth=depth,
+        )
+    except BaseException:
+        target.close()
+        raise
+    mem.rss_after_draft_bytes = rss_bytes()
+    mem.draft_weights_bytes += draft.weights_bytes  # on top of MTP layers loaded for ``auto``
+    mem.draft_kv_bytes += draft.kv_bytes()
+    return LoadedModels(target, draft, mem)
+
+
+def _load_target(
+    info: PairInfo,
+    settings: DraftSettings,
+    facts: LoadFacts,
+    n_ctx: int,
+    servers: list[Endpoint],
+    tensor_split: Sequence[float] | None,
+    depth: int,
+    mem: MemoryReport,
+) -> Model:
+    """The target (with its MTP layers for an MTP strategy, and for ``auto`` when the file has them: it
+    weighs them against the draft model), and what it costs in ``mem``."""
+    routed = settings.strategy.routed
+    mtp = settings.uses_mtp or (routed and (info.assistant or _file_has_mtp(info)))
+    target = Model(
+        info.target_path,
+        n_ctx=n_ctx,
+        n_threads=facts.threads,
+        n_gpu_layers=facts.gpu_layers,
+        rpc_servers=servers,
+        tensor_split=tensor_split,
+        rollback_depth=depth,
+        mtp=mtp,
+        mtp_assistant=info.draft_path if mtp and info.assistant else None,
+    )
+    mem.rss_after_target_bytes = rss_bytes()
+    mem.target_weights_bytes = target.weights_bytes
+    mem.target_kv_bytes = target.kv_bytes()
+    if target.mtp is not None and info.assistant:  # its weights only: it reads the target's KV cache
+        mem.draft_weights_bytes = target.mtp.weights_bytes
+    elif target.mtp is not None:  # the MTP layers are the drafter: their memory is the draft's
+        mem.draft_weights_bytes = mtp_weights_bytes(read_metadata(info.target_path))
+        mem.target_weights_bytes -= mem.draft_weights_bytes
+        mem.draft_kv_bytes = target.mtp_bytes()
+    return target
+
+
+def _file_has_mtp(info: PairInfo) -> bool:
+    """Whether the target file carries MTP layers (its header and tensor list)."""
+    try:
+        return mtp_layers(read_metadata(info.target_path))[1] > 0
+    except LocalspecError:
+        return False
