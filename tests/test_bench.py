@@ -1160,3 +1160,24 @@ def test_bench_options_that_need_another_are_refused_as_parsed(no_model_loads, t
     res = CliRunner().invoke(main, ["bench", "-q", "--out", str(tmp_path / "out"), *args])
     assert res.exit_code == 2, res.output
     assert says in " ".join(res.output.split()), res.output
+
+
+def test_a_combinations_lookup_time_is_told_apart_from_its_models():
+    """With the runs' per-drafter seconds, a draft token's cost ``c`` is the model's own (not the lookups'),
+    and the cell says each part's share of the time."""
+    t = 0.1
+    base = [("a", _stats(10.0, rounds=100, verify_seconds=100 * t, total_seconds=10.0))]
+    lookups = 160 * 0.1 * t  # the suffix cache's seconds, on top of the model's 160 * 0.4 * t
+    parts = {"model": {"seconds": 160 * 0.4 * t}, "suffix": {"seconds": lookups}}
+    spec = [("a", _drafting_stats(12.0, t, by_drafter=parts))]
+    spec[0][1]["draft_seconds"] += lookups
+    cell = benchmath.summarise_cell("w", DraftSettings("model+suffix", 4, p_min=0.0), base, spec)
+    assert cell.c == pytest.approx(0.4)  # the lookups' time left out
+    total = spec[0][1]["total_seconds"]
+    assert cell.draft_share_by_drafter == pytest.approx({"model": 6.4 / total, "suffix": 1.6 / total})
+    older = [
+        ("a", _drafting_stats(12.0, t))
+    ]  # a run written before by_drafter: all draft time is the model's
+    assert benchmath.summarise_cell(
+        "w", DraftSettings("model", 4, p_min=0.0), base, older
+    ).c == pytest.approx(0.4)

@@ -14,6 +14,7 @@ from typing import Any
 
 from localspec.bench.workloads import Workload
 from localspec.decoding import speed
+from localspec.decoding.drafters import MODEL_SOURCES
 from localspec.settings import BASELINE, DRAFT_MODEL, DraftSettings, Strategy, parse_strategy
 
 BASELINE_LABEL = BASELINE.label
@@ -118,6 +119,8 @@ class CellResult:
     # the adaptive controller's own prediction for its drafting, median over runs (None: not adaptive)
     predicted_speedup: float | None = None
     losses: dict[str, float] = field(default_factory=dict)
+    # each drafter's share of the time (a combination's lookups and model apart), from the runs' by_drafter
+    draft_share_by_drafter: dict[str, float] = field(default_factory=dict)
 
     @property
     def kind(self) -> Strategy:
@@ -137,6 +140,15 @@ class CellResult:
             if values.get(name, 0) is None and f.type == "float":
                 values[name] = float("nan")
         return cls(**values)
+
+
+def _seconds_by_drafter(runs: Sequence[dict]) -> dict[str, float]:
+    """Seconds per drafter over ``runs`` (their stats' ``by_drafter``; runs written before it: empty)."""
+    out: dict[str, float] = {}
+    for s in runs:
+        for name, counts in (s.get("by_drafter") or {}).items():
+            out[name] = out.get(name, 0.0) + float(counts.get("seconds") or 0.0)
+    return out
 
 
 def _per_prompt_tps(runs: Sequence[tuple[str, dict]]) -> dict[str, float]:
@@ -195,10 +207,14 @@ def summarise_cell(
     )
     predicted = [s["predicted_speedup"] for s in ss if s.get("predicted_speedup")]
     cell.predicted_speedup = median(predicted) if predicted else None
+    by_drafter = _seconds_by_drafter(ss)
+    cell.draft_share_by_drafter = {n: secs / total for n, secs in by_drafter.items()} if total else {}
     if rounds and t_dec:
         evals = _sum(ss, "draft_evals")
         uses_model = config.uses_model and evals > 0
-        cell.c = (draft_s / evals) / t_dec if uses_model else 0.0
+        # a draft token's cost: the model's own seconds where the runs told the parts apart (not the lookups')
+        model_s = sum(by_drafter.get(n, 0.0) for n in MODEL_SOURCES) if by_drafter else draft_s
+        cell.c = (model_s / evals) / t_dec if uses_model else 0.0
         cell.batch = _sum(ss, "verify_tokens") / rounds
         cell.v_at_batch = (verify_s / rounds) / t_dec
         cell.evals_per_round = evals / rounds if uses_model else 0.0

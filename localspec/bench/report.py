@@ -208,6 +208,8 @@ HEADERS = [
 def _row_cells(r: Row) -> list[str]:
     c, p = r.cell, r.peer
     split = f"{c.draft_share:.0%}/{c.verify_share:.0%}/{c.other_share:.0%}"
+    if len(c.draft_share_by_drafter) > 1:  # a combination: the draft time by part
+        split += " (" + ", ".join(f"{n} {x:.0%}" for n, x in sorted(c.draft_share_by_drafter.items())) + ")"
     peer = "-"
     if p is not None:
         setting = p.config.removeprefix(f"{p.strategy} ")
