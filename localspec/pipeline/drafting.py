@@ -13,6 +13,22 @@ from localspec.settings import DraftSettings
 from localspec.suffix.drafter import SuffixDrafter
 
 
+def model_drafter(
+    draft: Model | None, target: Model, masked_ids: list[int] | None, settings: DraftSettings
+) -> ModelDrafter | None:
+    """The pipeline's draft model drafter (None without a draft model): it never proposes ``masked_ids`` nor
+    ids past the target's vocabulary; ``settings`` give its default ``n_min`` and ``p_min``."""
+    if draft is None:
+        return None
+    return ModelDrafter(
+        draft,
+        target_n_vocab=target.n_vocab,
+        masked_ids=masked_ids,
+        n_min=settings.n_min,
+        p_min=settings.p_min,
+    )
+
+
 def drafter_for(
     s: DraftSettings,
     target: Model,

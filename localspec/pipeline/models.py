@@ -6,14 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from localspec import constants
 from localspec.decoding.stats import MemoryReport, rss_bytes
 from localspec.errors import LocalspecError, SettingsError
 from localspec.gguf.meta import read_metadata
 from localspec.gguf.pairing import PairInfo
 from localspec.gguf.vocab import mtp_layers, mtp_weights_bytes
 from localspec.llama.recurrent import MAX_SNAPSHOTS
-from localspec.llama.rpc import Endpoint
-from localspec.llama.runtime import Model, default_gpu_layers
+from localspec.llama.rpc import Endpoint, parse_endpoints
+from localspec.llama.runtime import Model, check_load_settings, default_gpu_layers, supports_gpu_offload
 from localspec.settings import DraftSettings
 
 
@@ -30,59 +31,79 @@ class LoadFacts:
 @dataclass(frozen=True)
 class LoadedModels:
     """A pipeline's models: the target, the draft model (None: none, or an MTP assistant, which drafts as
-    the target's MTP layers) and their memory."""
+    the target's MTP layers), their memory, what their measured costs depend on, and the ``n_ctx`` asked for
+    when it was lowered to the target's trained context (else None)."""
 
     target: Model
     draft: Model | None
     memory: MemoryReport
+    facts: LoadFacts
+    n_ctx_asked: int | None
 
 
 def load_models(
     info: PairInfo,
     settings: DraftSettings,
-    facts: LoadFacts,
     *,
     n_ctx: int,
-    servers: list[Endpoint],
-    tensor_split: Sequence[float] | None,
+    n_threads: int | None,
+    n_gpu_layers: int | None,
     draft_n_threads: int | None,
     draft_n_gpu_layers: int | None,
-    offload: bool,
+    rpc: str | Sequence[str] | None,
+    tensor_split: Sequence[float] | None,
 ) -> LoadedModels:
-    """Load the target, then the draft model; a failure after the target loaded closes it.
+    """Check the load settings, then load the target and the draft model (a failure after the target
+    loaded closes it). The arguments are :class:`~localspec.pipeline.pipeline.Pipeline`'s.
 
     Args:
         info: the checked pair.
         settings: what the pipeline runs (an MTP strategy, or ``auto`` on a file with MTP layers, loads them;
             ``n_max`` sizes a recurrent target's snapshots and is checked against one verify pass).
-        facts: threads and GPU layers (the draft's threads default to the target's).
-        n_ctx: the context of each model.
-        servers: rpc-servers that hold the target's layers.
-        tensor_split: each RPC device's share of those layers.
+        n_ctx: the context of each model, lowered to the target's trained context when it asks for more.
+        n_threads: the target's CPU threads (None: this machine's default).
+        n_gpu_layers: the target's layers on a GPU or the rpc-servers (None: all where they can go).
         draft_n_threads: the draft's CPU threads (None: the target's).
-        draft_n_gpu_layers: the draft's layers on a GPU (None: all when ``offload``).
-        offload: llama.cpp can offload to a GPU here.
+        draft_n_gpu_layers: the draft's layers on a GPU (None: all when llama.cpp can offload).
+        rpc: rpc-servers that hold the target's layers.
+        tensor_split: each RPC device's share of those layers.
 
     Returns:
-        The loaded models and what each costs in memory.
+        The loaded models, their memory and what their costs depend on.
     """
+    servers = parse_endpoints(rpc) if rpc else []  # the target's layers there (llama/rpc.py)
+    if servers and info.assistant:  # its attention would read a KV cache held on other machines
+        name = info.draft_path.name if info.draft_path else "the draft"
+        raise SettingsError(
+            f"{name} is an MTP assistant, which reads the target's KV cache: localspec runs it only with "
+            "the target on this machine",
+            hint="run without --rpc, or with the target on rpc-servers draft with ngram or a draft model",
+        )
+    threads = constants.default_threads() if n_threads is None else n_threads
+    check_load_settings(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers or 0, what="target")
+    # Beyond its trained context a model writes garbage, and a huge n_ctx would allocate its KV cache
+    # before anything failed: lower it to what the header says, before loading.
+    asked = None
+    if info.n_ctx_train and n_ctx > info.n_ctx_train:
+        asked, n_ctx = n_ctx, info.n_ctx_train
+    offload = supports_gpu_offload()
+    facts = LoadFacts(
+        threads,
+        default_gpu_layers(n_gpu_layers, offload=offload or bool(servers)),  # over RPC: all layers
+        default_gpu_layers(draft_n_gpu_layers, offload=offload) if info.draft_path else 0,
+    )
     mem = MemoryReport(rss_baseline_bytes=rss_bytes())
     # a recurrent or hybrid model keeps state snapshots for a draft this long (longer: checkpoints)
     depth = min(settings.n_max, MAX_SNAPSHOTS) if settings.is_speculative else 0
     target = _load_target(info, settings, facts, n_ctx, servers, tensor_split, depth, mem)
     try:
-        if settings.is_speculative and settings.n_max > target.max_draft:
-            raise SettingsError(
-                f"n_max {settings.n_max} is more than one verify pass can check at n_ctx {n_ctx} "
-                f"(at most {target.max_draft} drafts: llama.cpp's batch is {target.n_batch})",
-                hint=f"use n_max {target.max_draft} or less, or a larger n_ctx",
-            )
+        _check_n_max(settings, target, n_ctx)
         if info.draft_path is None or info.assistant:  # an assistant drafts as MTP layers
-            return LoadedModels(target, None, mem)
+            return LoadedModels(target, None, mem, facts, asked)
         draft = Model(
             info.draft_path,
             n_ctx=n_ctx,
-            n_threads=facts.threads if draft_n_threads is None else draft_n_threads,
+            n_threads=threads if draft_n_threads is None else draft_n_threads,
             n_gpu_layers=default_gpu_layers(draft_n_gpu_layers, offload=offload),
             rollback_depth=depth,
         )
@@ -92,7 +113,17 @@ def load_models(
     mem.rss_after_draft_bytes = rss_bytes()
     mem.draft_weights_bytes += draft.weights_bytes  # on top of MTP layers loaded for ``auto``
     mem.draft_kv_bytes += draft.kv_bytes()
-    return LoadedModels(target, draft, mem)
+    return LoadedModels(target, draft, mem, facts, asked)
+
+
+def _check_n_max(settings: DraftSettings, target: Model, n_ctx: int) -> None:
+    """The settings' ``n_max`` within one verify pass of the loaded target, else a :class:`SettingsError`."""
+    if settings.is_speculative and settings.n_max > target.max_draft:
+        raise SettingsError(
+            f"n_max {settings.n_max} is more than one verify pass can check at n_ctx {n_ctx} "
+            f"(at most {target.max_draft} drafts: llama.cpp's batch is {target.n_batch})",
+            hint=f"use n_max {target.max_draft} or less, or a larger n_ctx",
+        )
 
 
 def _load_target(

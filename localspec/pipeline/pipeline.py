@@ -14,23 +14,18 @@ from typing import Any
 from localspec import constants
 from localspec.constrain.grammar import Grammar, reply_grammar
 from localspec.decoding.costs import MachineCosts, machine_costs, stored_costs
-from localspec.decoding.drafters import (
-    ModelDrafter,
-)
 from localspec.decoding.engine import Engine, TokenResponse
 from localspec.decoding.routing import Route, Router
 from localspec.decoding.stats import Comparison, GenerationStats
 from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
 from localspec.gguf.pairing import PairInfo
-from localspec.llama.rpc import parse_endpoints
-from localspec.llama.runtime import check_load_settings, default_gpu_layers, supports_gpu_offload
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.chat_format import ChatFormat
 from localspec.pipeline.chat_turns import chat_messages
-from localspec.pipeline.checks import checked_stop, checked_text, checked_tokens
+from localspec.pipeline.checks import checked_grammar_and_length, checked_stop, checked_text, checked_tokens
 from localspec.pipeline.compare import compare
-from localspec.pipeline.drafting import drafter_for
-from localspec.pipeline.models import LoadFacts, load_models
+from localspec.pipeline.drafting import drafter_for, model_drafter
+from localspec.pipeline.models import load_models
 from localspec.pipeline.results import GenerationResult, collect
 from localspec.pipeline.tool_calls import ChatResponse, ToolUse, tool_use
 from localspec.settings import DRAFT_MODEL, TARGET_ALONE, DraftSettings, Strategy, parse_strategy
@@ -113,14 +108,6 @@ class Pipeline:
         tensor_split: Sequence[float] | None = None,
     ) -> None:
         self.info = info
-        servers = parse_endpoints(rpc) if rpc else []  # the target's layers there (llama/rpc.py)
-        if servers and info.assistant:  # its attention would read a KV cache held on other machines
-            name = info.draft_path.name if info.draft_path else "the draft"
-            raise SettingsError(
-                f"{name} is an MTP assistant, which reads the target's KV cache: localspec runs it only with "
-                "the target on this machine",
-                hint="run without --rpc, or with the target on rpc-servers draft with ngram or a draft model",
-            )
         store_path(".", "0" * 16, store_namespace)  # a namespace no file can be named by: refused now
         corpus_folder = Path(corpus).expanduser() if corpus else None
         self._costs: MachineCosts | None = None
@@ -128,46 +115,24 @@ class Pipeline:
         #: told (a line of text) before a one-time wait: measuring this machine's costs (the CLI prints it)
         self.notify: Callable[[str], None] | None = None
         self.settings = settings = _settings_for(info, settings)
-        # Beyond its trained context a model writes garbage, and a huge n_ctx would allocate its KV cache
-        # before anything failed: lower it to what the header says, before loading. ``n_ctx`` tells.
-        threads = constants.default_threads() if n_threads is None else n_threads
-        check_load_settings(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers or 0, what="target")
-        #: the n_ctx asked for, when it was lowered to the trained context (errors and the CLI say so)
-        self.n_ctx_asked: int | None = None
-        if info.n_ctx_train and n_ctx > info.n_ctx_train:
-            self.n_ctx_asked, n_ctx = n_ctx, info.n_ctx_train
-        offload = supports_gpu_offload()
-        # what the measured costs depend on: threads, and GPU layers of the target and the draft
-        self.load_facts = LoadFacts(
-            threads,
-            default_gpu_layers(n_gpu_layers, offload=offload or bool(servers)),  # over RPC: all layers
-            default_gpu_layers(draft_n_gpu_layers, offload=offload) if info.draft_path else 0,
-        )
         loaded = load_models(
             info,
             settings,
-            self.load_facts,
             n_ctx=n_ctx,
-            servers=servers,
-            tensor_split=tensor_split,
+            n_threads=n_threads,
+            n_gpu_layers=n_gpu_layers,
             draft_n_threads=draft_n_threads,
             draft_n_gpu_layers=draft_n_gpu_layers,
-            offload=offload,
+            rpc=rpc,
+            tensor_split=tensor_split,
         )
-        self._target, self._draft = loaded.target, loaded.draft
-        self.memory = loaded.memory
+        self._target, self._draft, self.memory = loaded.target, loaded.draft, loaded.memory
+        #: what the measured costs depend on: threads, and the layers of the target and the draft on a GPU
+        self.load_facts = loaded.facts
+        #: the n_ctx asked for, when it was lowered to the trained context (errors and the CLI say so)
+        self.n_ctx_asked = loaded.n_ctx_asked
         self._engine = Engine(self._target)
-        self._model_drafter = (
-            ModelDrafter(
-                self._draft,
-                target_n_vocab=self._target.n_vocab,
-                masked_ids=info.masked_ids,
-                n_min=settings.n_min,
-                p_min=settings.p_min,
-            )
-            if self._draft
-            else None
-        )
+        self._model_drafter = model_drafter(self._draft, self._target, info.masked_ids, settings)
         #: ``auto``'s decisions and what it measured per model drafter (:mod:`localspec.decoding.routing`)
         self.router = Router(model=self._model_drafter is not None, mtp=self._target.mtp is not None)
         self._chat: ChatFormat | None = None
@@ -403,15 +368,7 @@ class Pipeline:
     ) -> tuple[list[int], list[str] | None]:
         """A call's arguments checked before its first token: the tokens and stop strings as the engine
         takes them, or the :class:`SettingsError` / :class:`ContextOverflowError` that says what is wrong."""
-        if grammar is not None and not isinstance(grammar, Grammar):
-            raise SettingsError(
-                f"grammar must be a localspec.Grammar, got {type(grammar).__name__}",
-                hint="e.g. Grammar.json_object(), Grammar.json_schema({...}) or Grammar.gbnf(text)",
-            )
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise SettingsError(
-                f"max_tokens must be a whole number >= 1, got {max_tokens!r}", hint="e.g. 256"
-            )
+        checked_grammar_and_length(grammar, max_tokens)
         tokens = checked_tokens(tokens, self._target.n_vocab, self.info.target_path.name)
         stop = checked_stop(stop)
         self.check_fits(len(tokens), max_tokens)
