@@ -137,6 +137,7 @@ class Preset:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["draft"] = self.draft.as_dict()  # the strategy by its name
         d["target"] = self.target.to_toml_dict()
         d["draft_model"] = self.draft_model.to_toml_dict() if self.draft_model else None
         return d
