@@ -139,9 +139,9 @@ class DrafterRecord:
     strategy: Strategy  # what runs it with lookups
     weight: float = 0.0  # drafted tokens behind the speed figure, faded
     speed_sum: float = 0.0  # their measured speeds weighted by those tokens, faded alike
-    drafted: float = 0.0  # drafted and accepted tokens, faded alike (the acceptance)
+    drafted: float = 0.0  # drafted and accepted tokens of every request that ran it, faded (the acceptance)
     accepted: float = 0.0
-    tokens: int = 0  # drafted tokens, rounds and requests in all (for the reasons)
+    tokens: int = 0  # drafted tokens, rounds and requests behind the speed figure, in all
     rounds: int = 0
     requests: int = 0
     last_run: int = 0  # the router's request number when it last drafted (0: never)
@@ -161,14 +161,15 @@ class DrafterRecord:
     def record(self, request: int, *, drafted: int, accepted: int, rounds: int, speed: float | None) -> None:
         """One request that ran this drafter: ``drafted``/``accepted`` tokens in ``rounds`` rounds, and the
         speed its adaptive controller measured (None: not adaptive, or its costs not measured yet). A request
-        that drafted nothing measured nothing: the drafter stays as it was (and due to run again)."""
+        that drafted nothing measured nothing: the drafter stays as it was (and due to run again); one without
+        a speed counts for the acceptance only."""
         if drafted <= 0:
             return
-        self.weight, self.speed_sum = FADE * self.weight, FADE * self.speed_sum
         self.drafted, self.accepted = FADE * self.drafted + drafted, FADE * self.accepted + accepted
-        if speed is not None:
-            self.weight += drafted
-            self.speed_sum += drafted * speed
+        if speed is None:
+            return
+        self.weight = FADE * self.weight + drafted
+        self.speed_sum = FADE * self.speed_sum + drafted * speed
         self.tokens += drafted
         self.rounds += rounds
         self.requests += 1
@@ -244,7 +245,7 @@ class Router:
         """The drafter to run (None: lookups only) and the reason."""
         for w in weighed:  # never measured nor predictable: it runs to be measured
             if w.speed is None:
-                return w, f"{w.why}: {w.record.what} run{_s(w)}, adaptive, with lookups"
+                return w, f"{w.why}: running {w.record.what}, adaptive, with lookups"
         for w in weighed:  # predicted to pay, not measured yet: it runs to be measured
             if not w.measured and w.speed is not None and w.speed >= MIN_GAIN:
                 return w, f"{w.why} should give {w.speed:.2f}x"
@@ -293,11 +294,6 @@ class Router:
             return _Weighed(r, best, f"{where}; at {basis} acceptance {a:.2f} drafting {k} tokens", False)
         why = f"{where}; at {basis} acceptance {a:.2f} {r.what} would not pay (best {best:.2f}x)"
         return _Weighed(r, best, why, measured=False)
-
-
-def _s(w: _Weighed) -> str:
-    """``s`` for a record named in the singular (the draft model runs), '' for the plural (layers run)."""
-    return "" if w.record.what.endswith("s") else "s"
 
 
 def _others(weighed: list[_Weighed], chosen: _Weighed) -> str:
