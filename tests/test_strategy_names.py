@@ -55,3 +55,18 @@ def test_no_strategy_name_is_compared_outside_settings():
     assert wrong == [], "compare the parsed Strategy's parts (settings.py), not its name:\n" + "\n".join(
         wrong
     )
+
+
+def test_the_parsed_strategy_travels_and_one_rule_sizes_the_suffix_caches_drafts():
+    from localspec.settings import LOOKUP_N_MAX, STRATEGY_BY_NAME, DraftSettings
+
+    model = DraftSettings("model", n_max=4)
+    assert model.strategy is STRATEGY_BY_NAME["model"] and model.as_dict()["strategy"] == "model"
+    assert model.switched_to("suffix").n_max == LOOKUP_N_MAX  # it sizes its own drafts: n_max bounds a pass
+    assert model.switched_to("auto", max_draft=10).n_max == 10  # never past one verify pass of the target
+    assert model.switched_to("suffix", n_max=6).n_max == 6  # asked for: kept
+    assert model.switched_to("ngram").n_max == 4  # a fixed-length lookup keeps the pipeline's length
+    suffix = DraftSettings("suffix", n_max=12)
+    assert suffix.switched_to("auto").n_max == 12  # between suffix strategies the length stays
+    assert STRATEGY_BY_NAME["model+suffix"].mtp_counterpart is STRATEGY_BY_NAME["mtp+suffix"]
+    assert STRATEGY_BY_NAME["ngram"].mtp_counterpart is STRATEGY_BY_NAME["ngram"]
