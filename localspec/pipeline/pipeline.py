@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from localspec import constants
-from localspec.constrain.grammar import Grammar, reply_grammar
+from localspec.constrain.grammar import Grammar
 from localspec.decoding.costs import MachineCosts, machine_costs, stored_costs
 from localspec.decoding.engine import Engine, TokenResponse
 from localspec.decoding.routing import Route, Router
 from localspec.decoding.stats import Comparison, GenerationStats
-from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
+from localspec.errors import ContextOverflowError, LocalspecError, SettingsError
 from localspec.gguf.pairing import PairInfo
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.chat_format import ChatFormat
@@ -542,16 +542,7 @@ class Pipeline:
         self, messages: list[dict], tools: Any, tool_choice: Any, response_format: Any, kwargs: dict
     ) -> tuple[Iterator[TokenResponse], ToolUse]:
         use = tool_use(tools, tool_choice, self.chat_template)
-        # never both: response_format is refused where calls are read
-        grammar = reply_grammar(response_format, reads_calls=use.read_calls) or use.grammar
-        if grammar is not None:
-            if kwargs.get("grammar") is not None:
-                raise GrammarError(
-                    "a grammar cannot be given with response_format or tools (they bring their own)",
-                    param="grammar",
-                    hint="drop one",
-                )
-            kwargs["grammar"] = grammar
+        kwargs["grammar"] = use.request_grammar(response_format, kwargs.get("grammar"))
         messages = chat_messages(messages)  # checked; earlier calls' arguments as objects, as templates want
         tokens, stops = self.format_chat(messages, tools=use.tools)
         kwargs["stop"] = list(kwargs.get("stop") or []) + stops
