@@ -17,15 +17,17 @@ from localspec.errors import SettingsError
 @dataclass(frozen=True)
 class Strategy:
     """What one strategy name runs, parsed once here (as llama.cpp's draft types: an enum and a name map,
-    :data:`STRATEGY_BY_NAME`); nothing else reads the parts out of a name.
+    :data:`STRATEGY_BY_NAME`); nothing else reads the parts out of a name. The parsed record travels: in
+    :class:`DraftSettings`, to the engine, in ``auto``'s route, the stats and the reports (``name`` where it
+    is written out); code asks its parts, never compares names (tests/test_strategy_names.py).
 
     ``none`` is the target alone (the baseline); every other one drafts. ``mtp`` drafts with the target's own
     MTP layers (a file that has them: :mod:`localspec.llama.mtp`), as ``model`` does with a draft model, alone
     or after a lookup (``mtp+ngram``, ``mtp+suffix``). ``ngram`` looks up the current
     prompt and output only; ``suffix`` also remembers earlier requests (and a persisted store and an
     indexed corpus) and sizes each draft from its confidence and this machine's verify cost; ``auto`` picks
-    per request between ``suffix`` and ``model+suffix`` from the measured costs (see
-    :mod:`localspec.decoding.routing`).
+    per request between ``suffix`` and a model drafter with it (``model+suffix``, ``mtp+suffix``) from the
+    measured costs and what each drafter measured (see :mod:`localspec.decoding.routing`).
     """
 
     name: str
