@@ -17,15 +17,17 @@ from localspec.errors import SettingsError
 @dataclass(frozen=True)
 class Strategy:
     """What one strategy name runs, parsed once here (as llama.cpp's draft types: an enum and a name map,
-    :data:`STRATEGY_BY_NAME`); nothing else reads the parts out of a name.
+    :data:`STRATEGY_BY_NAME`); nothing else reads the parts out of a name. The parsed record travels: in
+    :class:`DraftSettings`, to the engine, in ``auto``'s route, the stats and the reports (``name`` where it
+    is written out); code asks its parts, never compares names (tests/test_strategy_names.py).
 
     ``none`` is the target alone (the baseline); every other one drafts. ``mtp`` drafts with the target's own
     MTP layers (a file that has them: :mod:`localspec.llama.mtp`), as ``model`` does with a draft model, alone
     or after a lookup (``mtp+ngram``, ``mtp+suffix``). ``ngram`` looks up the current
     prompt and output only; ``suffix`` also remembers earlier requests (and a persisted store and an
     indexed corpus) and sizes each draft from its confidence and this machine's verify cost; ``auto`` picks
-    per request between ``suffix`` and ``model+suffix`` from the measured costs (see
-    :mod:`localspec.decoding.routing`).
+    per request between ``suffix`` and a model drafter with it (``model+suffix``, ``mtp+suffix``) from the
+    measured costs and what each drafter measured (see :mod:`localspec.decoding.routing`).
     """
 
     name: str
@@ -49,6 +51,33 @@ class Strategy:
     def may_use_model(self) -> bool:
         """A loaded draft model may run: the model strategies, and ``auto`` when it pays."""
         return self.model or self.routed
+
+    @property
+    def mtp_counterpart(self) -> Strategy:
+        """The strategy that drafts as this one does with the MTP layers in place of the draft model
+        (``model`` -> ``mtp``, ``model+suffix`` -> ``mtp+suffix``): what a draft model strategy runs when the
+        draft is an MTP assistant. Any other strategy is its own counterpart."""
+        if not self.model:
+            return self
+        return _find(mtp=True, lookup=self.lookup)
+
+    @property
+    def sizes_own_drafts(self) -> bool:
+        """The suffix cache drafts (alone, with a model, or for ``auto``): it sizes each draft from its
+        confidence and the verify curve, so ``n_max`` only bounds one verify pass (:func:`lookup_n_max`)."""
+        return self.lookup == "suffix"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _find(*, model: bool = False, mtp: bool = False, lookup: str | None = None) -> Strategy:
+    """The one named strategy made of these parts (never ``auto``)."""
+    return next(
+        s
+        for s in STRATEGY_BY_NAME.values()
+        if (s.model, s.mtp, s.lookup, s.routed) == (model, mtp, lookup, False)
+    )
 
 
 #: Every drafting strategy by its name, in the order choices are shown.
@@ -86,18 +115,29 @@ SUFFIX_STRATEGIES: tuple[str, ...] = tuple(
 )
 
 
-def mtp_counterpart(name: str) -> str:
-    """The strategy that drafts as ``name`` does with the MTP layers in place of the draft model (``model``
-    -> ``mtp``, ``model+suffix`` -> ``mtp+suffix``): what a draft model strategy runs when the draft is an
-    MTP assistant. Any other name is its own counterpart."""
-    s = STRATEGY_BY_NAME.get(name)
-    if s is None or not s.model:
+#: The strategies the router and the pipeline name in code (every other one is parsed from its name).
+AUTO = STRATEGY_BY_NAME["auto"]
+#: The target alone: the baseline.
+TARGET_ALONE = STRATEGY_BY_NAME["none"]
+#: The suffix cache's lookups alone: what ``auto`` runs when no model drafter pays.
+LOOKUPS_ONLY = STRATEGY_BY_NAME["suffix"]
+#: A draft model, or the target's MTP layers, with the suffix cache's lookups: what ``auto`` runs where it
+#: pays.
+MODEL_WITH_LOOKUPS = STRATEGY_BY_NAME["model+suffix"]
+MTP_WITH_LOOKUPS = STRATEGY_BY_NAME["mtp+suffix"]
+#: A draft model alone: what a pair with a draft model runs when nothing else is asked.
+DRAFT_MODEL = STRATEGY_BY_NAME["model"]
+#: Prompt lookup alone (no model, no memory of earlier requests).
+PROMPT_LOOKUP = STRATEGY_BY_NAME["ngram"]
+#: The words ``--draft`` (and ``load(draft=...)``) takes in place of a file: drafting without a draft model.
+DRAFT_WORDS: dict[str, Strategy] = {s.name: s for s in (TARGET_ALONE, PROMPT_LOOKUP)}
+
+
+def parse_strategy(name: str | Strategy) -> Strategy:
+    """The parsed strategy ``name`` names (a :class:`Strategy` is its own), or a :class:`SettingsError`
+    listing the names."""
+    if isinstance(name, Strategy):
         return name
-    return next(n for n, o in STRATEGY_BY_NAME.items() if o.mtp and not o.model and o.lookup == s.lookup)
-
-
-def parse_strategy(name: str) -> Strategy:
-    """The parsed strategy ``name`` names, or a :class:`SettingsError` listing the names."""
     found = STRATEGY_BY_NAME.get(name) if isinstance(name, str) else None
     if found is None:
         raise SettingsError(
@@ -132,25 +172,40 @@ def max_threads() -> int:
     return min(THREADS_RANGE[1], 4 * (os.cpu_count() or 1))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class DraftSettings:
     """One drafting setting: which drafter, how long its drafts may be, when it stops, adaptive or not.
 
+    ``strategy`` is parsed once, here: it is given as a name or a :class:`Strategy` and kept as the
+    :class:`Strategy`, which travels to the engine, the router, the stats and the reports.
     ``n_max`` is the longest draft per round; the runtime also caps it at the longest draft llama.cpp can
     verify in one pass (see :attr:`localspec.llama.runtime.Model.max_draft`). ``n_min`` drafts at least that
-    many
-    tokens before ``p_min`` (the draft model's top probability cut-off) may stop it. ``adaptive`` picks
+    many tokens before ``p_min`` (the draft model's top probability cut-off) may stop it. ``adaptive`` picks
     each round's length (zero included) from measured acceptance and costs.
     """
 
-    strategy: str = "model"
-    n_max: int = 4
-    n_min: int = 0
-    p_min: float = 0.75
-    adaptive: bool = False
+    strategy: Strategy
+    n_max: int
+    n_min: int
+    p_min: float
+    adaptive: bool
 
-    def __post_init__(self) -> None:
-        parse_strategy(self.strategy)  # a known name, or the error that lists them
+    def __init__(
+        self,
+        strategy: str | Strategy = "model",
+        n_max: int = 4,
+        n_min: int = 0,
+        p_min: float = 0.75,
+        adaptive: bool = False,
+    ) -> None:
+        object.__setattr__(self, "strategy", parse_strategy(strategy))  # or the error that lists the names
+        object.__setattr__(self, "n_max", n_max)
+        object.__setattr__(self, "n_min", n_min)
+        object.__setattr__(self, "p_min", p_min)
+        object.__setattr__(self, "adaptive", adaptive)
+        self._check()
+
+    def _check(self) -> None:
         for name in ("n_max", "n_min"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -176,37 +231,32 @@ class DraftSettings:
         object.__setattr__(self, "p_min", float(p))
 
     @property
-    def kind(self) -> Strategy:
-        """What this setting's strategy runs (its name parsed: :data:`STRATEGY_BY_NAME`)."""
-        return STRATEGY_BY_NAME[self.strategy]
-
-    @property
     def is_speculative(self) -> bool:
         """True unless this is the target alone."""
-        return self.kind.drafts
+        return self.strategy.drafts
 
     @property
     def uses_model(self) -> bool:
         """True when this strategy needs a draft model (``auto`` uses one only when it is loaded)."""
-        return self.kind.model
+        return self.strategy.model
 
     @property
     def uses_mtp(self) -> bool:
         """True when the target's MTP layers draft."""
-        return self.kind.mtp
+        return self.strategy.mtp
 
     @property
     def may_use_model(self) -> bool:
         """True when a loaded draft model may run: the model strategies, and ``auto`` when it pays."""
-        return self.kind.may_use_model
+        return self.strategy.may_use_model
 
     @property
     def uses_suffix(self) -> bool:
         """True when this strategy drafts from the suffix cache."""
-        return self.kind.lookup == "suffix"
+        return self.strategy.sizes_own_drafts
 
     def with_overrides(self, **values: Any) -> DraftSettings:
-        """A copy with every value that is not None replaced (validated again)."""
+        """A copy with every value that is not None replaced (validated again; a strategy may be a name)."""
         known = {f.name for f in fields(self)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -216,12 +266,41 @@ class DraftSettings:
         given = {k: v for k, v in values.items() if v is not None}
         return replace(self, **given) if given else self
 
+    def switched_to(
+        self,
+        strategy: str | Strategy | None,
+        *,
+        n_max: int | None = None,
+        max_draft: int = LOOKUP_N_MAX,
+        **values: Any,
+    ) -> DraftSettings:
+        """These settings with ``strategy`` (None: the same) and the other values that are not None.
+
+        The one rule for the suffix cache's draft length: it sizes its own drafts, so a switch to a strategy
+        that uses it from one that does not, with no ``n_max`` asked for, runs with :data:`LOOKUP_N_MAX`
+        (at most ``max_draft``, the longest draft one verify pass of the loaded target checks) as a bound on
+        one pass; a switch between suffix strategies keeps the ``n_max`` these settings have.
+
+        Args:
+            strategy: the strategy to run, a name or a :class:`Strategy` (None: these settings' one).
+            n_max: the longest draft asked for (None: by the rule above).
+            max_draft: the longest draft the loaded target can verify in one pass.
+            **values: other settings to replace (``n_min``, ``p_min``, ``adaptive``; None keeps them).
+
+        Returns:
+            The new settings, validated.
+        """
+        if strategy is not None and n_max is None and not self.uses_suffix:
+            if parse_strategy(strategy).sizes_own_drafts:
+                n_max = min(LOOKUP_N_MAX, max_draft)
+        return self.with_overrides(strategy=strategy, n_max=n_max, **values)
+
     @property
     def label(self) -> str:
         """A short human label: ``model k=4 p_min=0.75 adaptive``; ``none`` for the target alone."""
         if not self.is_speculative:
             return "none"
-        parts = [self.strategy, f"k={self.n_max}"]
+        parts = [self.strategy.name, f"k={self.n_max}"]
         if self.uses_model or self.uses_mtp:
             parts.append(f"p_min={self.p_min:g}")
         if self.adaptive:
@@ -229,7 +308,10 @@ class DraftSettings:
         return " ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The settings as JSON takes them (the strategy by its name)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["strategy"] = self.strategy.name
+        return d
 
 
 #: The target alone: the baseline every speedup is measured against.

@@ -18,7 +18,7 @@ from localspec.decoding.speed import batch_lengths
 from localspec.errors import LocalspecError, SettingsError
 from localspec.llama.runtime import Model, check_sequences
 from localspec.llama.sampling import SamplingParams
-from localspec.pipeline import pipeline as pipeline_module
+from localspec.pipeline import models as pipeline_module
 from localspec.settings import DraftSettings
 
 PROMPTS = ["def fib(n):", "class Stack:", "import os\n\ndef main():", "# sort a list\n", "def add(a, b):"]
@@ -307,9 +307,7 @@ def test_a_json_schema_request_stays_valid_beside_free_text(pipe3):
 
     schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}, "required": ["n"]}
     batch = pipe3.batch()
-    constrained = pipe3.start_tokens(
-        pipe3.tokenize("{"), max_tokens=40, grammar=Grammar.json_schema(schema)
-    )
+    constrained = pipe3.start_tokens(pipe3.tokenize("{"), max_tokens=40, grammar=Grammar.json_schema(schema))
     free = [pipe3.start_tokens(pipe3.tokenize(p), max_tokens=20, strategy="ngram") for p in PROMPTS[:2]]
     texts: dict[int, str] = {}
     for gen in (constrained, *free):

@@ -259,7 +259,7 @@ def test_the_ceiling_reads_acceptance_per_position_pooled_over_a_strategys_cells
 def test_tune_grid_and_honest_none():
     grid = tune.tune_configs(["model", "ngram", "none"], [1, 2, 3], [0.5, 0.9])
     assert len(grid) == 3 * 2 + 3
-    assert [c.label for c in grid if c.strategy == "ngram"] == ["ngram k=1", "ngram k=2", "ngram k=3"]
+    assert [c.label for c in grid if c.strategy.name == "ngram"] == ["ngram k=1", "ngram k=2", "ngram k=3"]
     with pytest.raises(BenchError):
         tune.tune_configs(["magic"], [1], [0.5])
     order = bench.plan_configs(grid, baseline_every=4)
@@ -440,10 +440,10 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     assert len(paths) == 4 and all(Path(p).is_file() for p in paths)
     assert rep.tuning["replaced"] == []
     p = get_preset("my-tuned")
-    assert (p.draft.strategy, p.draft.n_max) == ("ngram", 5)
-    assert get_preset("my-tuned-chat").draft.strategy == "none"
+    assert (p.draft.strategy.name, p.draft.n_max) == ("ngram", 5)
+    assert get_preset("my-tuned-chat").draft.strategy.name == "none"
     e = get_preset("my-tuned-edit")
-    assert (e.draft.strategy, e.draft.n_max, e.draft.p_min) == ("model", 3, 0.5)
+    assert (e.draft.strategy.name, e.draft.n_max, e.draft.p_min) == ("model", 3, 0.5)
     assert e.n_ctx == 2048 and str(e.target.path) == str(t)
     assert not e.draft.adaptive and get_preset("my-tuned-code").draft.adaptive
     # a second save over the same names says which paths held a preset before (the CLI prints "replaced")
@@ -1160,3 +1160,24 @@ def test_bench_options_that_need_another_are_refused_as_parsed(no_model_loads, t
     res = CliRunner().invoke(main, ["bench", "-q", "--out", str(tmp_path / "out"), *args])
     assert res.exit_code == 2, res.output
     assert says in " ".join(res.output.split()), res.output
+
+
+def test_a_combinations_lookup_time_is_told_apart_from_its_models():
+    """With the runs' per-drafter seconds, a draft token's cost ``c`` is the model's own (not the lookups'),
+    and the cell says each part's share of the time."""
+    t = 0.1
+    base = [("a", _stats(10.0, rounds=100, verify_seconds=100 * t, total_seconds=10.0))]
+    lookups = 160 * 0.1 * t  # the suffix cache's seconds, on top of the model's 160 * 0.4 * t
+    parts = {"model": {"seconds": 160 * 0.4 * t}, "suffix": {"seconds": lookups}}
+    spec = [("a", _drafting_stats(12.0, t, by_drafter=parts))]
+    spec[0][1]["draft_seconds"] += lookups
+    cell = benchmath.summarise_cell("w", DraftSettings("model+suffix", 4, p_min=0.0), base, spec)
+    assert cell.c == pytest.approx(0.4)  # the lookups' time left out
+    total = spec[0][1]["total_seconds"]
+    assert cell.draft_share_by_drafter == pytest.approx({"model": 6.4 / total, "suffix": 1.6 / total})
+    older = [
+        ("a", _drafting_stats(12.0, t))
+    ]  # a run written before by_drafter: all draft time is the model's
+    assert benchmath.summarise_cell(
+        "w", DraftSettings("model", 4, p_min=0.0), base, older
+    ).c == pytest.approx(0.4)

@@ -70,6 +70,7 @@ def test_presets_table_and_json(env):
     assert rows["toy"]["target"] == {"repo": "org/Toy-7B-GGUF", "file": "*q4_k_m.gguf"}
     assert rows["toy"]["verified"] == "" and "on download" in rows["qwen3.5-9b"]["verified"]
     assert rows["qwen3.6-27b-mtp"]["draft_model"] is None
+    assert rows["qwen2.5-coder-1.5b"]["draft"]["strategy"] == "auto"  # the strategy by its name
 
 
 def test_download_then_cached(env):

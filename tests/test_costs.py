@@ -226,27 +226,6 @@ def test_an_unsteady_measurement_is_said_with_the_next_step(tmp_path, monkeypatc
     assert costsmod.stored_costs(target, None, threads=2) is not None  # type: ignore[arg-type]
 
 
-def test_auto_says_when_it_decided_by_costs_measured_on_a_busy_machine():
-    from localspec.decoding.routing import route
-
-    busy = _measure(lambda w, i: _curve(w), lambda w, i: DRAFT_MS)
-    busy.details["steady"] = False
-    r = route(has_model=True, costs=busy, model_acceptance=0.9, n_max=4)
-    assert "measured on a busy machine" in r.reason and "cache clear --costs" in r.reason
-
-
-def test_auto_trusts_what_the_draft_model_measured_over_the_formula():
-    from localspec.decoding.routing import route
-
-    costs = _measure(lambda w, i: _curve(w), lambda w, i: DRAFT_MS)
-    formula = route(has_model=True, costs=costs, model_acceptance=1.0, n_max=8)
-    assert formula.strategy == "model+suffix" and "acceptance 1.00" in formula.reason
-    slow = route(has_model=True, costs=costs, model_acceptance=1.0, n_max=8, measured_speed=0.97)
-    assert slow.strategy == "suffix" and slow.model_speed == 0.97 and "0.97x" in slow.reason
-    fast = route(has_model=True, costs=costs, model_acceptance=0.5, n_max=8, measured_speed=1.4)
-    assert fast.strategy == "model+suffix" and "measured on earlier requests should give 1.40x" in fast.reason
-
-
 def _invoke(*args: str):
     return CliRunner().invoke(main, list(args), prog_name="localspec")
 

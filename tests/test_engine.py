@@ -37,7 +37,7 @@ def test_greedy_is_lossless(embedded_pipe, strategy, adaptive):
         base, bt = traced(embedded_pipe, prompt, max_tokens=48, baseline=True)
         spec, st = traced(embedded_pipe, prompt, max_tokens=48, strategy=strategy, adaptive=adaptive, n_max=4)
         assert_lossless(base, bt, spec, st)
-        assert base.stats.drafted == 0 and base.stats.strategy == "none"
+        assert base.stats.drafted == 0 and base.stats.strategy.name == "none"
         drafted += spec.stats.drafted
     assert drafted > 0, "the drafter never proposed anything: the test would prove nothing"
 
@@ -138,7 +138,7 @@ def test_chat_uses_the_models_template(embedded_pipe):
 def test_one_line_api_runs_the_embedded_pair():
     text = localspec.generate("def fib(n):", max_tokens=16, n_threads=2, n_ctx=512)
     assert isinstance(text, str) and len(text) > 0
-    assert text.stats.strategy == "model" and "embedded" in text.stats.pairing_note
+    assert text.stats.strategy.name == "model" and "embedded" in text.stats.pairing_note
     assert localspec.generate("def fib(n):", max_tokens=16, n_threads=2, n_ctx=512) == text
 
 
@@ -286,7 +286,7 @@ def test_compare_reports_the_median_ratio_of_interleaved_runs(embedded_pipe):
     cmp = embedded_pipe.compare(PROMPTS[1], max_tokens=16, repeats=3, strategy="model")
     assert len(cmp.baseline_tps) == len(cmp.speculative_tps) == 3
     assert cmp.speedup == pytest.approx(float(np.median(cmp.speculative_tps) / np.median(cmp.baseline_tps)))
-    assert cmp.baseline.stats.strategy == "none" and cmp.speculative.stats.strategy == "model"
+    assert cmp.baseline.stats.strategy.name == "none" and cmp.speculative.stats.strategy.name == "model"
     assert cmp.speculative.stats.speedup == cmp.speedup
     assert cmp.same_text == (str(cmp.baseline) == str(cmp.speculative))
     assert cmp.as_dict()["speedup"] == round(cmp.speedup, 4)

@@ -117,7 +117,7 @@ def test_preset_download_of_the_embedded_pair(fake_hub, tmp_path):
 
     text = localspec.generate("def fib(n):", preset="tiny-remote", max_tokens=8, n_threads=2, n_ctx=512)
     assert text.stats.generated_tokens == 8 and text.stats.pairing_note == "preset tiny-remote"
-    assert text.stats.strategy == "model" and text.stats.draft_name == "tiny-draft.gguf"
+    assert text.stats.strategy.name == "model" and text.stats.draft_name == "tiny-draft.gguf"
 
 
 def test_resume_after_the_connection_drops(fake_hub, ggufs, tmp_path):

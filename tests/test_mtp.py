@@ -188,25 +188,13 @@ def test_auto_runs_the_mtp_layers_of_a_file_that_has_them_and_then_as_measured(f
     with _load(files["token"], strategy="auto", n_max=None) as pipe:
         assert pipe._target.mtp is not None
         first, stats = argmax_run(pipe, "auto")
-        assert stats.route is not None and stats.route.strategy == stats.strategy == "mtp+suffix"
+        assert stats.route is not None and stats.route.strategy == stats.strategy
+        assert stats.strategy.name == "mtp+suffix"
         assert "not measured yet" in stats.route.reason
         again, stats = argmax_run(pipe, "auto")
-        assert stats.route is not None and "as measured on earlier requests" in stats.route.reason
+        assert stats.route is not None and "drafted tokens" in stats.route.reason  # what it measured, on what
         base, _ = argmax_run(pipe, "none", baseline=True)
     assert first == again == base
-
-
-def test_auto_decides_on_the_mtp_layers_from_what_their_controller_measured():
-    from localspec.decoding.routing import MIN_GAIN, route
-
-    def chosen(speed):
-        kw = {"has_model": True, "costs": None, "model_acceptance": None, "n_max": 4}
-        return route(**kw, measured_speed=speed, drafter="mtp")
-
-    assert chosen(None).strategy == "mtp+suffix" and "not measured yet" in chosen(None).reason
-    assert chosen(MIN_GAIN + 0.2).strategy == "mtp+suffix"
-    low = chosen(MIN_GAIN - 0.1)
-    assert low.strategy == "suffix" and "lookups only" in low.reason and "MTP layers" in low.reason
 
 
 def test_chained_heads_draft_one_head_per_step(tmp_path):
@@ -241,16 +229,6 @@ def test_chained_heads_draft_one_head_per_step(tmp_path):
     assert ids == base
 
 
-def test_auto_picks_between_a_draft_model_and_the_mtp_layers_by_speed():
-    from localspec.decoding.routing import pick_drafter
-
-    assert pick_drafter({"model": None, "mtp": None})[0] == "model"  # the draft model goes first
-    assert pick_drafter({"model": 1.2, "mtp": None}) == ("mtp", "the draft model at 1.20x")
-    assert pick_drafter({"model": None, "mtp": 1.3}) == ("model", "the MTP layers at 1.30x")
-    assert pick_drafter({"model": 1.2, "mtp": 1.4}) == ("mtp", "the draft model at 1.20x")
-    assert pick_drafter({"model": 1.5, "mtp": 1.4}) == ("model", "the MTP layers at 1.40x")
-
-
 def test_auto_with_a_draft_model_weighs_the_mtp_layers_too(files, tmp_path):
     """``auto`` with a draft model on a file with MTP layers loads both, runs each until measured, then
     weighs them by speed; the memory line counts both as the draft's; lossless throughout."""
@@ -262,7 +240,7 @@ def test_auto_with_a_draft_model_weighs_the_mtp_layers_too(files, tmp_path):
         runs = [argmax_run(pipe, "auto") for _ in range(3)]
         base, _ = argmax_run(pipe, "none", baseline=True)
     assert all(ids == base for ids, _ in runs)
-    chosen = [stats.strategy for _, stats in runs]
+    chosen = [stats.strategy.name for _, stats in runs]
     assert "mtp+suffix" in chosen[:2], chosen  # the MTP layers were tried before the choice settled
     for _, stats in runs:
         assert stats.route is not None and (

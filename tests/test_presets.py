@@ -65,7 +65,8 @@ def test_builtin_presets_cover_the_families():
         assert 0 < p.draft.p_min < 1
         # the suffix cache sizes its own drafts (n_max only bounds one pass); a model's draft stays short
         assert 1 <= p.draft.n_max <= (32 if p.draft.uses_suffix else 16), p.name
-    assert coder.draft.strategy == "auto"  # coding repeats itself: the suffix cache, the model where it pays
+    assert coder.draft.strategy.name == "auto"  # coding repeats itself: the suffix cache, the model where it
+    # pays
     assert presets["qwen3.5-9b"].draft_model.repo_id == "ggml-org/Qwen3.5-0.8B-GGUF"
     assert presets["gemma-4-31b"].draft_model.repo_id == "unsloth/gemma-4-E2B-it-GGUF"
 
@@ -106,7 +107,7 @@ def test_a_preset_without_a_draft_model_parses_with_an_mtp_strategy(tmp_path, st
         f'[preset.draft]\nstrategy = "{strategy}"\nn_max = 3\nadaptive = true\n'
     )
     (p,) = load_file(path, source="user")
-    assert p.draft_model is None and p.draft.strategy == strategy and p.draft.uses_mtp
+    assert p.draft_model is None and p.draft.strategy.name == strategy and p.draft.uses_mtp
     assert p.verified == "seen in two places" and p.target.is_pattern
 
 

@@ -10,8 +10,7 @@ import pytest
 from _lossless import assert_lossless, traced
 
 import localspec
-from localspec.decoding.costs import MachineCosts, linear_costs
-from localspec.decoding.routing import route
+from localspec.decoding.costs import MachineCosts
 from localspec.settings import LOOKUP_N_MAX, STRATEGIES
 from localspec.suffix.store_info import list_stores
 
@@ -161,25 +160,13 @@ def test_auto_routes_from_measured_costs_and_says_why(home):
         assert list((home / "costs").glob("*.json"))
         pipe._costs = expensive = MachineCosts(1.0, {1: 1.0, 2: 1.5, 8: 4.0, 32: 14.0}, 0.6)
         result = _argmax_law(pipe, CODE, max_tokens=24)
-        assert result.stats.strategy == "suffix"
+        assert result.stats.strategy.name == "suffix"
         route = result.stats.route
-        assert route is not None and route.strategy == "suffix" and "would not pay" in route.reason
+        assert route is not None and route.strategy.name == "suffix" and "would not pay" in route.reason
         pipe._costs = MachineCosts(1.0, {1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.05)  # a GPU-like curve
         result = _argmax_law(pipe, CODE, max_tokens=24)
-        assert result.stats.strategy == "model+suffix" and pipe.route is not None
+        assert result.stats.strategy.name == "model+suffix" and pipe.route is not None
         assert expensive.draft_ratio == 0.6
-
-
-def test_route_is_a_pure_decision():
-    cheap = linear_costs(0.05)
-    cheap.draft_token_seconds = 0.05
-    dear = linear_costs(0.42)
-    dear.draft_token_seconds = 0.48
-    assert route(has_model=False, costs=None, model_acceptance=None, n_max=8).strategy == "suffix"
-    assert route(has_model=True, costs=cheap, model_acceptance=0.8, n_max=8).strategy == "model+suffix"
-    assert route(has_model=True, costs=dear, model_acceptance=0.8, n_max=8).strategy == "suffix"
-    assert route(has_model=True, costs=dear, model_acceptance=0.99, n_max=8).strategy == "model+suffix"
-    assert route(has_model=True, costs=None, model_acceptance=None, n_max=8).strategy == "model+suffix"
 
 
 def test_verify_curve_interpolates_and_survives_a_bad_file(home):
@@ -214,3 +201,43 @@ def test_costs_pending_says_when_the_next_generation_will_measure_first(home, mo
         assert not pipe.costs_pending()
     with localspec.load(n_threads=2, n_ctx=1024, strategy="suffix", suffix_store=False) as again:
         assert not again.costs_pending()  # stored under LOCALSPEC_HOME/costs: a new process reads them
+
+
+def test_each_drafter_counts_its_calls_tokens_and_seconds_and_auto_learns_from_them(home):
+    """A combination's parts are counted apart (lookups and the draft model), as llama.cpp's
+    per-implementation counters do; the router records what the draft model drafted, on how many rounds,
+    for later requests."""
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="auto", suffix_store=False) as pipe:
+        pipe._costs = MachineCosts(1.0, {1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.05)  # the model pays here
+        stats = _argmax_law(pipe, CODE, max_tokens=24).stats
+        assert stats.strategy.name == "model+suffix"
+        parts = stats.by_drafter
+        assert (
+            set(parts) <= {"model", "suffix"} and "suffix" in parts
+        )  # lookups are asked every drafting round
+        assert sum(p.drafted for p in parts.values()) == stats.drafted
+        assert sum(p.accepted for p in parts.values()) == stats.accepted
+        assert all(p.rounds <= p.calls and p.accepted <= p.drafted for p in parts.values())
+        assert sum(p.seconds for p in parts.values()) <= stats.draft_seconds + 1e-6
+        model = parts.get("model")
+        record = pipe.router.model
+        assert record is not None
+        drafted = stats.drafted_by_source.get("model", 0)
+        assert (model.drafted if model else 0) == drafted
+        measured = drafted > 0 and stats.predicted_speedup is not None  # else it teaches no speed
+        assert record.tokens == (drafted if measured else 0)
+        assert record.rounds == (model.rounds if measured and model else 0)
+        assert record.requests == (1 if measured else 0)  # a request that drafted nothing teaches nothing
+        again = _argmax_law(pipe, CODE, max_tokens=8).stats
+        assert again.route is not None
+        if record.estimate() is not None:
+            assert f"measured on {drafted} drafted tokens" in again.route.reason
+
+
+def test_a_model_alone_is_one_drafter_counted_per_round(home):
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="model", suffix_store=False) as pipe:
+        stats = _argmax_law(pipe, CODE, max_tokens=16).stats
+    assert set(stats.by_drafter) == {"model"}
+    model = stats.by_drafter["model"]
+    assert model.drafted == stats.drafted and model.accepted == stats.accepted
+    assert 0 < model.rounds <= model.calls and model.seconds == pytest.approx(stats.draft_seconds, abs=1e-3)

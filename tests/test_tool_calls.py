@@ -328,3 +328,16 @@ def test_chat_messages_take_openai_shapes_as_templates_want_them():
         },
         {"role": "tool", "content": "3", "tool_call_id": "call_1"},
     ]
+
+
+def test_a_chat_request_runs_one_grammar_and_refuses_a_second():
+    from localspec.constrain.grammar import Grammar
+    from localspec.errors import GrammarError
+    from localspec.pipeline.tool_calls import ToolUse
+
+    mine = Grammar.json_object()
+    plain = ToolUse()
+    assert plain.request_grammar(None, mine) is mine and plain.request_grammar(None, None) is None
+    assert plain.request_grammar({"type": "json_object"}, None) == Grammar.json_object()
+    with pytest.raises(GrammarError, match="cannot be given with response_format"):
+        plain.request_grammar({"type": "json_object"}, mine)

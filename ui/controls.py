@@ -323,7 +323,7 @@ class Controls:
             return None
         if d is None:
             return None
-        strategy = d.strategy if d.strategy in STRATEGY_CHOICES else PAIR_DEFAULT
+        strategy = d.strategy.name if d.strategy.name in STRATEGY_CHOICES else PAIR_DEFAULT
         return d.n_max, d.p_min, d.adaptive, strategy
 
     def on_preset(self, name: str):

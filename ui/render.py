@@ -290,7 +290,7 @@ def _memory_card(stats: Any, memory: Any) -> str:
     mem = memory_rows(memory)
     over_pct = mem[4][2]
     unused = ""
-    if _get(memory, "draft_overhead_bytes") and _get(stats, "strategy") not in MODEL_DRAFTER_STRATEGIES:
+    if _get(memory, "draft_overhead_bytes") and str(_get(stats, "strategy")) not in MODEL_DRAFTER_STRATEGIES:
         unused = (
             '<div class="ls-note" id="ls-draft-unused">loaded, but this run did not use the draft model'
             " (pick the draft <i>n-gram lookup</i> to free it)</div>"

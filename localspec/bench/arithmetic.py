@@ -14,7 +14,8 @@ from typing import Any
 
 from localspec.bench.workloads import Workload
 from localspec.decoding import speed
-from localspec.settings import BASELINE, DraftSettings
+from localspec.decoding.draft import MODEL_SOURCES
+from localspec.settings import BASELINE, DRAFT_MODEL, DraftSettings, Strategy, parse_strategy
 
 BASELINE_LABEL = BASELINE.label
 
@@ -73,7 +74,7 @@ class CellResult:
 
     workload: str
     config: str
-    strategy: str
+    strategy: str  # its name, as the report's JSON holds it (``kind``: parsed)
     n_max: int | None
     p_min: float | None
     prompts: int
@@ -118,6 +119,13 @@ class CellResult:
     # the adaptive controller's own prediction for its drafting, median over runs (None: not adaptive)
     predicted_speedup: float | None = None
     losses: dict[str, float] = field(default_factory=dict)
+    # each drafter's share of the time (a combination's lookups and model apart), from the runs' by_drafter
+    draft_share_by_drafter: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> Strategy:
+        """The cell's strategy, parsed."""
+        return parse_strategy(self.strategy)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
@@ -132,6 +140,15 @@ class CellResult:
             if values.get(name, 0) is None and f.type == "float":
                 values[name] = float("nan")
         return cls(**values)
+
+
+def _seconds_by_drafter(runs: Sequence[dict]) -> dict[str, float]:
+    """Seconds per drafter over ``runs`` (their stats' ``by_drafter``; runs written before it: empty)."""
+    out: dict[str, float] = {}
+    for s in runs:
+        for name, counts in (s.get("by_drafter") or {}).items():
+            out[name] = out.get(name, 0.0) + float(counts.get("seconds") or 0.0)
+    return out
 
 
 def _per_prompt_tps(runs: Sequence[tuple[str, dict]]) -> dict[str, float]:
@@ -164,7 +181,7 @@ def summarise_cell(
     cell = CellResult(
         workload=workload,
         config=config.label,
-        strategy=config.strategy,
+        strategy=config.strategy.name,
         n_max=config.n_max,
         p_min=config.p_min if config.uses_model else None,  # n-gram lookup has no p_min
         prompts=len(spec_tps),
@@ -190,10 +207,14 @@ def summarise_cell(
     )
     predicted = [s["predicted_speedup"] for s in ss if s.get("predicted_speedup")]
     cell.predicted_speedup = median(predicted) if predicted else None
+    by_drafter = _seconds_by_drafter(ss)
+    cell.draft_share_by_drafter = {n: secs / total for n, secs in by_drafter.items()} if total else {}
     if rounds and t_dec:
         evals = _sum(ss, "draft_evals")
         uses_model = config.uses_model and evals > 0
-        cell.c = (draft_s / evals) / t_dec if uses_model else 0.0
+        # a draft token's cost: the model's own seconds where the runs told the parts apart (not the lookups')
+        model_s = sum(by_drafter.get(n, 0.0) for n in MODEL_SOURCES) if by_drafter else draft_s
+        cell.c = (model_s / evals) / t_dec if uses_model else 0.0
         cell.batch = _sum(ss, "verify_tokens") / rounds
         cell.v_at_batch = (verify_s / rounds) / t_dec
         cell.evals_per_round = evals / rounds if uses_model else 0.0
@@ -210,9 +231,7 @@ def summarise_cell(
 def fit_verify_line(cells: Sequence[CellResult]) -> speed.VerifyLine | None:
     """The verify line V(b) = v2 + s (b - 2) through every drafting cell's mean pass (its measured cost in
     one-row passes, weighted by its tokens): :meth:`localspec.decoding.speed.VerifyLine.fit`."""
-    return speed.VerifyLine.fit(
-        (c.batch, c.v_at_batch, c.generated_tokens) for c in cells if c.strategy != BASELINE.strategy
-    )
+    return speed.VerifyLine.fit((c.batch, c.v_at_batch, c.generated_tokens) for c in cells if c.kind.drafts)
 
 
 def physical(line: speed.VerifyLine | None) -> bool:
@@ -249,7 +268,7 @@ def add_ceilings(cells: list[CellResult], line: speed.VerifyLine | None = None) 
     drafting), ``baseline_overhead`` (the same kind of time in the baseline, which counts in our favour)
     and ``residual`` (median-of-prompts vs pooled totals, run-to-run noise).
     """
-    spec = [c for c in cells if c.strategy != BASELINE.strategy and not math.isnan(c.v_at_batch)]
+    spec = [c for c in cells if c.kind.drafts and not math.isnan(c.v_at_batch)]
     if line is None:
         line = fit_verify_line(spec)
     reach = _pooled_reach(spec)
@@ -278,7 +297,7 @@ def _fill_ceiling(c: CellResult, pooled: list[float], line: speed.VerifyLine) ->
     c.expected_tokens = speed.expected_tokens(reach, k)
     # a round that can end its draft early (p_min, the adaptive length, a lookup's match) is bounded by one
     # that stops at its first rejected token; a fixed-length draft model's by its full k drafts
-    stops = c.adaptive or c.strategy != "model" or bool(c.p_min)
+    stops = c.adaptive or c.kind != DRAFT_MODEL or bool(c.p_min)
     cost = (speed.stopped_round_cost if stops else _full_round_cost)(
         reach, k, draft=c.c, verify=line, rollback=rollback
     )

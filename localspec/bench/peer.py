@@ -35,7 +35,7 @@ from localspec import constants
 from localspec.bench.workloads import Prompt, Runner
 from localspec.errors import BenchError
 from localspec.llama.build import cpu_flags, installed_system_info, unused_cpu_features
-from localspec.settings import DraftSettings
+from localspec.settings import DRAFT_MODEL, PROMPT_LOOKUP, DraftSettings
 
 try:
     import fcntl
@@ -489,12 +489,12 @@ def peer_configs(
     or an adaptive one. Each setting once."""
     out: dict[str, DraftSettings] = {}
     for c in ours:
-        if c.strategy not in PEER_STRATEGIES or c.adaptive:
+        if c.strategy.name not in PEER_STRATEGIES or c.adaptive:
             continue
-        if c.strategy == "model":
+        if c.strategy == DRAFT_MODEL:
             grid = {(k, float(p)) for k in n_max_values for p in p_min_values} | {PEER_DEFAULT}
             for k, p in sorted(grid):
-                cfg = DraftSettings(strategy="model", n_max=k, p_min=p)
+                cfg = DraftSettings(strategy=DRAFT_MODEL, n_max=k, p_min=p)
                 out.setdefault(cfg.label, cfg)
         else:
             out.setdefault(c.label, c)
@@ -508,20 +508,20 @@ def server_args(
     args = ["--model", str(target), "--threads", str(threads), "--threads-batch", str(threads)]
     args += ["-c", str(n_ctx), "-np", "1", "--cache-ram", "0", "--no-webui", "--host", "127.0.0.1"]
     k = config.n_max
-    if config.strategy == "model":
+    if config.strategy == DRAFT_MODEL:
         if draft is None:
             raise BenchError("the draft-model strategy needs a draft model", hint="pass --draft PATH")
         args += ["--spec-type", "draft-simple", "--model-draft", str(draft)]
         args += ["--spec-draft-threads", str(threads), "--spec-draft-threads-batch", str(threads)]
         args += ["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"]
         args += ["--spec-draft-p-min", f"{config.p_min:g}"]
-    elif config.strategy == "ngram":
+    elif config.strategy == PROMPT_LOOKUP:
         # lookup n-gram of up to 3 tokens (ours tries 4..2); draft the k tokens that followed it
         args += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(min(3, k))]
         args += ["--spec-ngram-simple-size-m", str(k)]
     elif config.is_speculative:
         raise BenchError(
-            f"the llama.cpp peer has no equivalent of strategy {config.strategy!r}",
+            f"the llama.cpp peer has no equivalent of strategy {config.strategy.name!r}",
             hint=f"compare {' or '.join(PEER_STRATEGIES)}",
         )
     return args

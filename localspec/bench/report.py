@@ -208,6 +208,8 @@ HEADERS = [
 def _row_cells(r: Row) -> list[str]:
     c, p = r.cell, r.peer
     split = f"{c.draft_share:.0%}/{c.verify_share:.0%}/{c.other_share:.0%}"
+    if len(c.draft_share_by_drafter) > 1:  # a combination: the draft time by part
+        split += " (" + ", ".join(f"{n} {x:.0%}" for n, x in sorted(c.draft_share_by_drafter.items())) + ")"
     peer = "-"
     if p is not None:
         setting = p.config.removeprefix(f"{p.strategy} ")
@@ -330,8 +332,8 @@ def auto_lines(report: BenchReport) -> list[str]:
     out = []
     for w in dict.fromkeys(c.workload for c in report.cells):
         cells = [c for c in report.cells if c.workload == w and _number(c.speedup)]
-        autos = [c for c in cells if c.strategy == "auto"]
-        fixed = [c for c in cells if c.strategy != "auto" and not c.adaptive]
+        autos = [c for c in cells if c.kind.routed]
+        fixed = [c for c in cells if not c.kind.routed and not c.adaptive]
         if autos and fixed:
             best = max(fixed, key=lambda c: c.speedup)
             out += [

@@ -114,7 +114,7 @@ def _run_once(pipe: Any, workload: SessionWorkload, config: SessionConfig, max_t
     s = config.settings
     kw = {
         "max_tokens": max_tokens,
-        "strategy": s.strategy,
+        "strategy": s.strategy.name,
         "n_max": s.n_max,
         "n_min": s.n_min,
         "p_min": s.p_min,
@@ -302,7 +302,12 @@ def _rows(
         rows.append(
             {
                 "config": config.label,
-                "strategy": config.mode if isinstance(config, PeerConfig) else config.settings.strategy,
+                "strategy": config.mode if isinstance(config, PeerConfig) else config.settings.strategy.name,
+                "target_alone": (
+                    config.mode == "none"
+                    if isinstance(config, PeerConfig)
+                    else not config.settings.is_speculative
+                ),
                 "warm": config.warm,
                 "peer": is_peer,
                 "speedup_generation": statistics.median(gen) if gen else None,
@@ -337,7 +342,7 @@ def noise_lines(results: list[dict[str, Any]]) -> list[str]:
             label = f"{name} / {row['config']}"
             speeds = [x for x in row.get("tokens_per_second_repeats", []) if x]
             moved = len(speeds) > 1 and max(speeds) > (1 + NOISE_MARGIN) * min(speeds)
-            if row["strategy"] == "none" and moved:
+            if row["target_alone"] and moved:
                 odd.append(f"{label} ran {min(speeds):.1f}-{max(speeds):.1f} tok/s across repeats")
             ups = row.get("speedups_generation") or []
             median = row.get("speedup_generation")
@@ -346,7 +351,7 @@ def noise_lines(results: list[dict[str, Any]]) -> list[str]:
             elif (
                 median
                 and not row["peer"]
-                and row["strategy"] != "none"
+                and not row["target_alone"]
                 and not row.get("acceptance")
                 and abs(median - 1) > NOISE_MARGIN
             ):
@@ -397,7 +402,7 @@ def default_configs(has_model: bool) -> list[SessionConfig]:
 
 def session_configs(names: Sequence[str], has_model: bool) -> list[SessionConfig]:
     """The :data:`SESSION_ROWS` named, in order; ``model`` left out without a draft model."""
-    return [SESSION_ROWS[n] for n in names if n != "model" or has_model]
+    return [SESSION_ROWS[n] for n in names if has_model or not SESSION_ROWS[n].settings.uses_model]
 
 
 def markdown(results: list[dict[str, Any]]) -> str:

@@ -22,7 +22,7 @@ from localspec.bench.arithmetic import interleaved_order, summarise
 from localspec.bench.report import BenchReport, PeerResult, machine_info
 from localspec.bench.workloads import Prompt, Runner, Workload, load_workloads
 from localspec.errors import BenchError
-from localspec.settings import BASELINE, LOOKUP_N_MAX, MTP_STRATEGIES, SUFFIX_STRATEGIES, DraftSettings
+from localspec.settings import BASELINE, MTP_STRATEGIES, DraftSettings, parse_strategy
 
 # ---------------------------------------------------------------------------------------------- running
 
@@ -174,13 +174,10 @@ def default_strategies(pipe: Any) -> list[str]:
 
 
 def pipe_settings(pipe: Any, strategy: str, *, adaptive: bool = False) -> DraftSettings:
-    """``strategy`` with the pipeline's own draft length and p_min (the pair's, preset's or user's). The
-    suffix-cache strategies size their own drafts: they run with n_max up to :data:`LOOKUP_N_MAX`."""
-    opts = pipe.settings
-    n_max = opts.n_max
-    if strategy in SUFFIX_STRATEGIES:
-        n_max = max(n_max, min(LOOKUP_N_MAX, pipe.max_draft))
-    return DraftSettings(strategy=strategy, n_max=n_max, p_min=opts.p_min, adaptive=adaptive)
+    """``strategy`` with the pipeline's own draft length and p_min (the pair's, preset's or user's), as a call
+    with that strategy runs (:meth:`~localspec.settings.DraftSettings.switched_to`: the suffix-cache
+    strategies size their own drafts)."""
+    return pipe.settings.switched_to(strategy, max_draft=pipe.max_draft, n_min=0, adaptive=adaptive)
 
 
 def open_pipeline(
@@ -336,10 +333,10 @@ def _settings_to_measure(
     pipeline's draft length and p_min (and adaptive too with ``adaptive``)."""
     if configs:
         chosen = [c for c in configs if c.is_speculative]
-        names = list(dict.fromkeys(c.strategy for c in configs))
+        names = list(dict.fromkeys(c.strategy.name for c in configs))
     else:
         names = list(strategies or default_strategies(pipe))
-        chosen = [pipe_settings(pipe, s) for s in names if s != "none"]
+        chosen = [pipe_settings(pipe, s) for s in names if parse_strategy(s).drafts]
         if adaptive:  # the same strategies with the adaptive draft length (llama.cpp has no such mode)
             chosen += [c.with_overrides(adaptive=True) for c in list(chosen)]
     if not chosen:

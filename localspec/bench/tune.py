@@ -37,7 +37,7 @@ from localspec.settings import (
 #: The tuner's honest answer when nothing beats the target alone.
 _TARGET_ALONE = {
     "config": BASELINE.label,
-    "strategy": BASELINE.strategy,
+    "strategy": BASELINE.strategy.name,
     "n_max": None,
     "p_min": None,
     "speedup": 1.0,

@@ -29,8 +29,8 @@ def _skipped_line(problem: PresetError) -> str:
 
 def drafting(s: DraftSettings) -> str:
     """How a preset drafts, in a few words: ``auto``, ``model+ngram, adaptive``, ``model, k=4``."""
-    if s.strategy in ("auto", "none"):
-        return s.strategy
+    if s.strategy.routed or not s.is_speculative:
+        return s.strategy.name
     return f"{s.strategy}, adaptive" if s.adaptive else f"{s.strategy}, k={s.n_max}"
 
 

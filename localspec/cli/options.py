@@ -211,7 +211,7 @@ def shared_options(*names: str) -> Callable[[F], F]:
 def check_strategies_have_a_draft(strategies: list[str], draft: str | None) -> None:
     """A usage error when a strategy drafts with a model and ``--draft`` names no model."""
     for strategy in strategies:
-        if strategy in settings.MODEL_STRATEGIES and draft in ("ngram", "none"):
+        if strategy in settings.MODEL_STRATEGIES and draft in settings.DRAFT_WORDS:
             raise click.UsageError(
                 f"--strategy {strategy} drafts with a model, and --draft {draft} gives none: "
                 "give --draft PATH (or 'auto'), or a strategy without 'model' (ngram, suffix, auto)"

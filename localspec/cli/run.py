@@ -21,6 +21,7 @@ from localspec.cli.options import (
 )
 from localspec.constrain.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, Grammar
 from localspec.errors import ContextOverflowError, GrammarError
+from localspec.settings import PROMPT_LOOKUP
 
 
 @click.command("run")
@@ -124,17 +125,17 @@ def run(
         option = "--grammar-file" if grammar_file is not None else "--json-schema"
         stream = _start(pipe, prompt, chat, option, kw)
         text, stats = _echo_stream(stream, as_json)
-        if baseline and stats.strategy != "none":
+        if baseline and stats.strategy.drafts:
             _measure_baseline(pipe, prompt, chat, stats, kw)
         if as_json:
             _echo_json(pipe, text, stats)
         else:
             click.echo(f"[{pipe.info.note}] {stats.summary_line()}", err=True)
-            if baseline and stats.strategy == "none":
+            if baseline and not stats.strategy.drafts:
                 click.echo("note: --baseline skipped: this run was the target alone already", err=True)
             if grammar is not None and stats.finish_reason == "length":
                 _echo_cut_grammar(max_tokens, schema=bool(json_schema))
-            if stats.speedup is not None and stats.speedup < 1.0 and stats.strategy != "none":
+            if stats.speedup is not None and stats.speedup < 1.0 and stats.strategy.drafts:
                 _echo_slower(stats, adaptive=model["adaptive"])
 
 
@@ -216,7 +217,7 @@ def _echo_cut_grammar(max_tokens: int, *, schema: bool) -> None:
 def _echo_slower(stats: Any, *, adaptive: bool) -> None:
     """Drafting made this run slower than the target alone: what to try."""
     tries = [] if adaptive else ["--adaptive (drafts only when it pays)"]
-    tries += ["--draft ngram"] if stats.strategy != "ngram" else ["--draft none"]
+    tries += ["--draft ngram"] if stats.strategy != PROMPT_LOOKUP else ["--draft none"]
     click.echo(
         f"hint: drafting made this run slower than the target alone ({stats.speedup:.2f}x, "
         f"one run each) on this machine; try {', '.join(tries)}, "

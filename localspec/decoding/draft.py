@@ -28,6 +28,9 @@ class Draft:
     evals: int = 0  # draft-model decode calls spent on this draft
     first_seconds: float = 0.0  # the first of those calls, which also fed the tokens accepted since the last
     fed: int = 0  # tokens that first call fed (more than two: it caught up after rounds without a draft)
+    # Seconds per drafter asked for it, by name, where more than one was (a combination's lookup and model);
+    # empty: the one drafter asked took the round's drafting time.
+    spent: dict[str, float] = field(default_factory=dict)
 
     def add(self, pick: Pick, n_vocab: int, source: str = "model") -> None:
         """Append a drafted token (its distribution fitted to the target's ``n_vocab`` ids when sampled)."""

@@ -13,6 +13,7 @@ API can report acceptance by source.
 from __future__ import annotations
 
 import copy
+import time
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -312,7 +313,10 @@ class CombinedDrafter:
 
     def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         """The lookup part alone: what a round can still propose for free while the draft model sits out."""
-        return self.lookup_drafter.draft(context, n, params, rng)
+        t = time.perf_counter()
+        d = self.lookup_drafter.draft(context, n, params, rng)
+        d.spent = {self.lookup_drafter.name: time.perf_counter() - t}
+        return d
 
     def draft(
         self,
@@ -322,12 +326,18 @@ class CombinedDrafter:
         rng: np.random.Generator,
         stop: GainStop | None = None,
     ) -> Draft:
+        t = time.perf_counter()
         d = self.lookup_drafter.draft(context, n, params, rng)
+        looked = time.perf_counter() - t
         if len(d.tokens) >= min(self.min_lookup, n) and (
             stop is None or expected_accepted(d.confidence[: len(d.tokens)]) >= stop.model_tokens
         ):
+            d.spent = {self.lookup_drafter.name: looked}
             return d
-        return self.model.draft(context, n, params, rng, stop)
+        t = time.perf_counter()
+        made = self.model.draft(context, n, params, rng, stop)
+        made.spent = {self.lookup_drafter.name: looked, self.model.name: time.perf_counter() - t}
+        return made
 
     def finish(self, context: list[int]) -> None:
         self.lookup_drafter.finish(context)

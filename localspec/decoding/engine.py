@@ -408,6 +408,10 @@ class Engine:
         replayed = plan.replayed
         gen.stats.verify_seconds += verify_seconds
         gen.stats.verify_tokens += n_d + 1
+        if (
+            plan.draft is not _EMPTY and gen.drafter is not None
+        ):  # its calls and seconds (a combination's apart)
+            gen.stats.record_calls(plan.draft.spent or {gen.drafter.name: plan.seconds})
         t = time.perf_counter()
         verdict = self._accept(gen, rows, draft)
         target.truncate(len(gen.ctx) + verdict.accepted, seq=gen.seq)
@@ -439,7 +443,7 @@ class Engine:
         if gen.drafter is None:
             stats.rounds += 1
             return
-        stats.record_round(n_d, accepted, [draft.source_of(i) for i in range(n_d)])
+        stats.record_round(n_d, accepted, [draft.source_of(i) for i in range(n_d)], drafter=draft.source)
         if gen.controller:
             gen.controller.update(
                 plan.asked,
@@ -548,6 +552,8 @@ def _share_joint(plans: list[_Plan], seconds: float, before: float) -> None:
         spent = seconds * p.draft.evals / max(1, evals)
         p.tokens = list(p.draft.tokens)
         p.seconds += spent
+        if p.draft.spent:  # a combination: the model's part of its time
+            p.draft.spent["model"] = p.draft.spent.get("model", 0.0) + spent
         p.gen.stats.draft_seconds += spent
         p.gen.stats.draft_evals += p.draft.evals
 

@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 
 from localspec.decoding.routing import Route
-from localspec.settings import MODEL_DRAFTER_STRATEGIES
+from localspec.settings import TARGET_ALONE, Strategy
 
 MB = 1024 * 1024
 
@@ -74,6 +74,23 @@ class MemoryReport:
 
 
 @dataclass
+class DrafterCounts:
+    """One drafter's part in a generation, as llama.cpp's ``common_speculative`` counts per implementation: a
+    combination (lookups with a draft model) has one per part, so its lookup time and model time are told
+    apart."""
+
+    calls: int = 0  # times it was asked for a draft (a free lookup included)
+    rounds: int = 0  # verify rounds its draft went into
+    drafted: int = 0  # tokens it drafted (verified by the target)
+    accepted: int = 0  # of them, accepted
+    seconds: float = 0.0  # spent drafting, all its calls
+
+    @property
+    def seconds_per_call(self) -> float:
+        return self.seconds / self.calls if self.calls else 0.0
+
+
+@dataclass
 class GenerationStats:
     """Running measurements of one generation; the engine updates it in place.
 
@@ -82,7 +99,7 @@ class GenerationStats:
     that token was emitted), so the first token never shows the final totals.
     """
 
-    strategy: str = "none"
+    strategy: Strategy = TARGET_ALONE
     draft_name: str | None = None
     pairing_note: str = ""
     prompt_tokens: int = 0
@@ -97,6 +114,9 @@ class GenerationStats:
     # Per source of drafted tokens (see localspec.decoding.drafters.SOURCES): drafted and accepted counts.
     drafted_by_source: dict[str, int] = field(default_factory=dict)
     accepted_by_source: dict[str, int] = field(default_factory=dict)
+    # Per drafter by its name (model, mtp, ngram, suffix; a combination's parts apart): calls, rounds, drafted
+    # and accepted tokens, and seconds.
+    by_drafter: dict[str, DrafterCounts] = field(default_factory=dict)
     prompt_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -156,10 +176,24 @@ class GenerationStats:
         return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
 
     # Bookkeeping used by the engine (cheap: a few integer adds per round) --------------------------
-    def record_round(self, n_drafted: int, n_accepted: int, sources: list[str] | None = None) -> None:
-        """One verify round: ``n_drafted`` drafts, the first ``n_accepted`` accepted; ``sources`` says
-        where each draft came from."""
+    def record_calls(self, seconds_by_drafter: dict[str, float]) -> None:
+        """One round's drafting: each drafter asked, and the seconds it took."""
+        for name, seconds in seconds_by_drafter.items():
+            counts = self.by_drafter.setdefault(name, DrafterCounts())
+            counts.calls += 1
+            counts.seconds += seconds
+
+    def record_round(
+        self, n_drafted: int, n_accepted: int, sources: list[str] | None = None, drafter: str = ""
+    ) -> None:
+        """One verify round: ``n_drafted`` drafts by ``drafter`` (its name), the first ``n_accepted``
+        accepted; ``sources`` says where each draft came from."""
         self.rounds += 1
+        if n_drafted and drafter:
+            counts = self.by_drafter.setdefault(drafter, DrafterCounts())
+            counts.rounds += 1
+            counts.drafted += n_drafted
+            counts.accepted += n_accepted
         for i, src in enumerate(sources or ()):
             if i >= n_drafted:
                 break
@@ -184,12 +218,14 @@ class GenerationStats:
         snap.accepted_by_position = list(self.accepted_by_position)
         snap.drafted_by_source = dict(self.drafted_by_source)
         snap.accepted_by_source = dict(self.accepted_by_source)
+        snap.by_drafter = {name: copy.copy(c) for name, c in self.by_drafter.items()}
         snap.placement = dict(self.placement)
         return snap
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["memory"] = self.memory.as_dict()
+        d["strategy"] = self.strategy.name
         d["route"] = str(self.route) if self.route else ""
         d.update(
             acceptance_by_source={k: round(v, 4) for k, v in self.acceptance_by_source.items()},
@@ -206,8 +242,8 @@ class GenerationStats:
         parts = [f"{self.generated_tokens} tokens", f"{self.tokens_per_second:.1f} tok/s"]
         if self.route:
             parts.append(self.route.label)  # "auto -> suffix"; the reason is in as_dict()
-        if self.strategy != "none":
-            parts.append(f"strategy {self.strategy}")
+        if self.strategy.drafts:
+            parts.append(f"strategy {self.strategy.name}")
             if self.drafted:
                 parts.append(f"acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted})")
             else:  # "0% (0/0)" read as every proposal refused
@@ -221,11 +257,14 @@ class GenerationStats:
                     for src, n in sorted(self.drafted_by_source.items())
                 )
                 parts.append(f"accepted by source: {by}")
+            if len(self.by_drafter) > 1:  # a combination: what each part's drafting cost
+                spent = ", ".join(f"{n} {c.seconds:.2f} s" for n, c in sorted(self.by_drafter.items()))
+                parts.append(f"drafting time: {spent}")
         else:
             parts.append("target alone")
         if self.speedup is not None:
             parts.append(f"speedup {self.speedup:.2f}x vs target alone")
-        if self.strategy in MODEL_DRAFTER_STRATEGIES:
+        if self.strategy.model or self.strategy.mtp:
             parts.append(self.memory.summary())
         if self.placement:
             parts.append("runs on " + ", ".join(f"{role} {where}" for role, where in self.placement.items()))

@@ -40,7 +40,7 @@ class Export:
 def _method(settings: DraftSettings, draft: Path | None, notes: list[str]) -> str:
     """The one drafting method both engines have that stands for ``settings``: model, mtp, ngram, suffix or
     none."""
-    kind = settings.kind
+    kind = settings.strategy
     if not kind.drafts:
         return "none"
     if draft is not None and (kind.model or kind.routed) and is_mtp_assistant(draft):
@@ -98,7 +98,7 @@ def llama_server(
         if rpc:
             spec += ["--spec-draft-ngl", "0"]
             notes.append("--spec-draft-ngl 0 keeps the draft on this machine's CPU, as localspec does")
-        if settings.kind.combined:
+        if settings.strategy.combined:
             notes.append(f"{settings.strategy}: llama-server drafts with the model alone here")
     elif method == "mtp":
         spec += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k)]
@@ -139,7 +139,7 @@ def vllm(
     config: dict[str, object] = {}
     if method == "model":
         config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
-        if settings.kind.combined:
+        if settings.strategy.combined:
             notes.append(f"{settings.strategy}: vLLM takes one method; the draft model is kept")
     elif method == "mtp":
         config = {"method": "mtp", "num_speculative_tokens": k}

@@ -137,6 +137,7 @@ class Preset:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["draft"] = self.draft.as_dict()  # the strategy by its name
         d["target"] = self.target.to_toml_dict()
         d["draft_model"] = self.draft_model.to_toml_dict() if self.draft_model else None
         return d
@@ -310,7 +311,7 @@ def _parse_draft_settings(table: Any, where: str) -> DraftSettings:
         "n_min": _expect(table, "n_min", int, where, d.n_min),
         "p_min": _expect(table, "p_min", (int, float), where, d.p_min),
         "adaptive": _expect(table, "adaptive", bool, where, d.adaptive),
-        "strategy": _expect(table, "strategy", str, where, d.strategy),
+        "strategy": _expect(table, "strategy", str, where, d.strategy.name),
     }
     try:
         return DraftSettings(**values)

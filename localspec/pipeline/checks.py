@@ -5,8 +5,21 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+from localspec.constrain.grammar import Grammar
 from localspec.errors import SettingsError
 from localspec.settings import UTF8_HINT, utf8_problem
+
+
+def checked_grammar_and_length(grammar: Any, max_tokens: Any) -> None:
+    """A :class:`SettingsError` unless ``grammar`` is None or a :class:`Grammar` and ``max_tokens`` a whole
+    number >= 1."""
+    if grammar is not None and not isinstance(grammar, Grammar):
+        raise SettingsError(
+            f"grammar must be a localspec.Grammar, got {type(grammar).__name__}",
+            hint="e.g. Grammar.json_object(), Grammar.json_schema({...}) or Grammar.gbnf(text)",
+        )
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise SettingsError(f"max_tokens must be a whole number >= 1, got {max_tokens!r}", hint="e.g. 256")
 
 
 def checked_stop(stop: Any) -> list[str] | None:

@@ -9,7 +9,7 @@ from localspec import constants
 from localspec.decoding.stats import Comparison
 from localspec.errors import SettingsError
 from localspec.pipeline.results import GenerationResult
-from localspec.settings import REPEATS_RANGE, DraftSettings
+from localspec.settings import REPEATS_RANGE, DraftSettings, parse_strategy
 
 
 class Compared(Protocol):
@@ -36,7 +36,7 @@ def compare(pipe: Compared, prompt: str, *, repeats: int = 1, warmup: bool = Tru
         )
     kwargs.pop("baseline", None)
     strategy = kwargs.get("strategy")
-    if (strategy if strategy is not None else pipe.settings.strategy) == "none":
+    if not (pipe.settings.strategy if strategy is None else parse_strategy(strategy)).drafts:
         raise SettingsError(
             "nothing to compare: this runs the target alone, which is the other side already",
             hint="load a draft, or pass strategy='ngram' (or 'suffix') to compare prompt lookup",

@@ -18,9 +18,18 @@ from typing import Any, overload
 from localspec import constants
 from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
 from localspec.gguf.pairing import check_pair, is_mtp_assistant
-from localspec.pipeline.pipeline import DEFAULT_PARALLEL, Pipeline
+from localspec.pipeline.models import DEFAULT_PARALLEL
+from localspec.pipeline.pipeline import Pipeline
 from localspec.pipeline.results import GenerationResult
-from localspec.settings import LOOKUP_N_MAX, STRATEGY_BY_NAME, SUFFIX_STRATEGIES, DraftSettings
+from localspec.settings import (
+    DRAFT_MODEL,
+    DRAFT_WORDS,
+    PROMPT_LOOKUP,
+    STRATEGY_BY_NAME,
+    TARGET_ALONE,
+    DraftSettings,
+    Strategy,
+)
 
 
 def _check_file(path: str | os.PathLike, role: str) -> Path:
@@ -76,9 +85,10 @@ def _auto_draft(target: Path) -> tuple[Path | None, str]:
     return Path(best.model.path), f"automatic pairing picked {Path(best.model.path).name}: {best.why}"
 
 
-def _may_use_model(name: str) -> bool:
-    """True when the strategy ``name`` may run a draft model (an unknown name is refused later)."""
-    kind = STRATEGY_BY_NAME.get(name)
+def _may_use_model(strategy: str | Strategy) -> bool:
+    """True when ``strategy`` (or the strategy it names) may run a draft model (an unknown name is refused
+    later)."""
+    kind = strategy if isinstance(strategy, Strategy) else STRATEGY_BY_NAME.get(strategy)
     return kind is not None and kind.may_use_model
 
 
@@ -216,7 +226,7 @@ def _plan_target(
         pair = ensure_preset(preset, progress=progress, check=False)  # checked once, in load()
         settings = _preset_settings(pair.preset.draft)
         if settings.uses_model and pair.draft is None:  # a preset without a draft model cannot use one
-            lookup_only = "ngram" if settings.kind.lookup == "ngram" else "none"
+            lookup_only = PROMPT_LOOKUP if settings.strategy.lookup == PROMPT_LOOKUP.lookup else TARGET_ALONE
             settings = settings.with_overrides(strategy=lookup_only)
         note = "embedded default pair" if preset == constants.EMBEDDED_PRESET else f"preset {preset}"
         n_ctx = pair.preset.n_ctx if n_ctx is None else n_ctx
@@ -236,30 +246,29 @@ def _plan_draft(
     that may use one) the best compatible draft the scanner finds."""
     if draft is not None and str(draft) == "auto":  # the word every command's --draft takes
         draft = None
-    if draft is not None and str(draft) in ("none", "ngram"):
-        plan.settings = plan.settings.with_overrides(strategy=str(draft))
+    word = DRAFT_WORDS.get(str(draft)) if draft is not None else None
+    if word is not None:
+        plan.settings = plan.settings.with_overrides(strategy=word)
         plan.note = plan.note or (
-            "target alone" if draft == "none" else "n-gram prompt lookup, no draft model"
+            "target alone" if not word.drafts else "n-gram prompt lookup, no draft model"
         )
     elif draft is not None:
         plan.draft = _check_file(draft, "draft")
         if not plan.settings.may_use_model:
-            plan.settings = plan.settings.with_overrides(strategy="model")
+            plan.settings = plan.settings.with_overrides(strategy=DRAFT_MODEL)
         plan.note = plan.note or f"draft {plan.draft.name}"
     elif preset is not None:
         plan.draft = plan.preset_draft
     elif _may_use_model(strategy or plan.settings.strategy):  # auto may choose the model
         plan.draft, plan.note = _auto_draft(plan.target)
         if plan.draft is None and strategy is None:
-            plan.settings = plan.settings.with_overrides(strategy="none")
+            plan.settings = plan.settings.with_overrides(strategy=TARGET_ALONE)
 
 
 def _plan_settings(plan: _LoadPlan, *, strategy: str | None, n_max: int | None, **overrides: Any) -> None:
     """The explicit arguments over the settings so far; a draft model the result does not use is dropped
     (a strategy without the draft model must not pay for loading it)."""
-    if n_max is None and strategy in SUFFIX_STRATEGIES and not plan.settings.uses_suffix:
-        n_max = LOOKUP_N_MAX  # the suffix cache sizes its own drafts; n_max only bounds one pass
-    plan.settings = plan.settings.with_overrides(strategy=strategy, n_max=n_max, **overrides)
+    plan.settings = plan.settings.switched_to(strategy, n_max=n_max, **overrides)
     keeps_assistant = plan.settings.uses_mtp and plan.draft is not None and is_mtp_assistant(plan.draft)
     if not plan.settings.may_use_model and plan.draft is not None and not keeps_assistant:
         plan.note += f" (strategy {plan.settings.strategy}: draft model not loaded)"

@@ -6,135 +6,59 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from localspec import constants
-from localspec.constrain.grammar import Grammar, reply_grammar
+from localspec.constrain.grammar import Grammar
 from localspec.decoding.batch import Batch
 from localspec.decoding.costs import MachineCosts, machine_costs, stored_costs
-from localspec.decoding.drafters import (
-    CombinedDrafter,
-    Drafter,
-    ModelDrafter,
-    MtpDrafter,
-    NgramDrafter,
-)
 from localspec.decoding.engine import Engine, Generation, TokenResponse
-from localspec.decoding.routing import Route, pick_drafter, route
-from localspec.decoding.stats import Comparison, GenerationStats, MemoryReport, available_bytes, rss_bytes
-from localspec.errors import ContextOverflowError, GrammarError, LocalspecError, SettingsError
-from localspec.gguf.meta import read_metadata
+from localspec.decoding.routing import Route, Router
+from localspec.decoding.stats import Comparison, GenerationStats
+from localspec.errors import ContextOverflowError, LocalspecError, SettingsError
 from localspec.gguf.pairing import PairInfo
-from localspec.gguf.sizes import kv_bytes_per_sequence
-from localspec.gguf.vocab import mtp_layers, mtp_weights_bytes
-from localspec.llama.recurrent import MAX_SNAPSHOTS
-from localspec.llama.rpc import Endpoint, parse_endpoints
-from localspec.llama.runtime import (
-    Model,
-    check_load_settings,
-    check_sequences,
-    default_gpu_layers,
-    supports_gpu_offload,
-)
+from localspec.llama.runtime import Model
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.chat_format import ChatFormat
 from localspec.pipeline.chat_turns import chat_messages
-from localspec.pipeline.checks import checked_stop, checked_text, checked_tokens
+from localspec.pipeline.checks import checked_grammar_and_length, checked_stop, checked_text, checked_tokens
 from localspec.pipeline.compare import compare
+from localspec.pipeline.drafting import drafter_for, model_drafter
+from localspec.pipeline.many import generate_many, start_kwargs
+from localspec.pipeline.models import load_models
 from localspec.pipeline.results import GenerationResult, collect
 from localspec.pipeline.tool_calls import ChatResponse, ToolUse, tool_use
-from localspec.settings import (
-    LOOKUP_N_MAX,
-    SUFFIX_STRATEGIES,
-    DraftSettings,
-    mtp_counterpart,
-)
+from localspec.settings import DRAFT_MODEL, TARGET_ALONE, DraftSettings, Strategy, parse_strategy
 from localspec.suffix.cache import SuffixCache
 from localspec.suffix.calibration import TOKEN_WEIGHT, Cell, TokenCell
 from localspec.suffix.drafter import SuffixDrafter
 from localspec.suffix.store_files import store_path
-from localspec.units import format_bytes
-
-#: The most generations ``choose_parallel`` runs at once: past four, a CPU's pass grows with every row, and a
-#: GPU user sets ``--parallel`` for their card.
-DEFAULT_PARALLEL = 4
-
-
-def choose_parallel(info: PairInfo, *, n_ctx: int, mtp: bool) -> tuple[int, str]:
-    """How many generations to run at once when nobody said: :data:`DEFAULT_PARALLEL`, fewer when their KV
-    caches do not fit the free memory, one with MTP layers drafting (they draft for one sequence).
-
-    Args:
-        info: the pair.
-        n_ctx: each sequence's room.
-        mtp: whether MTP layers (or an MTP assistant) draft.
-
-    Returns:
-        The number and why, for people.
-    """
-    if mtp:
-        return 1, "the MTP layers draft for one request at a time"
-    for n in range(DEFAULT_PARALLEL, 1, -1):
-        try:
-            check_parallel_fits(info, n_ctx=n_ctx, parallel=n)
-        except SettingsError:
-            continue
-        return n, "the default" if n == DEFAULT_PARALLEL else "the most whose KV caches fit the free memory"
-    return 1, "one KV cache more does not fit the free memory"
-
-
-def check_parallel_fits(info: PairInfo, *, n_ctx: int, parallel: int) -> None:
-    """Refuse, before anything loads, ``parallel`` sequences whose KV caches (target and draft, ``n_ctx``
-    tokens each) do not fit the memory this machine has free beside the weights; the message names the most
-    that fit.
-
-    Args:
-        info: the pair.
-        n_ctx: each sequence's room.
-        parallel: the sequences asked for.
-
-    Raises:
-        SettingsError: they do not fit.
-    """
-    if parallel <= 1:
-        return
-    paths = [p for p in (info.target_path, info.draft_path) if p is not None]
-    try:
-        per_seq = sum(
-            kv_bytes_per_sequence(read_metadata(p, tensors=False, merges=False), n_ctx) for p in paths
-        )
-    except LocalspecError:
-        return  # an unreadable header fails the load itself, with its own message
-    weights = sum(p.stat().st_size for p in paths)
-    free = available_bytes() - weights
-    if per_seq <= 0 or per_seq * parallel <= free:
-        return
-    most = max(0, free // per_seq)
-    raise SettingsError(
-        f"{parallel} sequences of {n_ctx} tokens need {format_bytes(per_seq * parallel)} of KV cache, and "
-        f"this machine has {format_bytes(max(0, free))} free beside the weights",
-        hint=f"use parallel {most} or less, or a smaller n_ctx" if most >= 1 else "use a smaller n_ctx",
-    )
 
 
 def _settings_for(info: PairInfo, settings: DraftSettings | None) -> DraftSettings:
     """A pipeline's settings: the ones given (a draft model strategy only with a draft model), else the draft
-    model when the pair has one, else the target alone. With an MTP assistant for the draft, a draft model
-    strategy drafts with it as the target's MTP layers (``model+suffix`` runs ``mtp+suffix``)."""
+    model when the pair has one, else the target alone (each call's settings go through
+    :func:`_for_pair` as these do)."""
     if settings is None:
-        settings = DraftSettings(strategy="model" if info.draft_path is not None else "none")
-    if info.assistant:
-        settings = settings.with_overrides(strategy=mtp_counterpart(settings.strategy))
+        settings = DraftSettings(strategy=DRAFT_MODEL if info.draft_path is not None else TARGET_ALONE)
+    settings = _for_pair(info, settings)
     if settings.uses_model and info.draft_path is None:
         raise SettingsError(
-            f"strategy {settings.strategy!r} needs a draft model, and none was given",
+            f"strategy {settings.strategy.name!r} needs a draft model, and none was given",
             hint="give a draft model (draft=PATH; on the command line --draft PATH) or a preset with "
             "one, or use strategy 'suffix' or 'ngram'",
         )
+    return settings
+
+
+def _for_pair(info: PairInfo, settings: DraftSettings) -> DraftSettings:
+    """``settings`` as this pair runs them: with an MTP assistant for the draft, a draft model strategy drafts
+    with it as the target's MTP layers (``model+suffix`` runs ``mtp+suffix``)."""
+    if info.assistant:
+        return settings.with_overrides(strategy=settings.strategy.mtp_counterpart)
     return settings
 
 
@@ -170,8 +94,8 @@ class Pipeline:
         tensor_split: each RPC device's share of those layers (default: by their free memory).
         parallel: generations that run at once in one pass (:meth:`generate_many`, ``serve --parallel``):
             the target and the draft hold that many sequences, each with ``n_ctx`` of room (the KV cache
-            grows with it; the MTP layers draft for one). None: chosen (:func:`choose_parallel`), and
-            :attr:`parallel_reason` says why.
+            grows with it; the MTP layers draft for one). None: chosen (at most 4, as many as fit the free
+            memory) and :attr:`parallel_reason` says why.
     """
 
     def __init__(
@@ -192,70 +116,36 @@ class Pipeline:
         parallel: int | None = 1,
     ) -> None:
         self.info = info
-        servers = parse_endpoints(rpc) if rpc else []  # the target's layers there (llama/rpc.py)
-        if servers and info.assistant:  # its attention would read a KV cache held on other machines
-            name = info.draft_path.name if info.draft_path else "the draft"
-            raise SettingsError(
-                f"{name} is an MTP assistant, which reads the target's KV cache: localspec runs it only with "
-                "the target on this machine",
-                hint="run without --rpc, or with the target on rpc-servers draft with ngram or a draft model",
-            )
         store_path(".", "0" * 16, store_namespace)  # a namespace no file can be named by: refused now
         corpus_folder = Path(corpus).expanduser() if corpus else None
         self._costs: MachineCosts | None = None
-        # per model drafter ("model", "mtp"): the acceptance generations that ran it measured, and the speed
-        # its adaptive controller predicted, for ``auto``
-        self._acceptance: dict[str, float | None] = {"model": None, "mtp": None}
-        self._speed: dict[str, float | None] = {"model": None, "mtp": None}
         self.route: Route | None = None  # the last "auto" decision and its reason
         #: told (a line of text) before a one-time wait: measuring this machine's costs (the CLI prints it)
         self.notify: Callable[[str], None] | None = None
-        settings = _settings_for(info, settings)
-        self.settings = settings
-        # Beyond its trained context a model writes garbage, and a huge n_ctx would allocate its KV cache
-        # before anything failed: lower it to what the header says, before loading. ``n_ctx`` tells.
-        threads = constants.default_threads() if n_threads is None else n_threads
-        check_load_settings(n_ctx=n_ctx, n_threads=threads, n_gpu_layers=n_gpu_layers or 0, what="target")
-        mtp = settings.uses_mtp or info.assistant
-        #: why :attr:`parallel` is what it is
-        self.parallel_reason = "asked for"
-        if parallel is None:
-            parallel, self.parallel_reason = choose_parallel(info, n_ctx=n_ctx, mtp=mtp)
-        check_sequences(parallel, mtp=mtp, what=info.target_path.name)
-        check_parallel_fits(info, n_ctx=n_ctx, parallel=parallel)
-        #: generations that run at once in one pass (the sequences the target holds)
-        self.parallel = parallel
+        self.settings = settings = _settings_for(info, settings)
+        loaded = load_models(
+            info,
+            settings,
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+            n_gpu_layers=n_gpu_layers,
+            draft_n_threads=draft_n_threads,
+            draft_n_gpu_layers=draft_n_gpu_layers,
+            rpc=rpc,
+            tensor_split=tensor_split,
+            parallel=parallel,
+        )
+        self._target, self._draft, self.memory = loaded.target, loaded.draft, loaded.memory
+        #: generations that run at once in one pass (the sequences the models hold), and why that many
+        self.parallel, self.parallel_reason = loaded.parallel, loaded.parallel_reason
+        #: what the measured costs depend on: threads, and the layers of the target and the draft on a GPU
+        self.load_facts = loaded.facts
         #: the n_ctx asked for, when it was lowered to the trained context (errors and the CLI say so)
-        self.n_ctx_asked: int | None = None
-        if info.n_ctx_train and n_ctx > info.n_ctx_train:
-            self.n_ctx_asked, n_ctx = n_ctx, info.n_ctx_train
-        offload = supports_gpu_offload()
-        # what the measured costs depend on: threads, and GPU layers of the target and the draft
-        self._load_facts = (
-            threads,
-            default_gpu_layers(n_gpu_layers, offload=offload or bool(servers)),  # over RPC: all layers
-            default_gpu_layers(draft_n_gpu_layers, offload=offload) if info.draft_path else 0,
-        )
-        mem = MemoryReport(rss_baseline_bytes=rss_bytes())
-        # a recurrent or hybrid model keeps state snapshots for a draft this long (longer: checkpoints)
-        depth = min(settings.n_max, MAX_SNAPSHOTS) if settings.is_speculative else 0
-        self._target = self._load_target(n_ctx, servers, tensor_split, depth, mem)
-        self._draft: Model | None = self._load_draft(
-            n_ctx, draft_n_threads, draft_n_gpu_layers, offload, depth, mem
-        )
-        self.memory = mem
+        self.n_ctx_asked = loaded.n_ctx_asked
         self._engine = Engine(self._target)
-        self._model_drafter = (
-            ModelDrafter(
-                self._draft,
-                target_n_vocab=self._target.n_vocab,
-                masked_ids=info.masked_ids,
-                n_min=settings.n_min,
-                p_min=settings.p_min,
-            )
-            if self._draft
-            else None
-        )
+        self._model_drafter = model_drafter(self._draft, self._target, info.masked_ids, settings)
+        #: ``auto``'s decisions and what it measured per model drafter (:mod:`localspec.decoding.routing`)
+        self.router = Router(model=self._model_drafter is not None, mtp=self._target.mtp is not None)
         self._chat: ChatFormat | None = None
         self._suffix = SuffixCache(
             self._target,
@@ -265,89 +155,6 @@ class Pipeline:
             corpus=corpus_folder,
             namespace=store_namespace,
         )
-
-    def _load_target(
-        self,
-        n_ctx: int,
-        servers: list[Endpoint],
-        tensor_split: Sequence[float] | None,
-        depth: int,
-        mem: MemoryReport,
-    ) -> Model:
-        """The target (with its MTP layers for an MTP strategy, and for ``auto`` when the file has them: it
-        weighs them against the draft model), and what it costs in ``mem``."""
-        threads, gpu_layers, _ = self._load_facts
-        info = self.info
-        routed = self.settings.kind.routed
-        mtp = self.settings.uses_mtp or (
-            routed and self.parallel == 1 and (info.assistant or self._file_has_mtp())
-        )
-        target = Model(
-            self.info.target_path,
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_gpu_layers=gpu_layers,
-            rpc_servers=servers,
-            tensor_split=tensor_split,
-            rollback_depth=depth,
-            mtp=mtp,
-            mtp_assistant=info.draft_path if mtp and info.assistant else None,
-            n_seq=self.parallel,
-        )
-        mem.rss_after_target_bytes = rss_bytes()
-        mem.target_weights_bytes = target.weights_bytes
-        mem.target_kv_bytes = target.kv_bytes()
-        if target.mtp is not None and info.assistant:  # its weights only: it reads the target's KV cache
-            mem.draft_weights_bytes = target.mtp.weights_bytes
-        elif target.mtp is not None:  # the MTP layers are the drafter: their memory is the draft's
-            mem.draft_weights_bytes = mtp_weights_bytes(read_metadata(self.info.target_path))
-            mem.target_weights_bytes -= mem.draft_weights_bytes
-            mem.draft_kv_bytes = target.mtp_bytes()
-        return target
-
-    def _file_has_mtp(self) -> bool:
-        """Whether the target file carries MTP layers (its header and tensor list)."""
-        try:
-            return mtp_layers(read_metadata(self.info.target_path))[1] > 0
-        except LocalspecError:
-            return False
-
-    def _load_draft(
-        self,
-        n_ctx: int,
-        draft_n_threads: int | None,
-        draft_n_gpu_layers: int | None,
-        offload: bool,
-        depth: int,
-        mem: MemoryReport,
-    ) -> Model | None:
-        """The draft model, if the pair has one, and what it costs in ``mem``; first, the settings' n_max
-        checked against one verify pass of the loaded target. A failure closes the target."""
-        settings, target = self.settings, self._target
-        try:
-            if settings.is_speculative and settings.n_max > target.max_draft:
-                raise SettingsError(
-                    f"n_max {settings.n_max} is more than one verify pass can check at n_ctx {n_ctx} "
-                    f"(at most {target.max_draft} drafts: llama.cpp's batch is {target.n_batch})",
-                    hint=f"use n_max {target.max_draft} or less, or a larger n_ctx",
-                )
-            if self.info.draft_path is None or self.info.assistant:  # an assistant drafts as MTP layers
-                return None
-            draft = Model(
-                self.info.draft_path,
-                n_ctx=n_ctx,
-                n_threads=self._load_facts[0] if draft_n_threads is None else draft_n_threads,
-                n_gpu_layers=default_gpu_layers(draft_n_gpu_layers, offload=offload),
-                rollback_depth=depth,
-                n_seq=self.parallel,
-            )
-            mem.rss_after_draft_bytes = rss_bytes()
-            mem.draft_weights_bytes += draft.weights_bytes  # on top of MTP layers loaded for ``auto``
-            mem.draft_kv_bytes += draft.kv_bytes()
-            return draft
-        except BaseException:
-            target.close()
-            raise
 
     # Lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:
@@ -423,66 +230,37 @@ class Pipeline:
         self._engine.trace = value
 
     # Generation -------------------------------------------------------------------------------
-    def _drafter(self, s: DraftSettings) -> Drafter | None:
-        """A drafter for one generation. N-gram tables belong to that generation only; the suffix cache
-        is the pipeline's (it remembers every request; the engine's lock serialises its rounds, and its
-        live part re-syncs to whichever context asks)."""
-        if not s.uses_mtp:  # the target's passes need not feed its MTP layers
-            self._target.follow_mtp(False)
-        if not s.is_speculative:
-            return None
-        lookup: Drafter = self.suffix_drafter() if s.uses_suffix else NgramDrafter()
-        if s.uses_mtp:
-            mtp = self._mtp_drafter(s)
-            return CombinedDrafter(mtp, lookup) if s.kind.combined else mtp
-        if not s.uses_model:
-            return lookup
-        if self._model_drafter is None:
-            raise LocalspecError(
-                f"strategy {s.strategy!r} needs a draft model, and this pipeline has none",
-                hint="load with a draft model (draft=PATH; on the command line --draft PATH) or a preset "
-                "with one, or use strategy 'suffix' or 'ngram'",
-            )
-        model = self._model_drafter.with_limits(n_min=s.n_min, p_min=s.p_min)
-        return CombinedDrafter(model, lookup) if s.kind.combined else model
-
-    def _mtp_drafter(self, s: DraftSettings) -> MtpDrafter:
-        """The target's MTP layers as the drafter of strategy ``s`` (loaded with the target for an MTP
-        strategy)."""
-        if self._target.mtp is None:
-            raise LocalspecError(
-                f"strategy {s.strategy!r} drafts with the target's MTP layers, and this pipeline was loaded "
-                "without them",
-                hint="load with strategy='mtp' (on the command line --strategy mtp) to load them",
-            )
-        return MtpDrafter(self._target, n_min=s.n_min, p_min=s.p_min)
-
     # The suffix cache and the machine's costs ----------------------------------------------------
     def machine_costs(self) -> MachineCosts:
         """This machine's measured verify curve V(b) and token costs for these models (measured once per
         machine, build, model files, threads and offload, then read from the cache)."""
         if self._costs is None:
-            threads, gpu, draft_gpu = self._load_facts
+            facts = self.load_facts
             self._costs = machine_costs(
                 self._target,
                 self._draft,
-                threads=threads,
-                gpu_layers=gpu,
-                draft_gpu_layers=draft_gpu,
+                threads=facts.threads,
+                gpu_layers=facts.gpu_layers,
+                draft_gpu_layers=facts.draft_gpu_layers,
                 notify=self.notify,
             )
         return self._costs
 
-    def costs_pending(self, strategy: str | None = None) -> bool:
+    def costs_pending(self, strategy: str | Strategy | None = None) -> bool:
         """True when a generation with ``strategy`` (default: the pipeline's) will first measure this
         machine's costs (:meth:`machine_costs`, which takes seconds on a CPU): the suffix
         cache and ``auto`` need them, and they are neither loaded nor stored yet. A caller that shows
         progress (the web UI) says so and calls :meth:`machine_costs` itself first."""
-        if (strategy or self.settings.strategy) not in SUFFIX_STRATEGIES or self._costs is not None:
+        kind = self.settings.strategy if strategy is None else parse_strategy(strategy)
+        if not kind.sizes_own_drafts or self._costs is not None:
             return False
-        threads, gpu, draft_gpu = self._load_facts
+        f = self.load_facts
         found = stored_costs(
-            self._target, self._draft, threads=threads, gpu_layers=gpu, draft_gpu_layers=draft_gpu
+            self._target,
+            self._draft,
+            threads=f.threads,
+            gpu_layers=f.gpu_layers,
+            draft_gpu_layers=f.draft_gpu_layers,
         )
         return found is None
 
@@ -520,35 +298,12 @@ class Pipeline:
         self._suffix.set_corpus(folder, notify=self.notify)
 
     def _route(self, s: DraftSettings, tokens: list[int]) -> tuple[DraftSettings, Route]:
-        """``auto``: suffix alone, or a model drafter (adaptive) with the suffix cache, for this request: the
-        draft model and the target's MTP layers, whichever are loaded, weighed by what they measured."""
-        here = {"model": self._model_drafter is not None, "mtp": self._target.mtp is not None}
-        loaded = {d: self._speed[d] for d, there in here.items() if there}
-        overlap = self.suffix_drafter().overlap(tokens)
-
-        def weigh(drafter: str) -> Route:
-            return route(
-                has_model=bool(loaded),
-                costs=self.machine_costs() if drafter == "model" and loaded else None,
-                model_acceptance=self._acceptance["model"],
-                n_max=min(s.n_max, 8),
-                overlap=overlap,
-                measured_speed=self._speed[drafter],
-                drafter=drafter,
-            )
-
-        if len(loaded) < 2:
-            r = weigh(next(iter(loaded), "model"))
-        else:  # both: each runs once to be measured (the draft model first, if the costs say it may pay)
-            first = weigh("model") if loaded["model"] is None else None
-            if (
-                first is not None and first.strategy == "suffix"
-            ):  # it would not pay: weighed by that prediction
-                loaded["model"] = first.model_speed
-            drafter, others = pick_drafter(loaded)
-            r = weigh(drafter)
-            r = dataclasses.replace(r, reason=f"{r.reason} ({others})")
-        adaptive = True if r.strategy in ("model+suffix", "mtp+suffix") else s.adaptive
+        """``auto``: suffix alone, or a model drafter (adaptive) with the suffix cache, for this request, as
+        the :attr:`router` decides from what the loaded drafters measured."""
+        r = self.router.route(
+            costs=self.machine_costs, n_max=min(s.n_max, 8), overlap=self.suffix_drafter().overlap(tokens)
+        )
+        adaptive = True if r.strategy.combined else s.adaptive  # a model drafter runs adaptive
         return s.with_overrides(strategy=r.strategy, adaptive=adaptive), r
 
     def stream_tokens(
@@ -562,7 +317,7 @@ class Pipeline:
         min_p: float = 0.0,
         seed: int | None = None,
         stop: list[str] | None = None,
-        strategy: str | None = None,
+        strategy: str | Strategy | None = None,
         n_max: int | None = None,
         n_min: int | None = None,
         p_min: float | None = None,
@@ -615,8 +370,9 @@ class Pipeline:
             adaptive=adaptive,
         )
         stream = self._engine.run(gen)
-        drafter = _learned_drafter(gen.settings)
-        return self._learning(stream, drafter) if drafter else stream
+        if self.router.record_for(gen.settings.strategy) is not None:
+            return self._learning(stream, gen)
+        return stream
 
     def start_tokens(self, tokens: list[int], **kwargs: Any) -> Generation:
         """One generation checked, routed and given its drafter, not yet run: what runs several at once
@@ -632,7 +388,7 @@ class Pipeline:
         Raises:
             SettingsError, ContextOverflowError: as :meth:`stream_tokens`.
         """
-        return self._start(tokens, **self._start_kwargs(dict(kwargs)))
+        return self._start(tokens, **start_kwargs(dict(kwargs)))
 
     def batch(
         self, *, fit: bool = True, on_cleanup_error: Callable[[Generation, Exception], None] | None = None
@@ -648,33 +404,7 @@ class Pipeline:
         Returns:
             An empty batch: :meth:`Batch.add` generations from :meth:`start_tokens`, then step it.
         """
-        return Batch(self._engine, fit=fit, on_end=self._learned_from, on_cleanup_error=on_cleanup_error)
-
-    def _start(
-        self,
-        tokens: list[int],
-        *,
-        max_tokens: int,
-        params: SamplingParams,
-        stop: list[str] | None,
-        strategy: str | None,
-        baseline: bool,
-        grammar: Grammar | None,
-        **overrides: Any,
-    ) -> Generation:
-        """:meth:`start_tokens` with the sampling parameters made."""
-        tokens, stop = self._checked_call(tokens, max_tokens, stop, grammar, params)
-        settings, chosen = self._call_settings(tokens, strategy, baseline, **overrides)
-        return self._engine.start(
-            tokens,
-            drafter=self._drafter(settings),
-            max_tokens=max_tokens,
-            params=params,
-            settings=settings,
-            stop=stop,
-            stats=self._new_stats(settings, chosen),
-            grammar=grammar,
-        )
+        return Batch(self._engine, fit=fit, on_end=self._learned, on_cleanup_error=on_cleanup_error)
 
     def generate_many(
         self,
@@ -699,51 +429,33 @@ class Pipeline:
             SettingsError, ContextOverflowError: as :meth:`stream` for any prompt (before any runs).
             LocalspecError: a generation that failed while running (the others were cancelled).
         """
-        if isinstance(prompts, str):
-            raise SettingsError(
-                "generate_many takes a list of prompts, got one string", hint="use generate() for one prompt"
-            )
-        gens = [self.start_tokens(self.tokenize(p), **kwargs) for p in prompts]
-        out: list[list[TokenResponse]] = [[] for _ in gens]
-        order = {id(g): i for i, g in enumerate(gens)}
-        traced = self._engine.trace
-        for gen in gens if traced is not None else ():
-            gen.trace = []  # each its own, joined in the prompts' order at the end
-        batch = self.batch()
-        for gen in gens:
-            batch.add(gen)
-        try:
-            while not batch.idle:
-                for event in batch.step():
-                    if event.error is not None:
-                        raise event.error
-                    i = order[id(event.gen)]
-                    out[i] += event.tokens
-                    for r in event.tokens if on_token else ():
-                        on_token(i, r)  # type: ignore[misc]
-        finally:
-            for gen in [*batch.running, *batch.waiting]:
-                batch.cancel(gen)
-            if traced is not None:
-                for gen in gens:
-                    traced.extend(gen.trace or [])
-        return [collect(iter(tokens)) for tokens in out]
+        return generate_many(self, prompts, on_token, kwargs)
 
-    @staticmethod
-    def _start_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-        """:meth:`stream_tokens`'s keyword arguments as :meth:`_start` takes them (sampling made, the ones
-        not given at their defaults); an unknown one is refused."""
-        sampling = ("temperature", "top_k", "top_p", "min_p", "seed")
-        defaults: dict[str, Any] = {"max_tokens": constants.DEFAULT_MAX_TOKENS, "baseline": False}
-        defaults.update(dict.fromkeys(("stop", "strategy", "grammar", "n_max", "n_min", "p_min", "adaptive")))
-        unknown = sorted(set(kwargs) - set(defaults) - set(sampling))
-        if unknown:
-            raise SettingsError(
-                f"unknown argument(s): {', '.join(unknown)}", hint="see help(Pipeline.stream_tokens)"
-            )
-        blank = SamplingParams()
-        params = SamplingParams(*(kwargs.pop(k, getattr(blank, k)) for k in sampling))
-        return {**defaults, **kwargs, "params": params}
+    def _start(
+        self,
+        tokens: list[int],
+        *,
+        max_tokens: int,
+        params: SamplingParams,
+        stop: list[str] | None,
+        strategy: str | Strategy | None,
+        baseline: bool,
+        grammar: Grammar | None,
+        **overrides: Any,
+    ) -> Generation:
+        """:meth:`start_tokens` with the sampling parameters made."""
+        tokens, stop = self._checked_call(tokens, max_tokens, stop, grammar, params)
+        settings, chosen = self._call_settings(tokens, strategy, baseline, **overrides)
+        return self._engine.start(
+            tokens,
+            drafter=drafter_for(settings, self._target, self._model_drafter, self.suffix_drafter),
+            max_tokens=max_tokens,
+            params=params,
+            settings=settings,
+            stop=stop,
+            stats=self._new_stats(settings, chosen),
+            grammar=grammar,
+        )
 
     def _checked_call(
         self,
@@ -755,15 +467,7 @@ class Pipeline:
     ) -> tuple[list[int], list[str] | None]:
         """A call's arguments checked before its first token: the tokens and stop strings as the engine
         takes them, or the :class:`SettingsError` / :class:`ContextOverflowError` that says what is wrong."""
-        if grammar is not None and not isinstance(grammar, Grammar):
-            raise SettingsError(
-                f"grammar must be a localspec.Grammar, got {type(grammar).__name__}",
-                hint="e.g. Grammar.json_object(), Grammar.json_schema({...}) or Grammar.gbnf(text)",
-            )
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise SettingsError(
-                f"max_tokens must be a whole number >= 1, got {max_tokens!r}", hint="e.g. 256"
-            )
+        checked_grammar_and_length(grammar, max_tokens)
         tokens = checked_tokens(tokens, self._target.n_vocab, self.info.target_path.name)
         stop = checked_stop(stop)
         self.check_fits(len(tokens), max_tokens)
@@ -771,19 +475,21 @@ class Pipeline:
         return tokens, stop
 
     def _call_settings(
-        self, tokens: list[int], strategy: str | None, baseline: bool, *, n_max: int | None, **overrides: Any
+        self,
+        tokens: list[int],
+        strategy: str | Strategy | None,
+        baseline: bool,
+        *,
+        n_max: int | None,
+        **overrides: Any,
     ) -> tuple[DraftSettings, Route | None]:
         """The settings one call runs: the pipeline's with the call's overrides, and ``auto`` resolved to a
         strategy for this request (with its :class:`Route`; None when a strategy was named)."""
-        if strategy is not None and n_max is None and strategy in SUFFIX_STRATEGIES:
-            if not self.settings.uses_suffix:  # switching to the suffix cache: it sizes its own drafts
-                n_max = min(LOOKUP_N_MAX, self.max_draft)
-        if strategy is not None and self.info.assistant:  # the assistant drafts as MTP layers
-            strategy = mtp_counterpart(strategy)
-        settings = self.settings.with_overrides(
-            strategy="none" if baseline else strategy, n_max=n_max, **overrides
+        switched = self.settings.switched_to(
+            TARGET_ALONE if baseline else strategy, n_max=n_max, max_draft=self.max_draft, **overrides
         )
-        if settings.strategy != "auto":
+        settings = _for_pair(self.info, switched)
+        if not settings.strategy.routed:
             return settings, None
         settings, chosen = self._route(settings, tokens)
         self.route = chosen
@@ -818,33 +524,31 @@ class Pipeline:
                 lowered_from=self.n_ctx_asked or None,
             )
 
-    def _learning(self, stream: Iterator[TokenResponse], drafter: str) -> Iterator[TokenResponse]:
-        """Pass tokens through; remember ``drafter``'s (``"model"`` or ``"mtp"``) acceptance and the speed
-        its adaptive controller predicted, for the ``auto`` router."""
+    def _learning(self, stream: Iterator[TokenResponse], gen: Generation) -> Iterator[TokenResponse]:
+        """Pass tokens through; then tell the :attr:`router` what ``gen`` measured (:meth:`_learned`)."""
         last = None
         try:
             for last in stream:
                 yield last
         finally:
             if last is not None:
-                self._learn(drafter, last.stats)
+                self._learned(gen)
 
-    def _learned_from(self, gen: Generation) -> None:
-        """What a generation that ran in a batch measured, for the ``auto`` router."""
-        drafter = _learned_drafter(gen.settings)
-        if drafter and gen.stats.generated_tokens:
-            self._learn(drafter, gen.stats)
-
-    def _learn(self, drafter: str, stats: GenerationStats) -> None:
-        """Remember ``drafter``'s acceptance and predicted speed from one generation's ``stats``."""
-        drafted = stats.drafted_by_source.get(drafter, 0)
-        if drafted >= 8:
-            rate = stats.accepted_by_source.get(drafter, 0) / drafted
-            self._acceptance[drafter] = _blend(self._acceptance[drafter], rate)
-        # kept even from a few drafts: a controller that stopped drafting early measured why, and
-        # ``auto`` then moves on to the other drafter instead of trying this one again
-        if stats.predicted_speedup is not None:
-            self._speed[drafter] = _blend(self._speed[drafter], stats.predicted_speedup)
+    def _learned(self, gen: Generation) -> None:
+        """Tell the :attr:`router` what the model drafter of a generation measured: its drafted and accepted
+        tokens, its rounds, and the speed its adaptive controller predicted."""
+        record = self.router.record_for(gen.settings.strategy)
+        stats = gen.stats
+        if record is None or not stats.generated_tokens:
+            return
+        counts = stats.by_drafter.get(record.source)
+        record.record(
+            self.router.requests,
+            drafted=stats.drafted_by_source.get(record.source, 0),
+            accepted=stats.accepted_by_source.get(record.source, 0),
+            rounds=counts.rounds if counts else 0,
+            speed=stats.predicted_speedup,
+        )
 
     def tokenize(self, text: str) -> list[int]:
         """The target's tokens of a plain prompt (its BOS first, as llama.cpp adds it)."""
@@ -943,16 +647,7 @@ class Pipeline:
         self, messages: list[dict], tools: Any, tool_choice: Any, response_format: Any, kwargs: dict
     ) -> tuple[Iterator[TokenResponse], ToolUse]:
         use = tool_use(tools, tool_choice, self.chat_template)
-        # never both: response_format is refused where calls are read
-        grammar = reply_grammar(response_format, reads_calls=use.read_calls) or use.grammar
-        if grammar is not None:
-            if kwargs.get("grammar") is not None:
-                raise GrammarError(
-                    "a grammar cannot be given with response_format or tools (they bring their own)",
-                    param="grammar",
-                    hint="drop one",
-                )
-            kwargs["grammar"] = grammar
+        kwargs["grammar"] = use.request_grammar(response_format, kwargs.get("grammar"))
         messages = chat_messages(messages)  # checked; earlier calls' arguments as objects, as templates want
         tokens, stops = self.format_chat(messages, tools=use.tools)
         kwargs["stop"] = list(kwargs.get("stop") or []) + stops
@@ -991,15 +686,3 @@ class Pipeline:
         their medians.
         """
         return compare(self, prompt, repeats=repeats, warmup=warmup, **kwargs)
-
-
-def _learned_drafter(settings: DraftSettings) -> str | None:
-    """The model drafter whose measurements ``auto`` keeps from a generation with ``settings``."""
-    if settings.uses_mtp:
-        return "mtp"
-    return "model" if settings.uses_model else None
-
-
-def _blend(old: float | None, new: float) -> float:
-    """The running value the ``auto`` router reads: the newest measurement weighs half."""
-    return new if old is None else 0.5 * old + 0.5 * new

@@ -30,8 +30,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from localspec.constrain.grammar import Grammar
+from localspec.constrain.grammar import Grammar, reply_grammar
 from localspec.decoding.engine import TokenResponse
+from localspec.errors import GrammarError
 from localspec.pipeline.tool_reader import CallSplitter, split_calls
 from localspec.pipeline.tool_schema import (
     ToolCallError,
@@ -51,6 +52,21 @@ class ToolUse:
     read_calls: bool = False  # whether calls are read out of the reply
     parallel: bool = True  # False: the first call only
     names: tuple[str, ...] = ()  # the declared functions
+
+    def request_grammar(self, response_format: Any, given: Grammar | None) -> Grammar | None:
+        """The grammar a chat request runs under: its ``response_format``'s, else the calls' (never both:
+        response_format is refused where calls are read), else the ``given`` one; a :class:`GrammarError`
+        when a grammar is given beside one of those."""
+        grammar = reply_grammar(response_format, reads_calls=self.read_calls) or self.grammar
+        if grammar is None:
+            return given
+        if given is not None:
+            raise GrammarError(
+                "a grammar cannot be given with response_format or tools (they bring their own)",
+                param="grammar",
+                hint="drop one",
+            )
+        return grammar
 
     def split(self, reply: str) -> tuple[str, list[dict[str, Any]]]:
         """(the reply's text outside the calls, the calls) for the model's ``reply`` (without the prefix);
