@@ -1,2 +1,2 @@
 """The llama.cpp boundary: one model and its KV cache, the build's CPU features, chat tokens, the sampling
-chain."""
+chain, llama.cpp's log (``logs``)."""
