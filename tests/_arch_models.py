@@ -1,9 +1,10 @@
 """Tiny random models of any architecture llama.cpp runs, written by llama.cpp's own ``test-llama-archs``.
 
-The program is built once from the llama.cpp that llama-cpp-python vendors, in the peer's build folder
-(:func:`localspec.bench.peer.archs_binary`, minutes the first time, as for rpc-server). ``-a ARCH -s SEED``
-writes a 2-layer model with n_embd 256 and a 128-token dummy vocabulary ("test" tokenizer, ids only); another
-seed gives a model with the same vocabulary and other weights: a draft most of whose tokens are rejected.
+The program is built once from the llama.cpp that llama-cpp-python vendors, beside llama.cpp's other
+programs (:func:`localspec.llama.programs.archs_binary`, minutes the first time, as for rpc-server).
+``-a ARCH -s SEED`` writes a 2-layer model with n_embd 256 and a 128-token dummy vocabulary ("test" tokenizer,
+ids only); another seed gives a model with the same vocabulary and other weights: a draft most of whose
+tokens are rejected.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.errors import BenchError
+from localspec.errors import BuildError
 
 #: Recurrent or hybrid architectures the vendored llama.cpp writes with test-llama-archs.
 RECURRENT_FIXTURES = (
@@ -34,12 +35,12 @@ def archs_program() -> Path:
     """The built ``test-llama-archs`` (skips the test when it cannot be built here)."""
     from _peer_cache import peer_build_cache
 
-    from localspec.bench import peer
+    from localspec.llama import programs
 
     try:
         with peer_build_cache():
-            return peer.archs_binary()
-    except BenchError as exc:
+            return programs.archs_binary()
+    except BuildError as exc:
         pytest.skip(f"llama.cpp's test-llama-archs could not be built: {exc.message}")
 
 

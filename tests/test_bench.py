@@ -629,10 +629,11 @@ def test_peer_server_flags_match_our_settings(tmp_path):
 
 def test_peer_is_built_with_the_cpu_features_of_the_installed_wheel(monkeypatch):
     """A native peer next to an AVX2 wheel compares builds (1.066x measured here), not engines."""
-    from localspec.bench import peer
+    from localspec.llama import programs
+    from localspec.llama.build import cpu_flags
 
     avx2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 |"
-    flags = peer.cpu_flags(avx2)
+    flags = cpu_flags(avx2)
     assert flags[0] == "-DGGML_NATIVE=OFF"
     assert {"-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_AVX512=OFF", "-DGGML_AMX_INT8=OFF"} <= set(flags)
     native = avx2 + " AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | OPENMP = 1 |"
@@ -641,16 +642,16 @@ def test_peer_is_built_with_the_cpu_features_of_the_installed_wheel(monkeypatch)
         "-DGGML_AVX512_VNNI=ON",
         "-DGGML_AMX_TILE=ON",
         "-DGGML_AVX512_BF16=OFF",
-    } <= set(peer.cpu_flags(native))
-    assert peer.cpu_flags("CPU : NEON = 1 | ARM_FMA = 1 | DOTPROD = 1 | REPACK = 1 |") == []
+    } <= set(cpu_flags(native))
+    assert cpu_flags("CPU : NEON = 1 | ARM_FMA = 1 | DOTPROD = 1 | REPACK = 1 |") == []
     # the installed wheel's features are read; another set of flags builds into another folder
-    monkeypatch.setattr(peer, "installed_system_info", lambda: avx2)
+    monkeypatch.setattr(programs, "installed_system_info", lambda: avx2)
     monkeypatch.setenv("CMAKE_ARGS", "")
-    assert "-DGGML_AVX512=OFF" in peer.build_flags()
-    assert peer.build_dir("0.0") != peer.build_dir("0.0", peer.build_flags()[:-1])
-    assert peer.build_dir("0.0") == peer.build_dir("0.0", peer.build_flags())
+    assert "-DGGML_AVX512=OFF" in programs.build_flags()
+    assert programs.build_dir("0.0") != programs.build_dir("0.0", programs.build_flags()[:-1])
+    assert programs.build_dir("0.0") == programs.build_dir("0.0", programs.build_flags())
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=on")
-    assert peer.build_flags()[-1] == "-DGGML_CUDA=on"
+    assert programs.build_flags()[-1] == "-DGGML_CUDA=on"
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -998,9 +999,9 @@ def test_bench_help_shows_the_sweep_forms_and_bounds():
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("CI") == "true", reason="the llama.cpp peer never runs in CI")
 def test_peer_on_embedded_pair(tmp_path):
-    from localspec.bench import peer
+    from localspec.llama import programs
 
-    if peer.server_binary() is None:
+    if programs.server_binary() is None:
         pytest.skip("no llama-server: set LOCALSPEC_PEER_DIR to where `localspec bench --peer` built it")
     rep = bench.benchmark(workloads=["edit"], limit=1, max_tokens=8, threads=2, n_ctx=512, peer=True)
     pc = rep["peer"]["cells"]
@@ -1011,23 +1012,23 @@ def test_peer_on_embedded_pair(tmp_path):
 def test_a_build_without_this_cpus_features_is_named_after_a_speed_report(monkeypatch, tmp_path):
     """A prebuilt or AVX2-only llama-cpp-python on an AVX-512 CPU makes wide verify passes ~1.5x dearer
     (measured here): the bench names the features the build leaves out, never AMX (it dies on some VMs)."""
-    from localspec.bench import peer
+    from localspec.llama import build
 
     avx2_build = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | OPENMP = 1 |"
     cpu = "processor : 0\nflags\t\t: fpu sse3 avx avx2 fma f16c bmi2 avx512f avx512_vnni amx_tile amx_int8\n"
-    assert peer.unused_cpu_features(avx2_build, cpu) == ["AVX512", "AVX512_VNNI"]
+    assert build.unused_cpu_features(avx2_build, cpu) == ["AVX512", "AVX512_VNNI"]
     native = avx2_build + " AVX512 = 1 | AVX512_VNNI = 1 |"
-    assert peer.unused_cpu_features(native, cpu) == []
-    assert peer.unused_cpu_features(avx2_build, "processor : 0\nFeatures : neon\n") == []  # not x86
+    assert build.unused_cpu_features(native, cpu) == []
+    assert build.unused_cpu_features(avx2_build, "processor : 0\nFeatures : neon\n") == []  # not x86
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(cpu)
-    monkeypatch.setattr(peer, "installed_system_info", lambda: avx2_build)
-    note = peer.build_note(cpuinfo)
+    monkeypatch.setattr(build, "installed_system_info", lambda: avx2_build)
+    note = build.build_note(cpuinfo)
     assert note is not None and "AVX512, AVX512_VNNI," in note and "AMX" not in note
     assert "Troubleshooting" in note
-    monkeypatch.setattr(peer, "installed_system_info", lambda: native)
-    assert peer.build_note(cpuinfo) is None
-    assert peer.build_note(tmp_path / "missing") is None  # not Linux: no note, no error
+    monkeypatch.setattr(build, "installed_system_info", lambda: native)
+    assert build.build_note(cpuinfo) is None
+    assert build.build_note(tmp_path / "missing") is None  # not Linux: no note, no error
 
 
 @pytest.mark.skipif(os.name != "posix", reason="process groups")
@@ -1045,7 +1046,8 @@ def test_an_interrupted_peer_build_takes_its_compilers_with_it(tmp_path, sig):
     # non-interactive shell (`pytest &`) inherits SIGINT ignored, and the child would never see the signal
     script = (
         "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        f"from localspec.bench import peer\npeer.call_as_group({build!r}, cwd=None, stdout=None)\n"
+        "from localspec.llama.processes import call_as_group\n"
+        f"call_as_group({build!r}, cwd=None, stdout=None)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30

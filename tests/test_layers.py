@@ -120,8 +120,8 @@ def test_no_import_cycle_anywhere():
 FLOORS: list[set[str]] = [
     {"errors", "constants", "units", "embedded"},  # the project's vocabulary
     {"settings", "gguf"},  # how drafting runs; files, fingerprints, pairs
-    {"hub", "llama.logs", "llama.sampling"},  # presets and downloads; llama.cpp's log, the target's distribution
-    {"llama", "constrain"},  # the llama.cpp boundary; beside it, grammars every emitted token keeps satisfiable
+    {"hub", "llama.logs", "llama.sampling"},  # presets, downloads; llama.cpp's log, the target's distribution
+    {"llama", "constrain"},  # the llama.cpp boundary; beside it, the grammars every emitted token keeps
     {"decoding"},  # the verify loop, drafters, costs
     {"suffix"},  # the suffix cache and its store
     {"pipeline"},  # load / generate / Pipeline
@@ -250,3 +250,12 @@ def test_grammars_stand_beside_the_model():
     )
     assert across == []
     assert "localspec.llama.logs" in graph["localspec.constrain.grammar"]
+
+
+def test_production_takes_llama_cpp_programs_from_llama_not_from_the_bench():
+    """``localspec rpc-server`` and the local RPC servers build and supervise llama.cpp's programs through
+    ``llama/`` (programs, processes); only the bench's own llama-server client lives in ``bench/peer``."""
+    graph = _graph()
+    for module in ("localspec.cli.rpc", "localspec.bench.rpc_local", "localspec.bench.wide_target"):
+        assert "localspec.bench.peer" not in graph[module], module
+    assert {"localspec.llama.programs", "localspec.llama.processes"} <= graph["localspec.cli.rpc"]

@@ -147,6 +147,7 @@ def _run_peer_once(
     pipe: Any, workload: SessionWorkload, config: PeerConfig, setup: PeerSetup, max_tokens: int
 ) -> SessionRun:
     from localspec.bench import peer
+    from localspec.llama import programs
 
     static = None
     if config.mode == "ngram-cache" and workload.corpus is not None:
@@ -162,7 +163,7 @@ def _run_peer_once(
         n_ctx=setup.n_ctx,
         lookup_static=static,
     )
-    binary = peer.server_binary() or peer.build_server()
+    binary = programs.server_binary() or programs.build_server()
     run = SessionRun()
     with peer.PeerServer(binary, args, setup.work_dir / "logs" / f"{config.mode}.log") as server:
         server.wait_ready()

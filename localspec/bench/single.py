@@ -22,6 +22,7 @@ from localspec.bench.arithmetic import interleaved_order, summarise
 from localspec.bench.report import BenchReport, PeerResult, machine_info
 from localspec.bench.workloads import Prompt, Runner, Workload, load_workloads
 from localspec.errors import BenchError
+from localspec.llama import programs
 from localspec.settings import BASELINE, LOOKUP_N_MAX, MTP_STRATEGIES, SUFFIX_STRATEGIES, DraftSettings
 
 # ---------------------------------------------------------------------------------------------- running
@@ -378,6 +379,6 @@ def _report(
     )
     if peer_configs is not None:
         peer_cells, _ = summarise(wl, peer_configs, records, engine="llama.cpp")
-        note = PEER_NOTE.format(version=peer_mod.installed_version(), binary=peer_mod.server_binary())
+        note = PEER_NOTE.format(version=programs.installed_version(), binary=programs.server_binary())
         result.peer = PeerResult(peer_cells, note)
     return result

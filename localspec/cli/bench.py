@@ -666,9 +666,10 @@ def _session_peer(o: BenchOptions, pipe: Any, log: Callable[[str], None]) -> Any
     """llama.cpp's side of a session bench: its modes (``--peer-modes``; draft-simple only with a draft)."""
     from localspec.bench import peer as peer_mod
     from localspec.bench.session_run import PeerSetup
+    from localspec.llama.build import cpu_flags, installed_system_info
 
     # the same kernels on both sides: a native peer next to an AVX2 wheel compares builds
-    flags = peer_mod.cpu_flags(peer_mod.installed_system_info())
+    flags = cpu_flags(installed_system_info())
     log(f"the llama.cpp peer is built with: {' '.join(flags) or 'the native CPU features'}")
     modes = _split(o.peer_modes) or list(peer_mod.SESSION_MODES)
     return PeerSetup(
@@ -683,7 +684,7 @@ def _session_peer(o: BenchOptions, pipe: Any, log: Callable[[str], None]) -> Any
 
 def _say_build_note() -> None:
     """After a speed report: say so when llama.cpp was built without CPU features this machine has."""
-    from localspec.bench.peer import build_note
+    from localspec.llama.build import build_note
 
     note = build_note()
     if note:
