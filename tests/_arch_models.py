@@ -95,14 +95,14 @@ def widen(src: Path, out: Path, *, n_ff: int, copies: int) -> Path:
     """
     import gguf
     import numpy as np
+    from _gguf_build import architecture, grown_header, set_value, tensors_of, write_gguf
 
     if out.is_file():
         return out
     reader = gguf.GGUFReader(src)
-    arch = str(reader.fields["general.architecture"].contents())
+    arch, n_layer = architecture(reader)
     zeroed = RESIDUAL_WRITES[arch]
-    n_layer = int(reader.fields[f"{arch}.block_count"].contents())
-    tensors = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
+    tensors = tensors_of(reader)
     rng = np.random.default_rng(n_ff)
     for i in range(n_layer):
         gate, up, down = (f"blk.{i}.ffn_{p}.weight" for p in ("gate", "up", "down"))
@@ -127,28 +127,13 @@ def widen(src: Path, out: Path, *, n_ff: int, copies: int) -> Path:
                 if name.endswith(zeroed):
                     value = np.zeros_like(value)
                 tensors[name.replace(here, there, 1)] = value
-    writer = gguf.GGUFWriter(out, arch)
-    changed: dict[str, object] = {f"{arch}.block_count": n_layer * (copies + 1)}
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = f.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY and len(f.data) == 0:
-            continue  # the writer refuses empty arrays; llama.cpp reads them as absent
-        value = changed.get(name, f.contents())
-        if name == f"{arch}.feed_forward_length":
-            value = [n_ff if v else 0 for v in value] if isinstance(value, list) else n_ff
-        if isinstance(value, list) and len(value) == n_layer and name.startswith(f"{arch}."):
-            value = value * (copies + 1)  # a per-layer setting (head counts, recurrent layers, FFN widths)
-        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, value, vtype, sub_type=sub)
-    for name, value in tensors.items():
-        writer.add_tensor(name, np.ascontiguousarray(value))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    fields = grown_header(
+        reader, list(range(n_layer)) * copies
+    )  # the copies' per-layer settings: the originals'
+    ffn = f"{arch}.feed_forward_length"
+    width = fields[ffn][0]
+    set_value(fields, ffn, [n_ff if v else 0 for v in width] if isinstance(width, list) else n_ff)
+    return write_gguf(out, arch=arch, fields=fields, tensors=tensors)
 
 
 def unrendered_tables(page: str, results: tuple[str, ...]) -> list[str]:

@@ -259,3 +259,14 @@ def test_production_takes_llama_cpp_programs_from_llama_not_from_the_bench():
     for module in ("localspec.cli.rpc", "localspec.bench.rpc_local", "localspec.bench.wide_target"):
         assert "localspec.bench.peer" not in graph[module], module
     assert {"localspec.llama.programs", "localspec.llama.processes"} <= graph["localspec.cli.rpc"]
+
+
+def test_the_tests_write_gguf_files_in_one_module():
+    """Every GGUF file a test writes goes through ``tests/_gguf_build.py`` (its writer, its copy of another
+    file's header): no second hand-written writer to keep in step with the gguf package."""
+    writers = sorted(
+        path.name
+        for path in (ROOT / "tests").glob("*.py")
+        if "GGUFWriter(" in path.read_text(encoding="utf-8") and path.name != Path(__file__).name
+    )
+    assert writers == ["_gguf_build.py"]

@@ -317,6 +317,17 @@ class Pipeline:
         return self._target.metadata
 
     @property
+    def target(self) -> Model:
+        """The loaded target model, to read (its vocabulary, tokenizer, KV cache, MTP layers); generation goes
+        through the pipeline's own calls, which hold the engine's lock."""
+        return self._target
+
+    @property
+    def draft(self) -> Model | None:
+        """The loaded draft model, to read; None when the strategy runs none."""
+        return self._draft
+
+    @property
     def trace(self) -> list[tuple[int, bool, int, float]] | None:
         """Set to a list to record, per emitted token: (token, from_draft, argmax of the verifying row,
         top-2 logit margin). For tests and diagnostics; None (off) by default."""
