@@ -18,6 +18,7 @@ BENCH_FAMILY = {
     "localspec.bench.peer",
     "localspec.bench.report",
     "localspec.bench.tune",
+    "localspec.bench.tuning",
     "localspec.bench.workloads",
     "localspec.cli.bench",
     "localspec.cli.ui",
@@ -102,7 +103,12 @@ def test_no_import_cycle_through_the_bench_family_or_the_ui():
 def test_the_workload_vocabulary_imports_nothing_of_the_bench_family():
     graph = _graph()
     assert graph["localspec.bench.workloads"] & BENCH_FAMILY == set()
-    for low in ("localspec.bench.arithmetic", "localspec.bench.peer", "localspec.bench.report"):
+    for low in (
+        "localspec.bench.arithmetic",
+        "localspec.bench.peer",
+        "localspec.bench.report",
+        "localspec.bench.tuning",
+    ):
         assert "localspec.bench.single" not in graph[low] and "localspec.bench.tune" not in graph[low], low
     assert "localspec.ui.app" not in graph["localspec.ui.bench_tab"]
 
