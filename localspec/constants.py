@@ -12,7 +12,8 @@ Variable                    Effect (accessor)
                             ``$XDG_CONFIG_HOME/localspec`` (``~/.config/localspec``)
 ``LOCALSPEC_MODELS``        extra model folders for ``scan``/``pair``, separated by ``os.pathsep``
                             (``:`` on Linux and macOS, ``;`` on Windows) (:func:`extra_model_dirs`)
-``LOCALSPEC_PEER_DIR``      where ``bench --peer`` builds llama.cpp's server (:func:`peer_dir`)
+``LOCALSPEC_PEER_DIR``      where llama.cpp's own programs are built (``bench --peer``'s server,
+                            ``rpc-server``) (:func:`peer_dir`)
 ``LOCALSPEC_VERBOSE``       any non-empty value: llama.cpp's own log is shown (:func:`verbose`)
 ``LOCALSPEC_API_KEY``       ``serve``'s API key, as ``--api-key`` (read by click: ``cli/serve.py``)
 ``LOCALSPEC_UI_AUTH``       ``ui``'s ``user:password`` login, as ``--auth`` (read by click: ``cli/ui.py``)
@@ -203,5 +204,6 @@ def cmake_args() -> str:
 
 
 def peer_dir() -> Path:
-    """Where ``localspec bench --peer`` builds and caches llama.cpp's own server (``LOCALSPEC_PEER_DIR``)."""
+    """Where llama.cpp's own programs are built and kept: ``localspec bench --peer``'s server, ``localspec
+    rpc-server`` (``LOCALSPEC_PEER_DIR``)."""
     return _env_path("LOCALSPEC_PEER_DIR") or localspec_home() / "peer"

@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 
 import localspec
-from localspec.bench import peer
+from localspec.llama import programs
 
 #: qwen3 (a transformer of the same size) is the control: what the loops cost apart from any rollback.
 ARCHS = (
@@ -65,7 +65,8 @@ PROMPT = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b
 def write(folder: Path, arch: str, seed: int) -> Path:
     out = folder / f"{arch}-{seed}"
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [str(peer.archs_binary(log=print)), "-a", f"^{re.escape(arch)}$", "-s", str(seed), "-o", str(out)]
+    archs = programs.archs_binary(log=print)
+    cmd = [str(archs), "-a", f"^{re.escape(arch)}$", "-s", str(seed), "-o", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     return (sorted(out.glob("*-dense.gguf")) or sorted(out.glob("*.gguf")))[0]
 

@@ -22,11 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localspec.bench.peer import rpc_server_binary
 from localspec.bench.report import machine_info
 from localspec.bench.rpc_local import DelayProxy, local_servers
 from localspec.bench.single import engine_runner, open_pipeline, pipe_settings
 from localspec.bench.workloads import load_workloads
+from localspec.llama.programs import rpc_server_binary
 from localspec.settings import DraftSettings
 
 STRATEGIES = ("none", "model", "ngram")

@@ -45,6 +45,7 @@ import openai
 
 from localspec.bench import peer
 from localspec.bench.workloads import Prompt, select_workloads
+from localspec.llama import programs
 
 
 @dataclass
@@ -204,8 +205,9 @@ class LlamaServer:
     def __init__(self, target: Path, draft: Path | None, slots: int, mode: str, threads: int, n_ctx: int):
         args = peer.session_mode_args(mode, target=target, draft=draft, threads=threads, n_ctx=n_ctx * slots)
         args[args.index("-np") + 1] = str(slots)
-        binary = peer.server_binary() or peer.build_server(log=lambda m: print(m, file=sys.stderr))
-        self.server = peer.PeerServer(binary, args, peer.peer_dir() / "logs" / f"serve-np{slots}-{mode}.log")
+        binary = programs.server_binary() or programs.build_server(log=lambda m: print(m, file=sys.stderr))
+        log = programs.vendored_dir() / "logs" / f"serve-np{slots}-{mode}.log"
+        self.server = peer.PeerServer(binary, args, log)
         self.server.wait_ready()
         self.url = self.server.url + "/v1"
         self.model = httpx.get(self.url + "/models", timeout=30).json()["data"][0]["id"]

@@ -38,7 +38,7 @@ from localspec.suffix.store import SuffixStore  # noqa: E402
 def _source_tokens() -> np.ndarray:
     import llama_cpp
 
-    from localspec.llama.runtime import quiet_stderr
+    from localspec.llama.logs import quiet_stderr
 
     with quiet_stderr():
         llm = llama_cpp.Llama(model_path=str(constants.EMBEDDED_TARGET), vocab_only=True, verbose=False)

@@ -64,7 +64,7 @@ def main() -> int:
         for label, spin in (("quiet", False), ("one core busy half the time", True), ("quiet again", False)):
             load = subprocess.Popen([sys.executable, "-c", _SPIN]) if spin else None
             try:
-                times = sweeps(pipe._target, C.MAX_SWEEPS)
+                times = sweeps(pipe.target, C.MAX_SWEEPS)
             finally:
                 if load is not None:
                     load.kill()

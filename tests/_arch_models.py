@@ -1,9 +1,10 @@
 """Tiny random models of any architecture llama.cpp runs, written by llama.cpp's own ``test-llama-archs``.
 
-The program is built once from the llama.cpp that llama-cpp-python vendors, in the peer's build folder
-(:func:`localspec.bench.peer.archs_binary`, minutes the first time, as for rpc-server). ``-a ARCH -s SEED``
-writes a 2-layer model with n_embd 256 and a 128-token dummy vocabulary ("test" tokenizer, ids only); another
-seed gives a model with the same vocabulary and other weights: a draft most of whose tokens are rejected.
+The program is built once from the llama.cpp that llama-cpp-python vendors, beside llama.cpp's other
+programs (:func:`localspec.llama.programs.archs_binary`, minutes the first time, as for rpc-server).
+``-a ARCH -s SEED`` writes a 2-layer model with n_embd 256 and a 128-token dummy vocabulary ("test" tokenizer,
+ids only); another seed gives a model with the same vocabulary and other weights: a draft most of whose
+tokens are rejected.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from localspec.errors import BenchError
+from localspec.errors import BuildError
 
 #: Recurrent or hybrid architectures the vendored llama.cpp writes with test-llama-archs.
 RECURRENT_FIXTURES = (
@@ -34,12 +35,12 @@ def archs_program() -> Path:
     """The built ``test-llama-archs`` (skips the test when it cannot be built here)."""
     from _peer_cache import peer_build_cache
 
-    from localspec.bench import peer
+    from localspec.llama import programs
 
     try:
         with peer_build_cache():
-            return peer.archs_binary()
-    except BenchError as exc:
+            return programs.archs_binary()
+    except BuildError as exc:
         pytest.skip(f"llama.cpp's test-llama-archs could not be built: {exc.message}")
 
 
@@ -94,14 +95,14 @@ def widen(src: Path, out: Path, *, n_ff: int, copies: int) -> Path:
     """
     import gguf
     import numpy as np
+    from _gguf_build import architecture, grown_header, set_value, tensors_of, write_gguf
 
     if out.is_file():
         return out
     reader = gguf.GGUFReader(src)
-    arch = str(reader.fields["general.architecture"].contents())
+    arch, n_layer = architecture(reader)
     zeroed = RESIDUAL_WRITES[arch]
-    n_layer = int(reader.fields[f"{arch}.block_count"].contents())
-    tensors = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
+    tensors = tensors_of(reader)
     rng = np.random.default_rng(n_ff)
     for i in range(n_layer):
         gate, up, down = (f"blk.{i}.ffn_{p}.weight" for p in ("gate", "up", "down"))
@@ -126,28 +127,13 @@ def widen(src: Path, out: Path, *, n_ff: int, copies: int) -> Path:
                 if name.endswith(zeroed):
                     value = np.zeros_like(value)
                 tensors[name.replace(here, there, 1)] = value
-    writer = gguf.GGUFWriter(out, arch)
-    changed: dict[str, object] = {f"{arch}.block_count": n_layer * (copies + 1)}
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = f.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY and len(f.data) == 0:
-            continue  # the writer refuses empty arrays; llama.cpp reads them as absent
-        value = changed.get(name, f.contents())
-        if name == f"{arch}.feed_forward_length":
-            value = [n_ff if v else 0 for v in value] if isinstance(value, list) else n_ff
-        if isinstance(value, list) and len(value) == n_layer and name.startswith(f"{arch}."):
-            value = value * (copies + 1)  # a per-layer setting (head counts, recurrent layers, FFN widths)
-        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, value, vtype, sub_type=sub)
-    for name, value in tensors.items():
-        writer.add_tensor(name, np.ascontiguousarray(value))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    fields = grown_header(
+        reader, list(range(n_layer)) * copies
+    )  # the copies' per-layer settings: the originals'
+    ffn = f"{arch}.feed_forward_length"
+    width = fields[ffn][0]
+    set_value(fields, ffn, [n_ff if v else 0 for v in width] if isinstance(width, list) else n_ff)
+    return write_gguf(out, arch=arch, fields=fields, tensors=tensors)
 
 
 def unrendered_tables(page: str, results: tuple[str, ...]) -> list[str]:

@@ -31,12 +31,12 @@ of a test-llama-archs model (:func:`_arch_models.write_model`):
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import gguf
 import numpy as np
+from _gguf_build import Field, header_fields, tensors_of, write_gguf
 
 #: The target's shape (test-llama-archs' gemma4 hyperparameters, per-layer embeddings off).
 N_EMBD, N_HEAD, HEAD_DIM, N_FF, N_LAYER = 128, 2, 64, 192, 5
@@ -50,50 +50,28 @@ ROPE_BASE, ROPE_BASE_SWA, SOFTCAP = 1_000_000.0, 10_000.0, 30.0
 EMBD_RMS = 32.0
 
 
-def _tokenizer_fields(
-    reader: gguf.GGUFReader,
-) -> list[tuple[str, Any, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
-    """The ``tokenizer.ggml.*`` keys of a file: (name, value, type, array item type)."""
-    out = []
-    for name, f in reader.fields.items():
-        if not name.startswith("tokenizer.ggml."):
-            continue
-        vtype = f.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY and len(f.data) == 0:
-            continue  # the writer refuses empty arrays; llama.cpp reads them as absent
-        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        out.append((name, f.contents(), vtype, sub))
-    return out
-
-
-def _n_vocab(tokenizer: list[tuple[str, Any, gguf.GGUFValueType, gguf.GGUFValueType | None]]) -> int:
-    return next(len(value) for name, value, _, _ in tokenizer if name == "tokenizer.ggml.tokens")
+def _n_vocab(tokenizer: dict[str, Field]) -> int:
+    return len(tokenizer["tokenizer.ggml.tokens"][0])
 
 
 def _write(
     out: Path,
     arch: str,
-    fill: Any,
-    tokenizer: list[tuple[str, Any, gguf.GGUFValueType, gguf.GGUFValueType | None]],
+    fill: Callable[[gguf.GGUFWriter], None],
+    tokenizer: dict[str, Field],
     tensors: dict[str, np.ndarray],
 ) -> Path:
-    """Write ``out`` (through a temporary file: a half-written file is never taken for a fixture):
-    ``fill(writer)`` adds the architecture's keys."""
-    part = out.with_name(out.name + f".{os.getpid()}.part")
-    writer = gguf.GGUFWriter(str(part), arch)
-    writer.add_name(out.stem)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    fill(writer)
-    for name, value, vtype, sub in tokenizer:
-        writer.add_key_value(name, value, vtype, sub_type=sub)
-    for name, array in tensors.items():
-        writer.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    part.replace(out)
-    return out
+    """Write ``out``, F32: ``fill(writer)`` adds the architecture's keys, ``tokenizer`` the vocabulary."""
+    f32 = {name: np.asarray(array, dtype=np.float32) for name, array in tensors.items()}
+    return write_gguf(
+        out,
+        arch=arch,
+        name=out.stem,
+        file_type=gguf.LlamaFileType.ALL_F32,
+        extra=fill,
+        fields=tokenizer,
+        tensors=f32,
+    )
 
 
 def _attention_keys(writer: gguf.GGUFWriter, swa: tuple[bool, ...]) -> None:
@@ -132,7 +110,7 @@ def gemma4_target(folder: Path, seed: int = 1, *, n_ff: int = N_FF, n_layer: int
     from _arch_models import write_model
 
     # a test-llama-archs llama's 128-token dummy "test" vocabulary (the same for every seed)
-    tokenizer = _tokenizer_fields(gguf.GGUFReader(write_model(folder, "llama", 1)))
+    tokenizer = header_fields(gguf.GGUFReader(write_model(folder, "llama", 1)), "tokenizer.ggml.")
     n_vocab = _n_vocab(tokenizer)
     rng = np.random.default_rng(seed)
 
@@ -180,10 +158,6 @@ def gemma4_target(folder: Path, seed: int = 1, *, n_ff: int = N_FF, n_layer: int
     return _write(out, "gemma4", fill, tokenizer, tensors)
 
 
-def _rms(a: np.ndarray) -> np.ndarray:
-    return a / np.sqrt((a * a).mean(axis=-1, keepdims=True) + RMS_EPS)
-
-
 def gemma4_assistant(folder: Path, target: Path, kind: str, seed: int = 1) -> Path:
     """A ``gemma4-assistant`` for ``target`` (a :func:`gemma4_target` file) whose weights are ``kind``
     (``"random"`` or ``"token"``, see the module), kept in ``folder`` and reused.
@@ -199,9 +173,9 @@ def gemma4_assistant(folder: Path, target: Path, kind: str, seed: int = 1) -> Pa
     if kind not in ("random", "token"):
         raise ValueError(f"unknown assistant kind {kind!r}")
     reader = gguf.GGUFReader(target)
-    emb = np.array(reader.get_tensor(_tensor_index(reader, "token_embd.weight")).data, dtype=np.float32)
+    emb = tensors_of(reader)["token_embd.weight"]
     n_vocab, n_embd_target = emb.shape
-    tokenizer = _tokenizer_fields(reader)  # the target's vocabulary
+    tokenizer = header_fields(reader, "tokenizer.ggml.")  # the target's vocabulary
     rng = np.random.default_rng(seed + 1000)
     d = ASSISTANT_EMBD
 
@@ -215,16 +189,16 @@ def gemma4_assistant(folder: Path, target: Path, kind: str, seed: int = 1) -> Pa
         pre = mat(d, 2 * n_embd_target)
         head = mat(n_vocab, d) * np.float32(4.0)
     else:
-        from _mtp_model import _next_token_map
+        from _mtp_model import next_token_map, rms
 
-        nxt = _next_token_map(target, n_vocab)
+        nxt = next_token_map(target, n_vocab)
         wrong = rng.permutation(n_vocab) < n_vocab // 4  # exactly a quarter of the tokens
         answer = np.where(wrong, (nxt + 1) % n_vocab, nxt)
         basis, _ = np.linalg.qr(rng.standard_normal((n_embd_target, d)))  # orthonormal columns
         pre = np.concatenate([basis.T, np.zeros((d, n_embd_target))], axis=1).astype(np.float32)
         # the row that reaches the output matrix for token t: the pre-projected scaled target embedding,
         # unchanged by the (silent) blocks, through output_norm
-        feats = _rms((emb * np.float32(np.sqrt(n_embd_target))) @ pre[:, :n_embd_target].T)
+        feats = rms((emb * np.float32(np.sqrt(n_embd_target))) @ pre[:, :n_embd_target].T, RMS_EPS)
         head = np.zeros((n_vocab, d), dtype=np.float32)
         np.add.at(head, answer, feats / 4.0)  # |feat|^2 / 4 = 16: a clear argmax
     tensors = {
@@ -262,7 +236,3 @@ def gemma4_assistant(folder: Path, target: Path, kind: str, seed: int = 1) -> Pa
         _attention_keys(writer, ASSISTANT_SWA)
 
     return _write(out, "gemma4-assistant", fill, tokenizer, tensors)
-
-
-def _tensor_index(reader: gguf.GGUFReader, name: str) -> int:
-    return next(i for i, t in enumerate(reader.tensors) if t.name == name)

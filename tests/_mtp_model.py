@@ -22,11 +22,12 @@ from pathlib import Path
 import gguf
 import numpy as np
 from _arch_models import write_model
+from _gguf_build import architecture, grown_header, set_value, tensors_of, write_gguf
 
 from localspec.llama.runtime import Model
 
 
-def _next_token_map(path: Path, n_vocab: int) -> np.ndarray:
+def next_token_map(path: Path, n_vocab: int) -> np.ndarray:
     """The target's greedy next token after each token, measured over random contexts (majority)."""
     model = Model(path, n_ctx=256, n_threads=2)
     rng = np.random.default_rng(7)
@@ -45,8 +46,9 @@ def _next_token_map(path: Path, n_vocab: int) -> np.ndarray:
     return nxt
 
 
-def _rms(a: np.ndarray) -> np.ndarray:
-    return a / np.sqrt((a * a).mean(axis=-1, keepdims=True) + 1e-5)
+def rms(a: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """Rows scaled to a root mean square of 1, as a block's RMS norm does (weights of ones)."""
+    return a / np.sqrt((a * a).mean(axis=-1, keepdims=True) + eps)
 
 
 def mtp_model(folder: Path, kind: str, seed: int = 1, *, base: Path | None = None) -> Path:
@@ -57,7 +59,7 @@ def mtp_model(folder: Path, kind: str, seed: int = 1, *, base: Path | None = Non
         return out
     src = base or write_model(folder, "qwen35", seed)
     reader = gguf.GGUFReader(src)
-    tensors = {t.name: np.array(t.data) for t in reader.tensors}
+    tensors = tensors_of(reader)
     emb = tensors["token_embd.weight"]  # (n_vocab, n_embd)
     n_vocab, n_embd = emb.shape
     rng = np.random.default_rng(seed)
@@ -66,15 +68,15 @@ def mtp_model(folder: Path, kind: str, seed: int = 1, *, base: Path | None = Non
         eh_proj = (rng.standard_normal((n_embd, 2 * n_embd)) / np.sqrt(2 * n_embd)).astype(np.float32)
         head = (rng.standard_normal((n_vocab, n_embd)) * 0.1).astype(np.float32)
     elif kind == "token":
-        nxt = _next_token_map(src, n_vocab)
+        nxt = next_token_map(src, n_vocab)
         wrong = rng.random(n_vocab) < 0.25
         answer = np.where(wrong, (nxt + 1) % n_vocab, nxt)
         eh_proj = np.concatenate([eye, zero], axis=1)
-        feats = _rms(_rms(emb))  # what the block's output row is for each token
+        feats = rms(rms(emb))  # what the block's output row is for each token
         head = np.zeros((n_vocab, n_embd), dtype=np.float32)
         np.add.at(head, answer, feats / 32.0)
     elif kind == "hidden":
-        nxt = _next_token_map(src, n_vocab)
+        nxt = next_token_map(src, n_vocab)
         eh_proj = np.concatenate([zero, eye], axis=1)
         out_w = tensors.get("output.weight", emb)  # the target's logits are out_w @ h
         head = np.zeros((n_vocab, n_embd), dtype=np.float32)
@@ -89,49 +91,34 @@ def _write_with_block(
     reader: gguf.GGUFReader, tensors: dict[str, np.ndarray], out: Path, eh_proj: np.ndarray, head: np.ndarray
 ) -> None:
     """The file of ``reader`` with an MTP block after its layers (a copy of its last attention layer)."""
-    arch = reader.fields["general.architecture"].contents()
-    n_layer = int(reader.fields[f"{arch}.block_count"].contents())
-    writer = gguf.GGUFWriter(out, arch)
-    changed = {
-        f"{arch}.block_count": n_layer + 1,
-        f"{arch}.nextn_predict_layers": 1,
-    }
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = f.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY and len(f.data) == 0:
-            continue  # the writer refuses empty arrays; llama.cpp reads them as absent
-        value = changed.get(name, f.contents())
-        if name == f"{arch}.attention.recurrent_layers":
-            value = [*value, 0]  # the MTP block is an attention layer
-        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, value, vtype, sub_type=sub)
+    arch, n_layer = architecture(reader)
     last = max(i for i in range(n_layer) if f"blk.{i}.attn_q.weight" in tensors)
+    fields = grown_header(reader, [last])  # the MTP block is an attention layer
+    set_value(fields, f"{arch}.nextn_predict_layers", 1)
     here, there = f"blk.{last}.", f"blk.{n_layer}."
     block = {  # the weights of a Qwen3.5 MTP block (the random layer's biases and scales are not among them)
         k.replace(here, there, 1): v
         for k, v in tensors.items()
         if k.startswith(here) and k.endswith(".weight")
     }
-    block[f"blk.{n_layer}.attn_output.weight"] = np.zeros_like(block[f"blk.{n_layer}.attn_output.weight"])
-    block[f"blk.{n_layer}.ffn_down.weight"] = np.zeros_like(block[f"blk.{n_layer}.ffn_down.weight"])
-    n_embd = eh_proj.shape[0]
-    ones = np.ones(n_embd, dtype=np.float32)
-    nextn = f"blk.{n_layer}.nextn"
-    block |= {
-        f"{nextn}.eh_proj.weight": eh_proj,
-        f"{nextn}.enorm.weight": ones,
-        f"{nextn}.hnorm.weight": ones,
-        f"{nextn}.shared_head_norm.weight": ones,
-        f"{nextn}.shared_head_head.weight": head,
+    block[f"{there}attn_output.weight"] = np.zeros_like(block[f"{there}attn_output.weight"])
+    block[f"{there}ffn_down.weight"] = np.zeros_like(block[f"{there}ffn_down.weight"])
+    block |= _nextn_weights(there, eh_proj, head)
+    write_gguf(out, arch=arch, fields=fields, tensors={**tensors, **block})
+
+
+def _nextn_weights(block: str, eh_proj: np.ndarray, head: np.ndarray) -> dict[str, np.ndarray]:
+    """An MTP block's own weights (``block``: its ``blk.N.`` prefix): the projection of the concatenated
+    embedding and hidden row, its norms (ones) and its output head."""
+    ones = np.ones(eh_proj.shape[0], dtype=np.float32)
+    nextn = f"{block}nextn."
+    return {
+        f"{nextn}eh_proj.weight": eh_proj,
+        f"{nextn}enorm.weight": ones,
+        f"{nextn}hnorm.weight": ones,
+        f"{nextn}shared_head_norm.weight": ones,
+        f"{nextn}shared_head_head.weight": head,
     }
-    for name, value in {**tensors, **block}.items():
-        writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 #: The chained heads' answers: head ``k`` drafts ``(token + CHAIN_SHIFTS[k]) % n_vocab`` after ``token``.
@@ -152,30 +139,16 @@ def chained_mtp_model(folder: Path, seed: int = 1) -> Path:
         return out
     src = write_model(folder, "mimo2", seed)
     reader = gguf.GGUFReader(src)
-    tensors = {t.name: np.array(t.data) for t in reader.tensors}
+    tensors = tensors_of(reader)
     emb = tensors["token_embd.weight"]
     n_vocab, n_embd = emb.shape
-    arch = reader.fields["general.architecture"].contents()
-    n_layer = int(reader.fields[f"{arch}.block_count"].contents())
+    arch, n_layer = architecture(reader)
     heads = len(CHAIN_SHIFTS)
-    writer = gguf.GGUFWriter(out, arch)
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = f.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY and len(f.data) == 0:
-            continue
-        value = f.contents()
-        if name == f"{arch}.block_count":
-            value = n_layer + heads
-        elif name == f"{arch}.nextn_predict_layers":
-            value = heads
-        elif isinstance(value, list) and len(value) == n_layer and name.startswith(f"{arch}."):
-            value = value + [value[-1]] * heads  # a per-layer setting: the blocks as the last layer
-        sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, value, vtype, sub_type=sub)
+    fields = grown_header(reader, [n_layer - 1] * heads)  # per-layer settings: the blocks as the last layer
+    set_value(fields, f"{arch}.nextn_predict_layers", heads)
     here = f"blk.{n_layer - 1}."
-    feats = _rms(_rms(emb))  # the block's output row for each token
+    feats = rms(rms(emb))  # the block's output row for each token
+    eye = np.eye(n_embd, dtype=np.float32)
     blocks: dict[str, np.ndarray] = {}
     for k, shift in enumerate(CHAIN_SHIFTS):
         there = f"blk.{n_layer + k}."
@@ -185,20 +158,7 @@ def chained_mtp_model(folder: Path, seed: int = 1) -> Path:
         blocks[f"{there}attn_qkv.weight"] = np.concatenate(qkv, axis=0)  # MTP blocks read a fused QKV
         blocks[f"{there}attn_output.weight"] = np.zeros_like(tensors[f"{here}attn_output.weight"])
         blocks[f"{there}ffn_down.weight"] = np.zeros_like(tensors[f"{here}ffn_down.weight"])
-        eye = np.eye(n_embd, dtype=np.float32)
         head = np.zeros((n_vocab, n_embd), dtype=np.float32)
         head[(np.arange(n_vocab) + shift) % n_vocab] = feats / 32.0
-        blocks |= {
-            f"{there}nextn.eh_proj.weight": np.concatenate([eye, np.zeros_like(eye)], axis=1),
-            f"{there}nextn.enorm.weight": np.ones(n_embd, dtype=np.float32),
-            f"{there}nextn.hnorm.weight": np.ones(n_embd, dtype=np.float32),
-            f"{there}nextn.shared_head_norm.weight": np.ones(n_embd, dtype=np.float32),
-            f"{there}nextn.shared_head_head.weight": head,
-        }
-    for name, value in {**tensors, **blocks}.items():
-        writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+        blocks |= _nextn_weights(there, np.concatenate([eye, np.zeros_like(eye)], axis=1), head)
+    return write_gguf(out, arch=arch, fields=fields, tensors={**tensors, **blocks})

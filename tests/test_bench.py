@@ -19,7 +19,8 @@ import pytest
 from localspec.bench import arithmetic as benchmath
 from localspec.bench import report, tune, workloads
 from localspec.bench import single as bench
-from localspec.bench.workloads import Prompt, Workload
+from localspec.bench.tuning import Tuning
+from localspec.bench.workloads import Prompt, RunRecord, Workload
 from localspec.decoding import speed
 from localspec.errors import BenchError
 from localspec.settings import (
@@ -181,7 +182,7 @@ def test_run_interleaved_calls_baseline_then_each_setting_per_prompt():
     assert all(n == 8 for _, _, n in calls[:3]) and all(n == 16 for _, _, n in calls[3:])
     assert labels[3:] == ["none", "model k=3 p_min=0.75", "ngram k=3"] * 4
     assert [c[0] for c in calls[3:]] == ["p1"] * 6 + ["p2"] * 6
-    assert sum(r["repeat"] < 0 for r in recs) == 3
+    assert sum(not r.counted for r in recs) == 3
 
 
 def test_summary_medians_ceiling_and_loss_factors_multiply_to_efficiency():
@@ -271,16 +272,18 @@ def test_tune_grid_and_honest_none():
 
     w = Workload("w", [Prompt("p", "x")])
     res = tune.tune(slow, [w], grid, max_tokens=4)
-    assert res["workloads"]["w"]["winner"]["strategy"] == "none"
-    assert "nothing beat the target alone" in res["workloads"]["w"]["note"]
-    assert tune.overall_winner(res)["config"] == "none"
+    assert res.workloads["w"].winner.strategy == "none"
+    assert "nothing beat the target alone" in res.workloads["w"].note
+    assert tune.overall_winner(res).config == "none" and res.overall == tune.overall_winner(res)
 
     def fast_ngram(prompt, cfg, n):
         return _stats(15.0 if cfg.label == "ngram k=3" else 10.0)
 
     res = tune.tune(fast_ngram, [w], grid, max_tokens=4)
-    assert res["workloads"]["w"]["winner"]["config"] == "ngram k=3"
-    assert tune.overall_winner(res)["speedup"] == pytest.approx(1.5)
+    assert (
+        res.workloads["w"].winner.config == "ngram k=3" and res.workloads["w"].cells[0].config == "ngram k=3"
+    )
+    assert tune.overall_winner(res).speedup == pytest.approx(1.5)
 
     # --adaptive adds each strategy with the adaptive length, up to the longest draft swept
     grid = tune.tune_configs(["model", "ngram"], [1, 2, 3], [0.5, 0.9], adaptive=True)
@@ -294,8 +297,8 @@ def test_tune_grid_and_honest_none():
         return _stats(12.0 if cfg.label == "model k=3 p_min=0.9 adaptive" else 10.0)
 
     res = tune.tune(fast_adaptive, [w], grid, max_tokens=4)
-    assert res["workloads"]["w"]["winner"]["adaptive"] is True
-    assert tune.overall_winner(res)["adaptive"] is True
+    assert res.workloads["w"].winner.adaptive is True
+    assert tune.overall_winner(res).adaptive is True
 
 
 def _bench_error(parse, text):
@@ -396,49 +399,52 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     rep = _report_from(
         [],
         pair={"target": str(t), "draft": str(d), "n_ctx": 2048},
-        tuning={
-            "overall": {
-                "config": "ngram k=5",
-                "strategy": "ngram",
-                "n_max": 5,
-                "p_min": None,
-                "speedup": 1.3,
+        tuning=Tuning.from_dict(
+            {
+                "overall": {
+                    "config": "ngram k=5",
+                    "strategy": "ngram",
+                    "n_max": 5,
+                    "p_min": None,
+                    "speedup": 1.3,
+                },
+                "workloads": {
+                    "chat": {
+                        "winner": {
+                            "config": "none",
+                            "strategy": "none",
+                            "n_max": None,
+                            "p_min": None,
+                            "speedup": 1.0,
+                        }
+                    },
+                    "edit": {
+                        "winner": {
+                            "config": "model k=3 p_min=0.5",
+                            "strategy": "model",
+                            "n_max": 3,
+                            "p_min": 0.5,
+                            "speedup": 1.1,
+                        }
+                    },
+                    "code": {
+                        "winner": {
+                            "config": "model k=6 p_min=0.7 adaptive",
+                            "strategy": "model",
+                            "n_max": 6,
+                            "p_min": 0.7,
+                            "adaptive": True,
+                            "speedup": 1.2,
+                        }
+                    },
+                },
             },
-            "workloads": {
-                "chat": {
-                    "winner": {
-                        "config": "none",
-                        "strategy": "none",
-                        "n_max": None,
-                        "p_min": None,
-                        "speedup": 1.0,
-                    }
-                },
-                "edit": {
-                    "winner": {
-                        "config": "model k=3 p_min=0.5",
-                        "strategy": "model",
-                        "n_max": 3,
-                        "p_min": 0.5,
-                        "speedup": 1.1,
-                    }
-                },
-                "code": {
-                    "winner": {
-                        "config": "model k=6 p_min=0.7 adaptive",
-                        "strategy": "model",
-                        "n_max": 6,
-                        "p_min": 0.7,
-                        "adaptive": True,
-                        "speedup": 1.2,
-                    }
-                },
-            },
-        },
+            [],
+        ),
     )
     paths = tune.save_winners(rep, "my-tuned")
     assert len(paths) == 4 and all(Path(p).is_file() for p in paths)
-    assert rep.tuning["replaced"] == []
+    assert rep.tuning is not None and rep.tuning.replaced == []
     p = get_preset("my-tuned")
     assert (p.draft.strategy.name, p.draft.n_max) == ("ngram", 5)
     assert get_preset("my-tuned-chat").draft.strategy.name == "none"
@@ -449,10 +455,31 @@ def test_save_winners_writes_loadable_user_presets(tmp_path, monkeypatch):
     # a second save over the same names says which paths held a preset before (the CLI prints "replaced")
     Path(paths[1]).unlink()
     again = tune.save_winners(rep, "my-tuned")
-    assert again == paths and rep.tuning["replaced"] == [paths[0], *paths[2:]]
+    assert again == paths and rep.tuning.replaced == [paths[0], *paths[2:]]
 
 
 # ---------------------------------------------------------------------------------------------- reports
+
+
+def test_a_tuned_report_reads_back_as_the_records_it_was_written_from():
+    """bench.json keeps the runs (their text cut) and the sweep (each tuned workload's cells by name, the
+    winners); read back, they are the same records, the sweep's cells those of the report."""
+    w = Workload("w", [Prompt("p", "x")])
+    grid = tune.tune_configs(["ngram"], [1, 2, 3], [0.5])
+
+    def fast_ngram(prompt, cfg, n):
+        return _stats(15.0 if cfg.label == "ngram k=2" else 10.0, text="y" * 500)
+
+    tuning = tune.tune(fast_ngram, [w], grid, max_tokens=4)
+    cells = tuning.workloads["w"].cells
+    runs = bench.run_interleaved(fast_ngram, [w], grid[:1], max_tokens=4, warmup=False)
+    rep = _report_from(cells, tuning=tuning, runs=runs)
+    back = report.BenchReport.from_json(json.loads(json.dumps(rep.as_json())))
+    assert back.tuning is not None and back.tuning.as_dict() == tuning.as_dict()
+    assert back.tuning.overall.config == "ngram k=2"
+    assert [c.config for c in back.tuning.workloads["w"].cells] == ["ngram k=2", "ngram k=1", "ngram k=3"]
+    assert [id(c) for c in back.tuning.workloads["w"].cells] == [id(c) for c in back.cells]  # the report's
+    assert back.runs == [replace(r, stats={**r.stats, "text": "y" * report.RUN_TEXT_CHARS}) for r in runs]
 
 
 def _report_from(cells, **extra) -> report.BenchReport:
@@ -521,8 +548,8 @@ def test_report_files_written_and_parseable(tmp_path):
         [Workload("edit", [Prompt("a", "x")])],
         [DraftSettings("ngram", 2)],
         [
-            {"workload": "edit", "prompt_id": "a", "config": "none", "repeat": 0, "stats": base[0][1]},
-            {"workload": "edit", "prompt_id": "a", "config": "ngram k=2", "repeat": 0, "stats": spec[0][1]},
+            RunRecord("localspec", "edit", "a", "none", 0, base[0][1]),
+            RunRecord("localspec", "edit", "a", "ngram k=2", 0, spec[0][1]),
         ],
     )
     theirs = [
@@ -629,10 +656,11 @@ def test_peer_server_flags_match_our_settings(tmp_path):
 
 def test_peer_is_built_with_the_cpu_features_of_the_installed_wheel(monkeypatch):
     """A native peer next to an AVX2 wheel compares builds (1.066x measured here), not engines."""
-    from localspec.bench import peer
+    from localspec.llama import programs
+    from localspec.llama.build import cpu_flags
 
     avx2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 |"
-    flags = peer.cpu_flags(avx2)
+    flags = cpu_flags(avx2)
     assert flags[0] == "-DGGML_NATIVE=OFF"
     assert {"-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_AVX512=OFF", "-DGGML_AMX_INT8=OFF"} <= set(flags)
     native = avx2 + " AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | OPENMP = 1 |"
@@ -641,16 +669,16 @@ def test_peer_is_built_with_the_cpu_features_of_the_installed_wheel(monkeypatch)
         "-DGGML_AVX512_VNNI=ON",
         "-DGGML_AMX_TILE=ON",
         "-DGGML_AVX512_BF16=OFF",
-    } <= set(peer.cpu_flags(native))
-    assert peer.cpu_flags("CPU : NEON = 1 | ARM_FMA = 1 | DOTPROD = 1 | REPACK = 1 |") == []
+    } <= set(cpu_flags(native))
+    assert cpu_flags("CPU : NEON = 1 | ARM_FMA = 1 | DOTPROD = 1 | REPACK = 1 |") == []
     # the installed wheel's features are read; another set of flags builds into another folder
-    monkeypatch.setattr(peer, "installed_system_info", lambda: avx2)
+    monkeypatch.setattr(programs, "installed_system_info", lambda: avx2)
     monkeypatch.setenv("CMAKE_ARGS", "")
-    assert "-DGGML_AVX512=OFF" in peer.build_flags()
-    assert peer.build_dir("0.0") != peer.build_dir("0.0", peer.build_flags()[:-1])
-    assert peer.build_dir("0.0") == peer.build_dir("0.0", peer.build_flags())
+    assert "-DGGML_AVX512=OFF" in programs.build_flags()
+    assert programs.build_dir("0.0") != programs.build_dir("0.0", programs.build_flags()[:-1])
+    assert programs.build_dir("0.0") == programs.build_dir("0.0", programs.build_flags())
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=on")
-    assert peer.build_flags()[-1] == "-DGGML_CUDA=on"
+    assert programs.build_flags()[-1] == "-DGGML_CUDA=on"
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -663,10 +691,10 @@ def test_bench_on_embedded_pair_in_process(embedded_pipe, tmp_path):
     ]
     cfgs = [DraftSettings("model", 3, p_min=0.5), DraftSettings("ngram", 3)]
     recs = bench.run_interleaved(bench.engine_runner(embedded_pipe), ws, cfgs, max_tokens=12)
-    counted = [r for r in recs if r["repeat"] >= 0]
-    assert [r["config"] for r in counted] == ["none", "model k=3 p_min=0.5", "ngram k=3"] * 2
+    counted = [r for r in recs if r.counted]
+    assert [r.config for r in counted] == ["none", "model k=3 p_min=0.5", "ngram k=3"] * 2
     for r in counted:
-        assert r["stats"]["generated_tokens"] > 0 and r["stats"]["tokens_per_second"] > 0
+        assert r.stats["generated_tokens"] > 0 and r.stats["tokens_per_second"] > 0
     cells, _ = benchmath.summarise(ws, cfgs, recs)
     assert {(c.workload, c.strategy) for c in cells} == {
         (w, s) for w in ("code", "edit") for s in ("model", "ngram")
@@ -998,9 +1026,9 @@ def test_bench_help_shows_the_sweep_forms_and_bounds():
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("CI") == "true", reason="the llama.cpp peer never runs in CI")
 def test_peer_on_embedded_pair(tmp_path):
-    from localspec.bench import peer
+    from localspec.llama import programs
 
-    if peer.server_binary() is None:
+    if programs.server_binary() is None:
         pytest.skip("no llama-server: set LOCALSPEC_PEER_DIR to where `localspec bench --peer` built it")
     rep = bench.benchmark(workloads=["edit"], limit=1, max_tokens=8, threads=2, n_ctx=512, peer=True)
     pc = rep["peer"]["cells"]
@@ -1011,23 +1039,23 @@ def test_peer_on_embedded_pair(tmp_path):
 def test_a_build_without_this_cpus_features_is_named_after_a_speed_report(monkeypatch, tmp_path):
     """A prebuilt or AVX2-only llama-cpp-python on an AVX-512 CPU makes wide verify passes ~1.5x dearer
     (measured here): the bench names the features the build leaves out, never AMX (it dies on some VMs)."""
-    from localspec.bench import peer
+    from localspec.llama import build
 
     avx2_build = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | OPENMP = 1 |"
     cpu = "processor : 0\nflags\t\t: fpu sse3 avx avx2 fma f16c bmi2 avx512f avx512_vnni amx_tile amx_int8\n"
-    assert peer.unused_cpu_features(avx2_build, cpu) == ["AVX512", "AVX512_VNNI"]
+    assert build.unused_cpu_features(avx2_build, cpu) == ["AVX512", "AVX512_VNNI"]
     native = avx2_build + " AVX512 = 1 | AVX512_VNNI = 1 |"
-    assert peer.unused_cpu_features(native, cpu) == []
-    assert peer.unused_cpu_features(avx2_build, "processor : 0\nFeatures : neon\n") == []  # not x86
+    assert build.unused_cpu_features(native, cpu) == []
+    assert build.unused_cpu_features(avx2_build, "processor : 0\nFeatures : neon\n") == []  # not x86
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(cpu)
-    monkeypatch.setattr(peer, "installed_system_info", lambda: avx2_build)
-    note = peer.build_note(cpuinfo)
+    monkeypatch.setattr(build, "installed_system_info", lambda: avx2_build)
+    note = build.build_note(cpuinfo)
     assert note is not None and "AVX512, AVX512_VNNI," in note and "AMX" not in note
     assert "Troubleshooting" in note
-    monkeypatch.setattr(peer, "installed_system_info", lambda: native)
-    assert peer.build_note(cpuinfo) is None
-    assert peer.build_note(tmp_path / "missing") is None  # not Linux: no note, no error
+    monkeypatch.setattr(build, "installed_system_info", lambda: native)
+    assert build.build_note(cpuinfo) is None
+    assert build.build_note(tmp_path / "missing") is None  # not Linux: no note, no error
 
 
 @pytest.mark.skipif(os.name != "posix", reason="process groups")
@@ -1045,7 +1073,8 @@ def test_an_interrupted_peer_build_takes_its_compilers_with_it(tmp_path, sig):
     # non-interactive shell (`pytest &`) inherits SIGINT ignored, and the child would never see the signal
     script = (
         "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        f"from localspec.bench import peer\npeer.call_as_group({build!r}, cwd=None, stdout=None)\n"
+        "from localspec.llama.processes import call_as_group\n"
+        f"call_as_group({build!r}, cwd=None, stdout=None)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
@@ -1107,7 +1136,7 @@ def test_no_saved_run_beats_its_ceiling(path):
     """The model of speed replayed on each saved run's records: no setting above 100% of its ceiling."""
     data = json.loads(path.read_text(encoding="utf-8"))
     saved = report.BenchReport.from_json(data)
-    runs = data.get("runs") or data.get("records")
+    runs = [RunRecord.from_dict(r) for r in data.get("runs") or data.get("records")]
     configs = list(
         {
             c.config: DraftSettings(c.strategy, c.n_max or 1, p_min=c.p_min or 0.0, adaptive=c.adaptive)

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from _hub_server import FakeHub, make_gguf, ordinary_tokens
+from _gguf_build import ordinary_tokens, vocab_model
+from _hub_server import FakeHub
 from click.testing import CliRunner
 
 from localspec.cli import main
@@ -23,8 +24,8 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_CONFIG", str(tmp_path / "config"))
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HF_HUB_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
-    t = make_gguf(tmp_path / "t.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=1 << 20)
-    d = make_gguf(tmp_path / "d.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=256 << 10)
+    t = vocab_model(tmp_path / "t.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=1 << 20)
+    d = vocab_model(tmp_path / "d.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=256 << 10)
     server.add_repo("org/Toy-7B-GGUF", {"toy-7b-q4_k_m.gguf": t})
     server.add_repo("org/Toy-0.5B-GGUF", {"toy-0.5b-q4_k_m.gguf": d})
     save_user_preset(

@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 from _chi2 import chi2_pvalue
+from _gguf_build import write_tiny_llama
 from _lossless import assert_lossless, traced
-from _tiny_gguf import write_tiny_llama
 
 import localspec
 from localspec import constants
@@ -127,7 +127,7 @@ def test_context_overflow_is_refused_before_work(embedded_pipe):
 def test_chat_uses_the_models_template(embedded_pipe):
     messages = [{"role": "user", "content": "write a function that adds two numbers"}]
     tokens, stops = embedded_pipe.format_chat(messages)
-    rendered = "".join(embedded_pipe._target.piece(t).decode("utf-8", "replace") for t in tokens)
+    rendered = "".join(embedded_pipe.target.piece(t).decode("utf-8", "replace") for t in tokens)
     plain = embedded_pipe.tokenize(messages[0]["content"])
     assert messages[0]["content"] in rendered and len(tokens) > len(plain)  # wrapped by the template
     r = embedded_pipe.chat(messages, max_tokens=24)

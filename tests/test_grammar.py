@@ -258,7 +258,7 @@ def test_gbnf_text_is_checked_and_a_broken_one_fails_when_the_generation_is_aske
 
 # ------------------------------------------------------------------------------------------ the rule
 def _constraint(pipe, grammar: Grammar, text: str = "") -> Constraint:
-    t = pipe._target
+    t = pipe.target
     c = Constraint(t.vocab, t.n_vocab, grammar, textless=t.textless_ids())
     for tok in t.tokenize(text, add_bos=False, special=False) if text else []:
         c.accept(tok)
@@ -274,7 +274,7 @@ def test_best_and_the_mask_agree_with_checking_every_token_alone(embedded_pipe, 
     c = _constraint(embedded_pipe, Grammar.json_schema(PERSON), state)
     allowed = _allowed_one_by_one(c)
     assert 0 < allowed.sum() < c.n_vocab
-    assert not allowed[embedded_pipe._target.textless_ids()].any(), "control tokens never pass as text"
+    assert not allowed[embedded_pipe.target.textless_ids()].any(), "control tokens never pass as text"
     rng = np.random.default_rng(0)
     for _ in range(20):
         row = rng.standard_normal(c.n_vocab).astype(np.float32) * 4
@@ -287,7 +287,7 @@ def test_best_and_the_mask_agree_with_checking_every_token_alone(embedded_pipe, 
 
 def test_a_json_string_takes_no_raw_control_character(embedded_pipe):
     """llama-cpp-python's converter lets a raw newline into a string (invalid JSON); localspec's does not."""
-    vocab = embedded_pipe._target
+    vocab = embedded_pipe.target
     newline = [t for t in range(vocab.n_vocab) if vocab.piece(t) == b"\n"]
     quote = [t for t in range(vocab.n_vocab) if vocab.piece(t) == b'"']
     assert newline and quote
@@ -297,7 +297,7 @@ def test_a_json_string_takes_no_raw_control_character(embedded_pipe):
 
 
 def test_end_of_generation_is_allowed_exactly_where_the_grammar_is_complete(embedded_pipe):
-    eog = sorted(embedded_pipe._target.eog_ids)[0]
+    eog = sorted(embedded_pipe.target.eog_ids)[0]
     assert not _constraint(embedded_pipe, Grammar.gbnf(WORDS), '["ab"').allows(eog)
     assert _constraint(embedded_pipe, Grammar.gbnf(WORDS), '["ab"]').allows(eog)
 
@@ -415,7 +415,7 @@ def test_sampling_under_a_grammar_keeps_the_target_s_distribution(
 # ------------------------------------------------------------------------------------------ tool calls
 def _accepts(pipe, grammar: Grammar, text: str, *, trigger_id: int | None = None) -> bool:
     """Whether ``grammar`` lets the model write ``text`` (tokenized as the model would) and then end."""
-    t = pipe._target
+    t = pipe.target
     c = Constraint(t.vocab, t.n_vocab, grammar, textless=t.textless_ids(), trigger_id=trigger_id)
     try:
         for tok in t.tokenize(text, add_bos=False, special=False):
@@ -475,7 +475,7 @@ def test_each_function_keeps_its_own_definitions(embedded_pipe):
 
 
 def test_a_lazy_grammar_leaves_the_text_free_until_its_trigger_token(embedded_pipe):
-    t = embedded_pipe._target
+    t = embedded_pipe.target
     (brace,) = t.tokenize("{", add_bos=False, special=False)
     lazy = Grammar('root ::= "{" [a-z]+ "}"\n', trigger="{")
     assert _accepts(embedded_pipe, lazy, "Any text at all, 123.", trigger_id=brace)
@@ -487,7 +487,7 @@ def test_a_lazy_grammar_leaves_the_text_free_until_its_trigger_token(embedded_pi
 
 
 def test_textless_ids_are_the_tokens_that_render_as_nothing(embedded_pipe):
-    t = embedded_pipe._target
+    t = embedded_pipe.target
     want = [i for i in range(t.n_vocab) if i not in t.eog_ids and not t.piece(i)]
     assert list(t.textless_ids()) == want and want, "the embedded vocabulary has control tokens"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _hub_server import FakeHub, make_gguf, ordinary_tokens
+from _gguf_build import ordinary_tokens, vocab_model
+from _hub_server import FakeHub
 
 from localspec import constants
 from localspec.errors import (
@@ -49,10 +50,10 @@ def fake_hub(tmp_path, monkeypatch):
 def ggufs(tmp_path) -> dict[str, Path]:
     d = tmp_path / "src"
     return {
-        "target": make_gguf(d / "target.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=2 << 20, name="t"),
-        "draft": make_gguf(d / "draft.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=512 << 10, name="d"),
+        "target": vocab_model(d / "target.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=2 << 20, name="t"),
+        "draft": vocab_model(d / "draft.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=512 << 10, name="d"),
         # same size, but the ordinary tokens differ from id 3 on: a different tokenizer
-        "alien": make_gguf(
+        "alien": vocab_model(
             d / "alien.gguf",
             SPECIAL + [t + "x" for t in ordinary_tokens(400)],
             control={0, 1, 2},
@@ -123,7 +124,7 @@ def test_preset_download_of_the_embedded_pair(fake_hub, tmp_path):
 def test_resume_after_the_connection_drops(fake_hub, ggufs, tmp_path):
     # huggingface_hub streams in 10 MiB chunks and resumes from the last whole chunk it wrote, so the
     # file must be larger than one chunk and the cut must come after the first chunk.
-    big = make_gguf(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=24 << 20)
+    big = vocab_model(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=24 << 20)
     fake_hub.add_repo("org/big-GGUF", {"big-q4_k_m.gguf": big})
     fake_hub.add_repo("org/small-GGUF", {"small-q4_k_m.gguf": ggufs["draft"]})
     _pair_preset("cut", ("org/big-GGUF", "*q4_k_m.gguf"), ("org/small-GGUF", "*q4_k_m.gguf"))
@@ -268,7 +269,7 @@ def test_select_files_rules():
 
 
 def test_hub_search_refuses_offline_mode_before_any_request(fake_hub, tmp_path, monkeypatch):
-    big = make_gguf(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=1 << 20)
+    big = vocab_model(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=1 << 20)
     fake_hub.add_repo("org/big-GGUF", {"big-Q4_K_M.gguf": big})
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     fake_hub.log.clear()
@@ -286,7 +287,7 @@ def test_hub_search_refuses_offline_mode_before_any_request(fake_hub, tmp_path, 
 
 
 def test_remote_fingerprint_reads_only_the_header(fake_hub, tmp_path):
-    big = make_gguf(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=24 << 20)
+    big = vocab_model(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=24 << 20)
     size = big.stat().st_size
     fake_hub.add_repo("org/big-GGUF", {"big-Q4_K_M.gguf": big})
 
@@ -322,8 +323,8 @@ def test_pair_differing_only_in_special_tokens_is_used_with_a_mask(fake_hub, tmp
     distill = ordinary + ["<|begin_of_sentence|>", "<|end_of_sentence|>", "<think>", "<|pad_0|>", "<|pad_1|>"]
     specials = set(range(400, 405))
     kw = {"bos": 400, "eos": 401, "tensor_bytes": 256 << 10}
-    target = make_gguf(tmp_path / "distill.gguf", distill, control=specials, **kw)
-    draft = make_gguf(tmp_path / "qwen.gguf", qwen, control=specials, **kw)
+    target = vocab_model(tmp_path / "distill.gguf", distill, control=specials, **kw)
+    draft = vocab_model(tmp_path / "qwen.gguf", qwen, control=specials, **kw)
     fake_hub.add_repo("org/distill-GGUF", {"distill-Q4_K_M.gguf": target})
     fake_hub.add_repo("org/qwen-GGUF", {"qwen-Q4_K_M.gguf": draft})
     _pair_preset("masked", ("org/distill-GGUF", "*Q4_K_M.gguf"), ("org/qwen-GGUF", "*Q4_K_M.gguf"))
@@ -484,7 +485,7 @@ def test_stale_incomplete_files_are_cleaned_and_live_ones_kept(fake_hub, ggufs, 
 
 
 def test_ctrl_c_stops_a_download_at_once_and_leaves_nothing(fake_hub, ggufs, tmp_path):
-    big = make_gguf(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=24 << 20)
+    big = vocab_model(tmp_path / "big.gguf", VOCAB, control={0, 1, 2}, tensor_bytes=24 << 20)
     fake_hub.add_repo("org/big-GGUF", {"big-q4_k_m.gguf": big})
     fake_hub.add_repo("org/small-GGUF", {"small-q4_k_m.gguf": ggufs["draft"]})
     _pair_preset("interrupted", ("org/big-GGUF", "*q4_k_m.gguf"), ("org/small-GGUF", "*q4_k_m.gguf"))

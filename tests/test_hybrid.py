@@ -69,7 +69,7 @@ def _assert_argmax(trace, what):
 def test_hybrid_target_is_lossless_for_every_strategy(models, arch):
     target, other = models[arch]
     with localspec.load(target, other, n_ctx=256, n_threads=2, n_max=4, suffix_store=False) as pipe:
-        model = pipe._target
+        model = pipe.target
         assert model.memory_kind in ("hybrid", "recurrent"), arch
         assert (model.n_rs_seq > 0) == (arch in vocab.SNAPSHOT_ARCHS), arch
         base, base_trace, _ = _run(pipe, "none", baseline=True)
@@ -111,7 +111,7 @@ def test_checkpoint_rollback_and_its_cost_are_counted(models):
     after a rejection; the tokens kept are owed and evaluated in front of the next pass."""
     target, other = models["qwen3next"]
     with localspec.load(target, other, n_ctx=256, n_threads=2, n_max=4, suffix_store=False) as pipe:
-        model = pipe._target
+        model = pipe.target
         assert model.n_rs_seq == 0 and model.recurrent_state_bytes() > 0
         ids, _, stats = _run(pipe, "model", adaptive=False, p_min=0.0)
         assert model.rollback.saves > 0 and model.rollback.restores > 0
@@ -125,7 +125,7 @@ def test_checkpoint_rollback_and_its_cost_are_counted(models):
 def test_snapshots_take_drafts_back_without_a_copy(models):
     target, other = models["qwen35"]
     with localspec.load(target, other, n_ctx=256, n_threads=2, n_max=4, suffix_store=False) as pipe:
-        model = pipe._target
+        model = pipe.target
         assert model.n_rs_seq == 4
         _run(pipe, "model", adaptive=False, p_min=0.0)
         # the one copy is the prompt's (a later request on it comes back there); no round copied anything

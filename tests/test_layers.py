@@ -18,6 +18,7 @@ BENCH_FAMILY = {
     "localspec.bench.peer",
     "localspec.bench.report",
     "localspec.bench.tune",
+    "localspec.bench.tuning",
     "localspec.bench.workloads",
     "localspec.cli.bench",
     "localspec.cli.ui",
@@ -102,7 +103,12 @@ def test_no_import_cycle_through_the_bench_family_or_the_ui():
 def test_the_workload_vocabulary_imports_nothing_of_the_bench_family():
     graph = _graph()
     assert graph["localspec.bench.workloads"] & BENCH_FAMILY == set()
-    for low in ("localspec.bench.arithmetic", "localspec.bench.peer", "localspec.bench.report"):
+    for low in (
+        "localspec.bench.arithmetic",
+        "localspec.bench.peer",
+        "localspec.bench.report",
+        "localspec.bench.tuning",
+    ):
         assert "localspec.bench.single" not in graph[low] and "localspec.bench.tune" not in graph[low], low
     assert "localspec.ui.app" not in graph["localspec.ui.bench_tab"]
 
@@ -114,13 +120,14 @@ def test_no_import_cycle_anywhere():
     assert cycles == {}, "import cycles: " + "; ".join(" -> ".join(c[0]) for c in cycles.values())
 
 
-# The floors of the house, bottom first: a room (a top-level module or folder of localspec) imports only
-# from its own room and from rooms on lower floors. docs/architecture.md draws the same floors.
+# The floors of the house, bottom first: a room (a top-level module or folder of localspec, or one of the
+# SUB_ROOMS) imports only from its own room and from rooms on lower floors. docs/architecture.md draws the
+# same floors.
 FLOORS: list[set[str]] = [
     {"errors", "constants", "units", "embedded"},  # the project's vocabulary
     {"settings", "gguf"},  # how drafting runs; files, fingerprints, pairs
-    {"hub", "llama"},  # presets and downloads; the llama.cpp boundary
-    {"constrain"},  # grammars every emitted token keeps satisfiable
+    {"hub", "llama.logs", "llama.sampling"},  # presets, downloads; llama.cpp's log, the target's distribution
+    {"llama", "constrain"},  # the llama.cpp boundary; beside it, the grammars every emitted token keeps
     {"decoding"},  # the verify loop, drafters, costs
     {"suffix"},  # the suffix cache and its store
     {"pipeline"},  # load / generate / Pipeline
@@ -131,8 +138,16 @@ FLOORS: list[set[str]] = [
 ]
 
 
+#: Modules of ``llama/`` that stand a floor below the rest of it: what grammars and the model both use (what
+#: llama.cpp says, the target's distribution), so that ``constrain/`` stands beside the model, not above it.
+SUB_ROOMS = {"llama.logs", "llama.sampling"}
+
+
 def _room(module: str) -> str:
-    return "ui" if module.startswith("localspec.ui") else module.split(".")[1]
+    if module.startswith("localspec.ui"):
+        return "ui"
+    parts = module.split(".")[1:]
+    return sub if (sub := ".".join(parts[:2])) in SUB_ROOMS else parts[0]
 
 
 def _floor(room: str) -> int:
@@ -226,3 +241,38 @@ def test_no_function_is_longer_than_80_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: " + "; ".join(long)
+
+
+def test_grammars_stand_beside_the_model():
+    """``constrain/`` takes llama.cpp's log and the target's distribution from the floor below, nothing of the
+    model (loading a grammar needs no model runtime), and the model nothing of grammars."""
+    graph = _graph()
+    across = sorted(
+        f"{module} -> {other}"
+        for module, imported in graph.items()
+        if module != "localspec"
+        for other in imported
+        if {_room(module), _room(other)} == {"constrain", "llama"}
+    )
+    assert across == []
+    assert "localspec.llama.logs" in graph["localspec.constrain.grammar"]
+
+
+def test_production_takes_llama_cpp_programs_from_llama_not_from_the_bench():
+    """``localspec rpc-server`` and the local RPC servers build and supervise llama.cpp's programs through
+    ``llama/`` (programs, processes); only the bench's own llama-server client lives in ``bench/peer``."""
+    graph = _graph()
+    for module in ("localspec.cli.rpc", "localspec.bench.rpc_local", "localspec.bench.wide_target"):
+        assert "localspec.bench.peer" not in graph[module], module
+    assert {"localspec.llama.programs", "localspec.llama.processes"} <= graph["localspec.cli.rpc"]
+
+
+def test_the_tests_write_gguf_files_in_one_module():
+    """Every GGUF file a test writes goes through ``tests/_gguf_build.py`` (its writer, its copy of another
+    file's header): no second hand-written writer to keep in step with the gguf package."""
+    writers = sorted(
+        path.name
+        for path in (ROOT / "tests").glob("*.py")
+        if "GGUFWriter(" in path.read_text(encoding="utf-8") and path.name != Path(__file__).name
+    )
+    assert writers == ["_gguf_build.py"]

@@ -37,7 +37,7 @@ def test_mtp_drafts_are_lossless_for_every_mtp_strategy(files, kind):
             assert stats.drafted > 0
             if strategy == "mtp":
                 assert set(stats.drafted_by_source) == {"mtp"}
-        assert pipe._target.rollback.resets == 0  # every rejected draft went back through a snapshot or copy
+        assert pipe.target.rollback.resets == 0  # every rejected draft went back through a snapshot or copy
         base, _ = argmax_run(pipe, "none", baseline=True)
     for strategy, ids in got.items():
         assert ids == base, f"{kind} {strategy}: not the target's own tokens"
@@ -69,7 +69,7 @@ def test_other_strategies_on_an_mtp_pipeline_and_back(files):
     """Rounds without MTP do not feed the head (the baseline pays nothing for it); when MTP drafts again, the
     head evaluates what it missed and is as good as before."""
     with _load(files["token"]) as pipe:
-        head = pipe._target.mtp
+        head = pipe.target.mtp
         _, first = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
         followed = head.follow_passes
         base, _ = argmax_run(pipe, "none", baseline=True)
@@ -102,7 +102,7 @@ def test_a_file_without_mtp_layers_is_refused_with_what_to_do(tmp_path):
 
 def test_mtp_on_a_pipeline_loaded_without_it_says_how(files):
     with _load(files["token"], strategy="ngram") as pipe:
-        assert pipe._target.mtp is None
+        assert pipe.target.mtp is None
         with pytest.raises(LocalspecError, match="MTP layers") as info:
             list(pipe.stream_tokens(PROMPT, max_tokens=4, strategy="mtp"))
     assert "strategy='mtp'" in (info.value.hint or "")
@@ -145,11 +145,11 @@ def test_the_ui_loads_the_mtp_layers_when_an_mtp_strategy_is_chosen(files):
     try:
         spec = PairSpec(target=str(files["token"]), draft="none", n_ctx=256, n_threads=2, mtp=True)
         pipe = holder.get(spec)
-        assert pipe._target.mtp is not None
+        assert pipe.target.mtp is not None
         ids = [r.token for r in pipe.stream_tokens(PROMPT, max_tokens=8, strategy="mtp")]
         assert len(ids) == 8
         plain = holder.get(PairSpec(target=str(files["token"]), draft="none", n_ctx=256, n_threads=2))
-        assert plain is not pipe and plain._target.mtp is None  # another choice, another load
+        assert plain is not pipe and plain.target.mtp is None  # another choice, another load
     finally:
         holder.close()
 
@@ -158,7 +158,7 @@ def test_drafts_longer_than_the_snapshots_go_back_through_checkpoints(files):
     """Loaded for 2-token drafts (two state snapshots), drafting 6: a rejection past the snapshots restores
     a copy of the recurrent state and the kept tokens are owed; the head follows the replay too."""
     with _load(files["token"], n_max=2) as pipe:  # the pipeline's own n_max sizes the snapshots
-        model = pipe._target
+        model = pipe.target
         assert model.n_rs_seq == 2
         ids, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0, n_max=6)
         assert model.rollback.saves > 0 and model.rollback.restores > 0 and stats.replayed_tokens > 0
@@ -186,7 +186,7 @@ def test_auto_runs_the_mtp_layers_of_a_file_that_has_them_and_then_as_measured(f
     """``auto`` with no draft model loads the file's MTP layers: the first request runs them (adaptive, with
     lookups) while their controller measures; later requests go as it measured. Lossless either way."""
     with _load(files["token"], strategy="auto", n_max=None) as pipe:
-        assert pipe._target.mtp is not None
+        assert pipe.target.mtp is not None
         first, stats = argmax_run(pipe, "auto")
         assert stats.route is not None and stats.route.strategy == stats.strategy
         assert stats.strategy.name == "mtp+suffix"
@@ -236,7 +236,7 @@ def test_auto_with_a_draft_model_weighs_the_mtp_layers_too(files, tmp_path):
     with localspec.load(
         files["token"], draft, strategy="auto", n_ctx=256, n_threads=2, suffix_store=False
     ) as pipe:
-        assert pipe._target.mtp is not None and pipe._draft is not None
+        assert pipe.target.mtp is not None and pipe.draft is not None
         runs = [argmax_run(pipe, "auto") for _ in range(3)]
         base, _ = argmax_run(pipe, "none", baseline=True)
     assert all(ids == base for ids, _ in runs)

@@ -39,7 +39,7 @@ def test_two_builds_at_once_take_turns(tmp_path):
     src = tmp_path / "peer" / f"llama.cpp-{version('llama-cpp-python')}" / "src"
     src.mkdir(parents=True)
     (src / "CMakeLists.txt").write_text("")  # the source is there: nothing to download
-    script = "from localspec.bench.peer import rpc_server_binary\nprint(rpc_server_binary(log=print))\n"
+    script = "from localspec.llama.programs import rpc_server_binary\nprint(rpc_server_binary(log=print))\n"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -63,7 +63,8 @@ def test_a_build_killed_with_its_parent_takes_its_compilers_with_it(tmp_path):
     pidfile = tmp_path / "grandchild.pid"
     build = ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"]  # make, and a compiler under it
     script = (
-        f"from localspec.bench.peer import call_as_group\ncall_as_group({build!r}, cwd=None, stdout=None)\n"
+        "from localspec.llama.processes import call_as_group\n"
+        f"call_as_group({build!r}, cwd=None, stdout=None)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30

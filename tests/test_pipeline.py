@@ -484,8 +484,8 @@ def test_the_pipeline_says_where_each_model_runs(embedded_pipe, monkeypatch):
     assert r.stats.placement == embedded_pipe.placement
     assert f"runs on target {expected}, draft {expected}" in r.stats.summary_line()
     seen = []
-    monkeypatch.setattr("localspec.pipeline.pipeline.supports_gpu_offload", lambda: True)
-    monkeypatch.setattr("localspec.pipeline.pipeline.Model", lambda path, **kw: seen.append(kw) or _raise())
+    monkeypatch.setattr("localspec.pipeline.models.supports_gpu_offload", lambda: True)
+    monkeypatch.setattr("localspec.pipeline.models.Model", lambda path, **kw: seen.append(kw) or _raise())
     with pytest.raises(_Stop):
         localspec.load(n_threads=2)
     with pytest.raises(_Stop):

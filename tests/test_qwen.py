@@ -64,7 +64,7 @@ def test_rejection_sampling_keeps_the_target_distribution_on_real_rows(qwen):
     """The acceptance rule on the real 151,936-token rows of both models at one position."""
     tokens = qwen.tokenize("def quicksort(xs):\n    if len(xs) <= 1:\n        return")
     params = SamplingParams(temperature=0.9, top_p=0.95)
-    t, d = qwen._target, qwen._draft
+    t, d = qwen.target, qwen.draft
     rows = []
     for m in (t, d):
         m.decode(m.sync(tokens, keep_last=1))

@@ -195,10 +195,10 @@ def test_rpc_server_binds_loopback_unless_told_plainly():
     ],
 )
 def test_rpc_server_host_is_an_ipv4_address_or_a_usage_error(host, words, monkeypatch):
-    from localspec.bench import peer
     from localspec.cli import main
+    from localspec.llama import programs
 
-    monkeypatch.setattr(peer, "built_rpc_server", lambda: pytest.fail("started for a bad --host"))
+    monkeypatch.setattr(programs, "built_rpc_server", lambda: pytest.fail("started for a bad --host"))
     result = CliRunner().invoke(main, ["rpc-server", "--host", host, "--insecure-expose"])
     assert result.exit_code == 2 and words in result.output and "Traceback" not in result.output
 
@@ -222,10 +222,10 @@ def test_any_rpc_server_host_is_an_address_or_a_usage_error(host):
 
 
 def test_an_address_not_of_this_machine_is_a_usage_error(monkeypatch):
-    from localspec.bench import peer
     from localspec.cli import main
+    from localspec.llama import programs
 
-    monkeypatch.setattr(peer, "built_rpc_server", lambda: pytest.fail("started for a foreign --host"))
+    monkeypatch.setattr(programs, "built_rpc_server", lambda: pytest.fail("started for a foreign --host"))
     result = CliRunner().invoke(main, ["rpc-server", "--host", "192.0.2.1", "--insecure-expose"])  # TEST-NET
     assert result.exit_code == 2 and "cannot listen on 192.0.2.1" in result.output
 
@@ -285,7 +285,7 @@ def rpc_binary():
         pytest.skip("this llama-cpp-python has no RPC backend (CI builds it with -DGGML_RPC=ON)")
     from _peer_cache import peer_build_cache
 
-    from localspec.bench.peer import rpc_server_binary
+    from localspec.llama.programs import rpc_server_binary
 
     with peer_build_cache():
         return rpc_server_binary()
@@ -540,8 +540,8 @@ def _flags(argv: list[str]) -> set[str]:
 def test_exported_llama_server_flags_exist_in_the_peer_build(rpc_binary, tmp_path):
     """Every flag an export emits is one the vendored llama.cpp registers (common/arg.cpp), and, where
     the peer's llama-server is built, one its --help lists."""
-    from localspec.bench import peer
     from localspec.hub.export import llama_server
+    from localspec.llama import programs
     from localspec.settings import DraftSettings
 
     target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
@@ -564,7 +564,7 @@ def test_exported_llama_server_flags_exist_in_the_peer_build(rpc_binary, tmp_pat
     assert model.argv[model.argv.index("--spec-draft-p-min") + 1] == "0.6"
     source = (rpc_binary.parents[2] / "src" / "common" / "arg.cpp").read_text(encoding="utf-8")
     assert not [f for f in emitted if f'"{f}"' not in source]
-    server = rpc_binary.parent / peer.SERVER
+    server = rpc_binary.parent / programs.SERVER
     if server.is_file():
         helptext = subprocess.run([str(server), "--help"], capture_output=True, text=True, timeout=60).stdout
         assert not [f for f in emitted if f not in helptext]

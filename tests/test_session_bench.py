@@ -24,6 +24,7 @@ from localspec.bench.session_run import (
 )
 from localspec.bench.sessions import load_session_workload
 from localspec.errors import BenchError
+from localspec.llama import programs
 from localspec.settings import DraftSettings
 
 WORKLOAD = {
@@ -156,7 +157,7 @@ def test_a_llama_server_reply_reads_as_text_and_timings():
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("CI") == "true", reason="the llama.cpp peer never runs in CI")
 def test_llama_cpp_modes_run_the_same_sessions_interleaved_with_ours(pipe, workload, tmp_path):
-    if peer.server_binary() is None:
+    if programs.server_binary() is None:
         pytest.skip("no llama-server: set LOCALSPEC_PEER_DIR to where `localspec bench --peer` built it")
     setup = PeerSetup(
         target=Path(pipe.info.target_path),

@@ -737,7 +737,7 @@ def _run(pipe, tokens, drafter, *, max_tokens=48, params=GREEDY, n_max=16):
 
 
 def test_greedy_is_lossless_with_suffix_drafts(embedded_pipe):
-    drafter = SuffixDrafter(SuffixIndex(n_vocab=embedded_pipe._target.n_vocab))
+    drafter = SuffixDrafter(SuffixIndex(n_vocab=embedded_pipe.target.n_vocab))
     from_history = 0
     for prompt in PROMPTS:
         tokens = embedded_pipe.tokenize(prompt)
@@ -768,7 +768,7 @@ def _first_two(pipe, tokens, n, drafter=None):
 def _primed_drafter(pipe, prompt: str) -> tuple[list[int], SuffixDrafter]:
     tokens = pipe.tokenize(prompt)
     # margin 0: keep drafting however the calibration moves (this checks the distribution, not the policy)
-    d = SuffixDrafter(SuffixIndex(n_vocab=pipe._target.n_vocab), verify_cost=lambda b: 1.0, margin=0.0)
+    d = SuffixDrafter(SuffixIndex(n_vocab=pipe.target.n_vocab), verify_cost=lambda b: 1.0, margin=0.0)
     # an earlier request that continued this prompt some way: its continuation is what gets drafted
     d.index.add_request([*tokens, *pipe.tokenize(" d\na = b")[1:]])
     return tokens, d

@@ -789,7 +789,7 @@ def test_browser_json_output_is_json_and_a_bad_schema_says_so(ui):
 def test_a_typed_target_is_offered_the_drafts_next_to_it(app, tmp_path, monkeypatch):
     """Without a Scan, a target typed into My models found no draft although a fitting one sat next to it
     (a UI walkthrough; `localspec pair TARGET` looks there): its folder is looked at too."""
-    from _tiny_gguf import write_tiny_llama
+    from _gguf_build import write_tiny_llama
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     vocab = next((Path(__file__).parent / "data" / "vocab").glob("*gpt-2*.gguf"))
@@ -804,7 +804,7 @@ def test_a_typed_target_is_offered_the_drafts_next_to_it(app, tmp_path, monkeypa
 def test_a_scan_offers_the_largest_model_as_the_target_with_its_drafts_and_says_so(app, tmp_path):
     """It offered the smallest (a 0.5B target with no draft); its "found N" was wiped by the target's
     change at once, and an unchanged target left the candidates table blank."""
-    from _tiny_gguf import write_tiny_llama
+    from _gguf_build import write_tiny_llama
 
     vocab = next((Path(__file__).parent / "data" / "vocab").glob("*gpt-2*.gguf"))
     small = write_tiny_llama(tmp_path / "a-small.gguf", vocab, n_embd=16)  # first by name

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from localspec.bench import peer, wide_target
+from localspec.bench import wide_target
 from localspec.bench.workloads import BIG_TARGET_WORKLOADS, expand_workloads, select_workloads
 from localspec.cli import main
 from localspec.constants import EMBEDDED_TARGET
 from localspec.errors import BenchError
+from localspec.llama import programs
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def fake_quantize(tmp_path, monkeypatch):
     script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncp "$2" "$3"\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(peer, "quantize_binary", lambda log=None: script)
+    monkeypatch.setattr(programs, "quantize_binary", lambda log=None: script)
     return calls
 
 
@@ -54,7 +55,7 @@ def test_a_failing_tool_leaves_no_file_and_says_where_its_log_is(tmp_path, monke
     script.write_text("#!/bin/sh\necho 'llama_model_quantize: failed' >&2\nexit 3\n")
     script.chmod(0o755)
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(peer, "quantize_binary", lambda log=None: script)
+    monkeypatch.setattr(programs, "quantize_binary", lambda log=None: script)
     with pytest.raises(BenchError, match="exit status 3") as err:
         wide_target.wide_target(EMBEDDED_TARGET, "Q8_0")
     assert "quantize.log" in err.value.hint
@@ -97,7 +98,7 @@ def test_sigterm_during_the_re_encoding_stops_llama_quantize(tmp_path, monkeypat
 
     monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("LOCALSPEC_PEER_DIR", str(tmp_path / "peer"))
-    tool = peer.build_dir() / "bin" / peer.QUANTIZE  # where the peer build keeps it: found, not built
+    tool = programs.build_dir() / "bin" / programs.QUANTIZE  # where the peer build keeps it: found, not built
     tool.parent.mkdir(parents=True)
     pidfile = tmp_path / "quantize.pid"
     tool.write_text(f'#!/bin/sh\necho $$ > {pidfile}\n: > "$3"\nexec sleep 60\n')

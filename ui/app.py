@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -27,14 +27,18 @@ from localspec import constants
 from . import pairs
 from .bench_tab import build_bench_tab
 from .controls import (
+    DRAFT_CONTROL_KEYS,
     FIXED_SLIDERS,
-    PAIR_DEFAULT,
     PAIR_KEYS,
+    DraftControls,
     load_pipeline,
 )
 from .generate import Runs
 from .layout import PairBoxes, RunButtons, generate_tab
 from .render import CSS, tokens_html
+
+if TYPE_CHECKING:
+    from localspec.pipeline.pipeline import Pipeline
 
 INTRO = (
     "## localspec: speculative decoding on your own machine\n"
@@ -65,7 +69,7 @@ class App(Runs):
         )
         # the preset the page opens with sets the Settings too, as picking it does (it opened with the
         # controls' own defaults: p_min 0.75 where the embedded pair's preset says 0.3)
-        settings0 = self.preset_settings(default_preset) or (4, 0.75, False, PAIR_DEFAULT)
+        settings0 = self.preset_settings(default_preset) or DraftControls()
         c: dict[str, Any] = {}
         self.c = c
         with gr.Blocks(title="localspec", analytics_enabled=False) as demo:
@@ -126,7 +130,7 @@ class App(Runs):
         c["preset"].change(
             self.on_preset,
             c["preset"],
-            [pair.preset_md, c["n_max"], c["p_min"], c["adaptive"], c["strategy"]],
+            [pair.preset_md, *(c[key] for key in DRAFT_CONTROL_KEYS)],
         )
         pair.dl_btn.click(
             self.on_download,
@@ -189,7 +193,7 @@ def theme() -> Any:
 
 
 def build_app(
-    loader: Callable[..., Any] = load_pipeline, *, n_threads: int | None = None, rpc: str | None = None
+    loader: Callable[..., Pipeline] = load_pipeline, *, n_threads: int | None = None, rpc: str | None = None
 ) -> gr.Blocks:
     return App(loader, n_threads=n_threads, rpc=rpc).build()
 

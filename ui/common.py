@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
@@ -20,6 +20,9 @@ from localspec.errors import LocalspecError, SettingsError
 from localspec.settings import N_MAX_RANGE, P_MIN_RANGE
 
 from .render import error_html, esc
+
+if TYPE_CHECKING:
+    from localspec.pipeline.pipeline import Pipeline
 
 log = logging.getLogger("localspec.ui")
 
@@ -138,7 +141,7 @@ class Room:
     trained: int | None = None  # the target's trained context, when its header says
 
     @classmethod
-    def of(cls, pipe: Any) -> Room:
+    def of(cls, pipe: Pipeline) -> Room:
         n_ctx = int(pipe.n_ctx)
         shortest = len(pipe.tokenize(SHORTEST_PROMPT))
         trained = getattr(pipe.info, "n_ctx_train", None)

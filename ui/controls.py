@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
@@ -39,9 +40,30 @@ from .common import (
 from .render import error_html, ok_html
 from .session import PairSpec, PipelineHolder
 
+if TYPE_CHECKING:
+    from localspec.pipeline.pipeline import Pipeline
+
 PAIR_DEFAULT = "pair default"
 #: The Strategy radio: the pair's (or preset's) own strategy, or one of localspec's.
 STRATEGY_CHOICES = [PAIR_DEFAULT, *STRATEGIES]
+
+
+@dataclass(frozen=True)
+class DraftControls:
+    """Draft settings as the Settings controls hold them (a preset's, or the controls' own defaults)."""
+
+    n_max: int = 4
+    p_min: float = 0.75
+    adaptive: bool = False
+    strategy: str = PAIR_DEFAULT  # one of STRATEGY_CHOICES
+
+    def updates(self) -> tuple[Any, ...]:
+        """One update per control, in the order of :data:`DRAFT_CONTROL_KEYS`."""
+        return tuple(gr.update(value=getattr(self, key)) for key in DRAFT_CONTROL_KEYS)
+
+
+#: The Settings controls a preset sets (keys of the page's components), in the order handlers return them.
+DRAFT_CONTROL_KEYS = ("n_max", "p_min", "adaptive", "strategy")
 #: The Output setting: free text, any JSON object, or JSON matching a schema typed in the page.
 FORMAT_CHOICES = ["Text", "JSON", "JSON schema"]
 #: The controls that decide which pair is loaded (what :meth:`Controls.spec` reads).
@@ -66,7 +88,7 @@ def gpu_offload_available() -> bool:
         return False
 
 
-def load_pipeline(**kwargs: Any) -> Any:
+def load_pipeline(**kwargs: Any) -> Pipeline:
     """``localspec.load``, looked up when called (the page's default loader)."""
     import localspec
 
@@ -138,7 +160,7 @@ class Controls:
 
     def __init__(
         self,
-        loader: Callable[..., Any] = load_pipeline,
+        loader: Callable[..., Pipeline] = load_pipeline,
         *,
         n_threads: int | None = None,
         rpc: str | None = None,
@@ -302,7 +324,7 @@ class Controls:
         return update
 
     @staticmethod
-    def prompt_tokens(pipe: Any, prompt: str, messages: list[dict] | None) -> int | None:
+    def prompt_tokens(pipe: Pipeline, prompt: str, messages: list[dict] | None) -> int | None:
         """How many tokens this run's prompt takes (a chat's as its template renders it); None when it
         cannot be told here (the run itself then says what is wrong)."""
         try:
@@ -313,10 +335,9 @@ class Controls:
             return None
 
     @staticmethod
-    def preset_settings(name: str | None) -> tuple[int, float, bool, str] | None:
-        """A preset's draft settings as the Settings controls hold them (n_max, p_min, adaptive, strategy),
-        or None when it does not load (its facts box says why): for the preset the page opens with, and
-        for each one picked after."""
+    def preset_settings(name: str | None) -> DraftControls | None:
+        """A preset's draft settings as the Settings controls hold them, or None when it does not load (its
+        facts box says why): for the preset the page opens with, and for each one picked after."""
         try:
             d = presets.get_preset(name).draft if name else None
         except LocalspecError:
@@ -324,15 +345,15 @@ class Controls:
         if d is None:
             return None
         strategy = d.strategy.name if d.strategy.name in STRATEGY_CHOICES else PAIR_DEFAULT
-        return d.n_max, d.p_min, d.adaptive, strategy
+        return DraftControls(d.n_max, d.p_min, d.adaptive, strategy)
 
     def on_preset(self, name: str):
         """The preset's facts, and its draft settings (strategy included) into the Settings controls."""
         md = pairs.preset_info_html(name)
         chosen = self.preset_settings(name)
         if chosen is None:
-            return md, gr.update(), gr.update(), gr.update(), gr.update()
-        return (md, *(gr.update(value=x) for x in chosen))
+            return (md, *(gr.update() for _ in DRAFT_CONTROL_KEYS))
+        return (md, *chosen.updates())
 
     def on_download(self, name: str, progress: gr.Progress = gr.Progress()):  # noqa: B008
         try:

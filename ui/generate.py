@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 
@@ -17,6 +17,9 @@ from .common import Room, friendly, progress_adapter, session_key
 from .controls import Controls
 from .render import chat_prefix_html, empty_panel_html, result_panel_html, tokens_html
 from .session import PairSpec
+
+if TYPE_CHECKING:
+    from localspec.pipeline.pipeline import Pipeline
 
 REFRESH_SECONDS = 0.08  # how often the streaming output is pushed to the page
 
@@ -56,7 +59,7 @@ def noise_caution(cmp: Any) -> str:
 class Runs(Controls):
     """The handlers that run the pair: Run, Compare, and the Stop of a browser session."""
 
-    def _pipe(self, spec: PairSpec, progress: Any) -> Any:
+    def _pipe(self, spec: PairSpec, progress: Any) -> Pipeline:
         pipe = self.holder.get(spec, progress_adapter(progress))
         self.loaded_room = (spec, Room.of(pipe))
         return pipe
@@ -103,7 +106,7 @@ class Runs(Controls):
 
     def _streamed(
         self,
-        pipe: Any,
+        pipe: Pipeline,
         opts: dict[str, Any],
         session: str,
         prompt: str,
@@ -222,7 +225,7 @@ class Runs(Controls):
 
 
 def _token_source(
-    pipe: Any, prompt: str, messages: list[dict] | None, opts: dict[str, Any]
+    pipe: Pipeline, prompt: str, messages: list[dict] | None, opts: dict[str, Any]
 ) -> Callable[[], Any]:
     """What starts the run's stream when the holder calls it: the chat's, or the prompt's."""
     if messages is not None:

@@ -12,7 +12,7 @@ from localspec.settings import N_MAX_RANGE, P_MIN_RANGE, max_threads
 
 from . import pairs
 from .common import GPU_LAYERS_RANGE, MAX_TOKENS_RANGE, N_CTX_RANGE, TEMPERATURE_RANGE
-from .controls import FORMAT_CHOICES, STRATEGY_CHOICES
+from .controls import FORMAT_CHOICES, STRATEGY_CHOICES, DraftControls
 from .render import empty_panel_html, legend_html, tokens_html
 
 
@@ -45,7 +45,7 @@ def generate_tab(
     *,
     preset_choices: Any,
     default_preset: str | None,
-    settings0: tuple[int, float, bool, str],
+    settings0: DraftControls,
     n_threads: int | None,
     gpu: bool,
     rpc: str | None = None,
@@ -124,8 +124,7 @@ def _pair_column(
     return PairBoxes(preset_box, own_box, preset_md, dl_btn, folders, scan_btn, cand_md, pair_msg)
 
 
-def _run_column(c: dict[str, Any], settings0: tuple[int, float, bool, str]) -> RunButtons:
-    n_max0, p_min0, adaptive0, strategy0 = settings0
+def _run_column(c: dict[str, Any], settings0: DraftControls) -> RunButtons:
     gr.Markdown("### 2. Run")
     c["mode"] = gr.Radio(["Prompt", "Chat"], value="Prompt", show_label=False, elem_id="ls-mode")
     c["prompt"] = gr.Textbox(label="Prompt", lines=4, elem_id="ls-prompt", value="def fibonacci(n):")
@@ -147,17 +146,17 @@ def _run_column(c: dict[str, Any], settings0: tuple[int, float, bool, str]) -> R
         with gr.Row():
             c["n_max"] = gr.Slider(
                 *N_MAX_RANGE,
-                n_max0,
+                settings0.n_max,
                 step=1,
                 label="Draft length n_max",
                 elem_id="ls-n-max",
             )
-            c["p_min"] = gr.Slider(*P_MIN_RANGE, p_min0, step=0.01, label="p_min (draft confidence)")
+            c["p_min"] = gr.Slider(*P_MIN_RANGE, settings0.p_min, step=0.01, label="p_min (draft confidence)")
         with gr.Row():
-            c["adaptive"] = gr.Checkbox(adaptive0, label="Adaptive draft length")
+            c["adaptive"] = gr.Checkbox(settings0.adaptive, label="Adaptive draft length")
             c["strategy"] = gr.Radio(
                 STRATEGY_CHOICES,
-                value=strategy0,
+                value=settings0.strategy,
                 label="Strategy",
                 elem_id="ls-strategy",
             )

@@ -15,9 +15,12 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localspec.units import format_bytes
+
+if TYPE_CHECKING:
+    from localspec.pipeline.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,9 @@ class PairSpec:
 class PipelineHolder:
     """Holds at most one pipeline. ``loader`` is ``localspec.load`` (injectable for tests)."""
 
-    loader: Callable[..., Any]
+    loader: Callable[..., Pipeline]
     spec: PairSpec | None = None
-    pipe: Any = None
+    pipe: Pipeline | None = None
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _stops: dict[str, threading.Event] = field(default_factory=dict)  # per session, while it streams
     _stopped: set[str] = field(default_factory=set)  # sessions whose last stream ended on Stop
@@ -98,7 +101,7 @@ class PipelineHolder:
         """Whether ``spec`` is the pipeline held now (nothing to load)."""
         return self.pipe is not None and self.spec == spec
 
-    def get(self, spec: PairSpec, progress: Callable[[str, int, int], None] | None = None) -> Any:
+    def get(self, spec: PairSpec, progress: Callable[[str, int, int], None] | None = None) -> Pipeline:
         """The pipeline for ``spec``: reused if loaded, else the old one is closed and a new one loaded."""
         with self._lock:
             if self.pipe is not None and self.spec == spec:

@@ -1,1 +1,2 @@
-"""Measuring: workloads, the single-request and session benches, the llama.cpp peer, the tuner, reports."""
+"""Measuring: workloads and run records, the single-request and session benches, the llama.cpp peer (a
+llama-server client), the tuner and its records (``tuning``), reports."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from localspec.bench.workloads import Workload
+from localspec.bench.workloads import LOCALSPEC, RunRecord, Workload
 from localspec.decoding import speed
 from localspec.decoding.draft import MODEL_SOURCES
 from localspec.settings import BASELINE, DRAFT_MODEL, DraftSettings, Strategy, parse_strategy
@@ -323,23 +323,19 @@ def _fill_ceiling(c: CellResult, pooled: list[float], line: speed.VerifyLine) ->
 def summarise(
     workloads: list[Workload],
     configs: list[DraftSettings],
-    records: list[dict],
+    records: list[RunRecord],
     line: speed.VerifyLine | None = None,
-    engine: str = "localspec",
+    engine: str = LOCALSPEC,
 ) -> tuple[list[CellResult], speed.VerifyLine | None]:
-    """Group run records (``workload``, ``prompt_id``, ``config``, ``repeat``, ``stats``) into cells."""
+    """Group the counted runs of ``engine`` into one cell per workload and speculative setting."""
     cells = []
     for w in workloads:
-        rows = [
-            r
-            for r in records
-            if r["workload"] == w.name and r["repeat"] >= 0 and r.get("engine", "localspec") == engine
-        ]
-        base = [(r["prompt_id"], r["stats"]) for r in rows if r["config"] == BASELINE_LABEL]
+        rows = [r for r in records if r.workload == w.name and r.counted and r.engine == engine]
+        base = [(r.prompt_id, r.stats) for r in rows if r.config == BASELINE_LABEL]
         for cfg in configs:
             if not cfg.is_speculative:
                 continue
-            spec = [(r["prompt_id"], r["stats"]) for r in rows if r["config"] == cfg.label]
+            spec = [(r.prompt_id, r.stats) for r in rows if r.config == cfg.label]
             if spec:
                 cells.append(summarise_cell(w.name, cfg, base, spec))
     return cells, add_ceilings(cells, line)

@@ -1,54 +1,30 @@
-"""The peer: llama.cpp's own speculative decoding, built from the llama.cpp that llama-cpp-python vendors.
+"""The peer: llama.cpp's own speculative decoding, in the ``llama-server`` built from the llama.cpp that
+llama-cpp-python vendors (:mod:`localspec.llama.programs`), so both sides run the same kernels.
 
-``build_server()`` downloads the sdist of the installed llama-cpp-python (``pip download --no-binary :all:``),
-extracts ``vendor/llama.cpp`` and builds ``llama-server`` once into ``peer_dir()/llama.cpp-<version>``,
-with the CPU features the installed llama-cpp-python was built with (:func:`build_flags`), so both sides run
-the same kernels. ``PeerServer`` runs one server per setting (target alone, draft model,
-n-gram lookup); ``peer_runner`` sends one ``/completion`` request per prompt and returns stats dicts shaped
-like ``GenerationStats.as_dict()`` (from ``timings``: ``predicted_*``, ``draft_n``, ``draft_n_accepted``).
-The servers are never used by the test suite in CI; llama.cpp's ``rpc-server`` (:func:`rpc_server_binary`,
-built without llama-server) is, by tests/test_rpc.py, from the same cached build folder.
+``PeerServer`` runs one server per setting (target alone, draft model, n-gram lookup); ``peer_runner`` sends
+one ``/completion`` request per prompt and returns stats dicts shaped like ``GenerationStats.as_dict()``
+(from ``timings``: ``predicted_*``, ``draft_n``, ``draft_n_accepted``). The servers are never used by the
+test suite in CI.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import os
-import shlex
-import shutil
-import signal
 import socket
 import subprocess
-import sys
-import tarfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from localspec import constants
 from localspec.bench.workloads import Prompt, Runner
 from localspec.errors import BenchError
-from localspec.llama.build import cpu_flags, installed_system_info, unused_cpu_features
+from localspec.llama import programs
+from localspec.llama.processes import die_with_this_process, stop
 from localspec.settings import DRAFT_MODEL, PROMPT_LOOKUP, DraftSettings
 
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks; builds go on unlocked
-    fcntl = None  # type: ignore[assignment]
-
-SERVER = "llama-server"
-LOOKUP_CREATE = "llama-lookup-create"
-QUANTIZE = "llama-quantize"
-#: llama.cpp's RPC server (``tools/rpc``; the cmake target and the program are named so).
-RPC_SERVER = "ggml-rpc-server"
-#: llama.cpp's test program that writes tiny random models of any architecture (the test suite's fixtures).
-ARCHS = "test-llama-archs"
 #: The strategies llama.cpp's own speculative decoding has an equivalent for.
 PEER_STRATEGIES: tuple[str, ...] = ("model", "ngram")
 #: llama.cpp's own defaults for draft-simple (``common/common.h``: n_max 3, p_min 0): always measured
@@ -57,310 +33,6 @@ PEER_DEFAULT = (3, 0.0)
 #: it is compared at its best, not at our p_min: 21 settings with its defaults among them.
 PEER_N_MAX: tuple[int, ...] = tuple(range(2, 9))
 PEER_P_MIN: tuple[float, ...] = (0.0, 0.5, 0.75)
-CMAKE_FLAGS = [
-    "-DCMAKE_BUILD_TYPE=Release",  # what scikit-build-core uses for llama-cpp-python
-    "-DBUILD_SHARED_LIBS=ON",
-    "-DLLAMA_CURL=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_UI=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",  # no download of the web UI at build time
-]
-
-
-def build_note(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    """A line for speed reports when the installed llama-cpp-python leaves out CPU features this machine
-    has (a prebuilt wheel, or a build for AVX2 only): measured on this project's AVX-512 VM, the AVX2 build
-    made wide verify passes ~1.5x dearer (V(16) 9.9 against 6.6 single passes) and the edit session 1.32x
-    instead of 1.70x. None when nothing is missing or this is not Linux on x86."""
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-        missing = unused_cpu_features(installed_system_info(), text)
-    except (OSError, AttributeError, ImportError):
-        return None
-    if not missing:
-        return None
-    return (
-        f"note: this llama.cpp build does not use {', '.join(missing)}, which this CPU has; wide verify "
-        "passes cost more than they need to, and speculation pays less. Rebuild llama-cpp-python for this "
-        "CPU (README: Troubleshooting)."
-    )
-
-
-def build_flags() -> list[str]:
-    """Everything the peer is configured with: :data:`CMAKE_FLAGS`, the wheel's CPU features, then
-    ``CMAKE_ARGS`` (a GPU build's flags, as for pip's build of llama-cpp-python)."""
-    return [*CMAKE_FLAGS, *cpu_flags(installed_system_info()), *shlex.split(os.environ.get("CMAKE_ARGS", ""))]
-
-
-def build_dir(version: str | None = None, flags: list[str] | None = None) -> Path:
-    """One build folder per set of flags: a wheel rebuilt with other features gets its own peer."""
-    digest = hashlib.sha256("\0".join(build_flags() if flags is None else flags).encode()).hexdigest()[:10]
-    return peer_dir(version) / f"build-{digest}"
-
-
-def installed_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("llama-cpp-python")
-    except PackageNotFoundError as exc:
-        raise BenchError("llama-cpp-python is not installed", hint="pip install llama-cpp-python") from exc
-
-
-def peer_dir(version: str | None = None) -> Path:
-    return constants.peer_dir() / f"llama.cpp-{version or installed_version()}"
-
-
-def server_binary(version: str | None = None) -> Path | None:
-    """The built ``llama-server`` for the installed llama-cpp-python, or None when not built yet."""
-    path = build_dir(version) / "bin" / SERVER
-    return path if path.is_file() and os.access(path, os.X_OK) else None
-
-
-def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
-    with log.open("a", encoding="utf-8") as fh:
-        fh.write(f"\n$ {shlex.join(cmd)}\n")
-        fh.flush()
-        rc = call_as_group(cmd, cwd=cwd, stdout=fh)
-    if rc != 0:
-        raise BenchError(
-            f"building the llama.cpp peer failed (exit {rc}): {shlex.join(cmd[:4])} ...",
-            hint=f"see the log {log}; cmake, a C++ compiler and network access to PyPI are needed",
-        )
-
-
-def die_with_this_process() -> dict[str, Any]:
-    """``subprocess.Popen`` keywords that make a child end when this process ends, however it ends: on
-    Linux the kernel sends it SIGTERM (``PR_SET_PDEATHSIG``) when this process dies, even of a SIGKILL that
-    leaves no time to stop it. Only for a child started from the main thread: the signal follows the thread
-    that started the child, and a worker thread ending would take a long-lived child with it. Elsewhere:
-    no keywords (the caller stops its children itself)."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return {}
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return {}
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    parent = os.getpid()
-
-    def in_child() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # this process died between the fork and now
-            os._exit(1)
-
-    return {"preexec_fn": in_child}
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def stop_on_sigterm() -> contextlib.AbstractContextManager[None]:
-    """Within the block (on the main thread), a SIGTERM (``timeout``, a supervisor) raises
-    ``KeyboardInterrupt`` like a Ctrl-C, so the ``finally:`` blocks that stop this process's children run;
-    elsewhere it changes nothing."""
-    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
-        return contextlib.nullcontext()
-    return _sigterm_raises()
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    def interrupted(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def call_as_group(cmd: list[str], *, cwd: Path | None, stdout: Any) -> int:
-    """Run a build step (or another tool, such as llama-quantize) in its own process group and wait for it;
-    its exit status. Interrupted (Ctrl-C, or SIGTERM from ``timeout`` or a supervisor, which reach this
-    process alone), take the whole group down with it: ``subprocess.call`` kills only its child (cmake),
-    and make and the compilers under it went on at full CPU for minutes, re-parented to init, slowing every
-    later measurement. Killed outright (SIGKILL, the OOM killer), this process cannot do that: then the
-    kernel's signal (:func:`die_with_this_process`) reaches a shell in front of ``cmd``, which passes it to
-    the whole group."""
-    dies_with = die_with_this_process()
-    if dies_with:
-        cmd = ["sh", "-c", _GROUP_ON_TERM, "sh", *cmd]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        stdout=stdout,
-        stderr=subprocess.STDOUT,
-        start_new_session=os.name == "posix",
-        **dies_with,
-    )
-    try:
-        with stop_on_sigterm():
-            return proc.wait()
-    except BaseException:
-        _stop_group(proc)
-        raise
-
-
-#: The shell in front of a group's command: runs it, returns its exit status, and on SIGTERM (the kernel's,
-#: when this process dies) sends SIGTERM to the whole process group, itself included.
-_GROUP_ON_TERM = 'trap "trap - TERM; kill -TERM 0" TERM; "$@" & wait $!'
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the build's process group, SIGKILL after 10 s."""
-    if os.name != "posix":
-        proc.kill()
-        return
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _extract_vendor(sdist: Path, dest: Path) -> Path:
-    """Extract only ``<sdist>/vendor/llama.cpp`` into ``dest``; refuses unsafe member paths."""
-    with tarfile.open(sdist) as tar:
-        members = []
-        for m in tar.getmembers():
-            parts = Path(m.name).parts
-            if len(parts) > 2 and parts[1:3] == ("vendor", "llama.cpp"):
-                if m.name.startswith("/") or ".." in parts or m.islnk() or m.issym():
-                    continue
-                m.name = str(Path(*parts[3:])) if len(parts) > 3 else "."
-                members.append(m)
-        dest.mkdir(parents=True, exist_ok=True)
-        for m in members:
-            if m.name != ".":
-                tar.extract(m, dest)
-    if not (dest / "CMakeLists.txt").is_file():
-        raise BenchError(f"{sdist}: no vendor/llama.cpp inside", hint="is this a llama-cpp-python sdist?")
-    return dest
-
-
-def build_server(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
-    """Build ``llama-server`` once (minutes) and return its path; later calls return the cached binary."""
-    found = server_binary()
-    if found:
-        return found
-    say = log or (lambda _m: None)
-    with build_lock(say):
-        found = server_binary()  # built by another process while this one waited
-        if found:
-            return found
-        build, logfile = _configured(say)
-        say(f"building {SERVER} with {jobs} jobs (several minutes, once) ...")
-        _run(["cmake", "--build", str(build), "--target", SERVER, "-j", str(jobs)], logfile)
-    found = server_binary()
-    if not found:
-        raise BenchError(f"{SERVER} was not produced by the build", hint=f"see the log {logfile}")
-    return found
-
-
-@contextlib.contextmanager
-def build_lock(say: Callable[[str], None]) -> Iterator[None]:
-    """One build at a time in the peer's folder, across processes (two ``localspec rpc-server`` started at
-    once on a machine that has none built yet): ``fcntl.flock`` on ``build.lock`` there. A second process
-    says it waits, then finds the program built. Where there is no ``fcntl`` (Windows): no lock."""
-    if fcntl is None:
-        yield
-        return
-    root = peer_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / "build.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"waiting for another localspec building llama.cpp in {root} ...")
-            fcntl.flock(fd, fcntl.LOCK_EX)  # a Ctrl-C ends the wait
-        yield
-    finally:
-        os.close(fd)  # (closing lets go of the lock)
-
-
-def _configured(say: Callable[[str], None]) -> tuple[Path, Path]:
-    """The vendored llama.cpp source downloaded, extracted and configured (each step once); returns the
-    build folder and the build log."""
-    version = installed_version()
-    root = peer_dir(version)
-    root.mkdir(parents=True, exist_ok=True)
-    logfile = root / "build.log"
-    sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
-    src = root / "src"
-    if not sdists and not (src / "CMakeLists.txt").is_file():
-        say(f"downloading the llama-cpp-python {version} source (sdist) ...")
-        pip = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps"]
-        _run([*pip, f"llama-cpp-python=={version}", "-d", str(root)], logfile)
-        sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
-    if not (src / "CMakeLists.txt").is_file():
-        say("extracting vendor/llama.cpp ...")
-        _extract_vendor(sdists[-1], src)
-    flags = build_flags()
-    build = build_dir(version, flags)
-    if not (build / "CMakeCache.txt").is_file():
-        say(f"configuring llama.cpp (log: {logfile}) ...")
-        _run(["cmake", "-S", str(src), "-B", str(build), *flags], logfile)
-    return build, logfile
-
-
-def lookup_create_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
-    """Build ``llama-lookup-create`` (llama.cpp's static n-gram cache builder) next to the server, once."""
-    return _extra_binary(LOOKUP_CREATE, ["-DLLAMA_BUILD_EXAMPLES=ON"], jobs=jobs, log=log)
-
-
-def quantize_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
-    """Build ``llama-quantize`` (llama.cpp's own re-encoder of GGUF weights) next to the server, once."""
-    return _extra_binary(QUANTIZE, ["-DLLAMA_BUILD_TOOLS=ON"], jobs=jobs, log=log)
-
-
-def rpc_server_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
-    """Build llama.cpp's ``rpc-server`` (``tools/rpc``: serves this machine's CPU, or GPU with a GPU build,
-    to another machine's llama.cpp over TCP) in the peer's build folder, once; it needs no llama-server."""
-    return _extra_binary(RPC_SERVER, ["-DLLAMA_BUILD_TOOLS=ON", "-DGGML_RPC=ON"], jobs=jobs, log=log)
-
-
-def archs_binary(*, jobs: int = 2, log: Callable[[str], None] | None = None) -> Path:
-    """Build llama.cpp's ``test-llama-archs`` (``tests/``: writes a tiny random model of any architecture,
-    ``-a ARCH -s SEED -o DIR``) in the peer's build folder, once; the test suite's recurrent and hybrid
-    fixtures come from it."""
-    return _extra_binary(ARCHS, ["-DLLAMA_BUILD_TESTS=ON"], jobs=jobs, log=log)
-
-
-def built_rpc_server() -> Path | None:
-    """The built ``rpc-server`` for the installed llama-cpp-python, or None when not built yet."""
-    path = build_dir() / "bin" / RPC_SERVER
-    return path if path.is_file() and os.access(path, os.X_OK) else None
-
-
-def _extra_binary(name: str, configure: list[str], *, jobs: int, log: Callable[[str], None] | None) -> Path:
-    """Build one more llama.cpp program in the peer's build folder, once."""
-    build = build_dir()
-    path = build / "bin" / name
-    if path.is_file() and os.access(path, os.X_OK):
-        return path
-    say = log or (lambda _m: None)
-    with build_lock(say):
-        if path.is_file() and os.access(path, os.X_OK):  # built by another process while this one waited
-            return path
-        build, logfile = _configured(say)
-        say(f"building {name} (once) ...")
-        _run(["cmake", "-S", str(peer_dir() / "src"), "-B", str(build), *configure], logfile)
-        _run(["cmake", "--build", str(build), "--target", name, "-j", str(jobs)], logfile)
-    if not path.is_file():
-        raise BenchError(f"{name} was not produced by the build", hint=f"see the log {logfile}")
-    return path
 
 
 def lookup_static_file(target: Path, texts: list[Path], out: Path, *, threads: int) -> Path:
@@ -370,11 +42,12 @@ def lookup_static_file(target: Path, texts: list[Path], out: Path, *, threads: i
     corpus.write_text(
         "\n\n".join(t.read_text(encoding="utf-8", errors="replace") for t in texts), encoding="utf-8"
     )
-    binary = lookup_create_binary()
+    binary = programs.lookup_create_binary()
     cmd = [str(binary), "-m", str(target), "-f", str(corpus), "-lcs", str(out), "-t", str(threads)]
-    _run(cmd, out.with_suffix(".log"))
+    log = out.with_suffix(".log")
+    programs.run_logged(cmd, log)
     if not out.is_file():
-        raise BenchError(f"{LOOKUP_CREATE} wrote no cache file", hint=f"see {out.with_suffix('.log')}")
+        raise BenchError(f"{programs.LOOKUP_CREATE} wrote no cache file", hint=f"see {log}")
     return out
 
 
@@ -565,13 +238,7 @@ class PeerServer:
             return json.loads(r.read())
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, grace_s=10)
         self._fh.close()
 
     def __enter__(self) -> PeerServer:
@@ -591,13 +258,13 @@ def start_servers(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, PeerServer]:
     """One server per config label (the baseline included). The weights are mmapped, so shared."""
-    binary = server_binary() or build_server(log=log)
+    binary = programs.server_binary() or programs.build_server(log=log)
     servers: dict[str, PeerServer] = {}
     try:
         for cfg in configs:
             args = server_args(cfg, target=target, draft=draft, threads=threads, n_ctx=n_ctx)
             name = cfg.label.replace(" ", "_").replace("=", "")
-            servers[cfg.label] = PeerServer(binary, args, peer_dir() / "logs" / f"{name}.log")
+            servers[cfg.label] = PeerServer(binary, args, programs.vendored_dir() / "logs" / f"{name}.log")
         for s in servers.values():
             s.wait_ready()
     except BaseException:
@@ -663,8 +330,3 @@ def peer_runner(
         }
 
     return run
-
-
-def clean(version: str | None = None) -> None:
-    """Remove the cached peer build."""
-    shutil.rmtree(peer_dir(version), ignore_errors=True)

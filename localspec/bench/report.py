@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from localspec.bench.arithmetic import MAX_PHYSICAL_SLOPE, CellResult
-from localspec.bench.workloads import WORKLOAD_TITLES
+from localspec.bench.tuning import Tuning
+from localspec.bench.workloads import WORKLOAD_TITLES, RunRecord
 from localspec.decoding.speed import VerifyLine
 from localspec.units import format_bytes
 
@@ -91,6 +92,10 @@ class PeerResult:
     note: str = ""
 
 
+#: How much of each run's generated text bench.json keeps.
+RUN_TEXT_CHARS = 300
+
+
 @dataclass
 class BenchReport:
     """What one ``localspec bench`` measured: where, with what, each cell, and llama.cpp's side.
@@ -104,10 +109,10 @@ class BenchReport:
     cells: list[CellResult]  # one per workload x speculative setting, ours
     memory: dict[str, Any] = field(default_factory=dict)  # MemoryReport.as_dict()
     verify_line: VerifyLine | None = None  # V(b) fitted over our cells (None: no fit)
-    runs: list[dict[str, Any]] = field(default_factory=list)  # every run record (text cut to 300 chars)
+    runs: list[RunRecord] = field(default_factory=list)  # every run (written with its text cut to 300 chars)
     peer: PeerResult | None = None
     wide_target: str | None = None  # the line saying how the target was re-encoded (--wide-target)
-    tuning: dict[str, Any] | None = None  # --tune: the sweep per workload, the winners, presets saved
+    tuning: Tuning | None = None  # --tune: the sweep per workload, the winners, presets saved
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -118,14 +123,14 @@ class BenchReport:
             "verify_slope": self.verify_line.slope if self.verify_line else None,
             "verify_v2": self.verify_line.v2 if self.verify_line else None,
             "cells": [c.as_dict() for c in self.cells],
-            "runs": self.runs,
+            "runs": [r.as_dict(text_chars=RUN_TEXT_CHARS) for r in self.runs],
         }
         if self.peer is not None:
             out["peer"] = {"cells": [c.as_dict() for c in self.peer.cells], "note": self.peer.note}
         if self.wide_target:
             out["wide_target"] = self.wide_target
         if self.tuning is not None:
-            out["tuning"] = self.tuning
+            out["tuning"] = self.tuning.as_dict()
         return out
 
     @classmethod
@@ -137,19 +142,20 @@ class BenchReport:
         if isinstance(slope, (int, float)):
             line = VerifyLine(v2=float(v2) if isinstance(v2, (int, float)) else 1.0 + slope, slope=slope)
         peer = d.get("peer")
+        cells = [CellResult.from_dict(c) for c in d.get("cells") or []]
         return cls(
             machine=dict(d.get("machine") or {}),
             settings=dict(d.get("settings") or {}),
             pair=dict(d.get("pair") or {}),
-            cells=[CellResult.from_dict(c) for c in d.get("cells") or []],
+            cells=cells,
             memory=dict(d.get("memory") or {}),
             verify_line=line,
-            runs=list(d.get("runs") or []),
+            runs=[RunRecord.from_dict(r) for r in d.get("runs") or []],
             peer=PeerResult([CellResult.from_dict(c) for c in peer.get("cells") or []], peer.get("note", ""))
             if peer
             else None,
             wide_target=d.get("wide_target"),
-            tuning=d.get("tuning"),
+            tuning=Tuning.from_dict(d["tuning"], cells) if d.get("tuning") else None,
         )
 
 
@@ -306,8 +312,8 @@ def summary_lines(report: BenchReport) -> list[str]:
         lines.append(line)
     lines += best_against_best_lines(report) + auto_lines(report)
     if report.tuning:
-        for w, t in report.tuning["workloads"].items():
-            lines.append(f"tuned {w}: {t['note']}")
+        for w, t in report.tuning.workloads.items():
+            lines.append(f"tuned {w}: {t.note}")
     return lines + noise_lines(report)
 
 

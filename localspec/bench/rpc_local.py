@@ -1,7 +1,7 @@
 """llama.cpp rpc-servers on this machine, and a TCP proxy on loopback that delays what passes through it:
 what ``localspec bench --rpc-local`` and the RPC tests measure a target over RPC with.
 
-:class:`RpcServer` runs the peer build's ``rpc-server`` (:func:`localspec.bench.peer.rpc_server_binary`)
+:class:`RpcServer` runs the peer build's ``rpc-server`` (:func:`localspec.llama.programs.rpc_server_binary`)
 on ``127.0.0.1`` and waits for its handshake. :class:`DelayProxy` listens on a loopback port and forwards
 every connection to one server, holding each chunk for half the round trip in each direction (the
 order of bytes and the throughput are kept: chunks queue, only their release is late), so a loopback
@@ -19,9 +19,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from localspec.bench.peer import die_with_this_process
 from localspec.errors import BenchError, RpcError
 from localspec.llama import rpc
+from localspec.llama.processes import die_with_this_process, stop
 
 #: The most one rpc-server may take to start answering its handshake.
 READY_TIMEOUT_S = 30.0
@@ -77,13 +77,7 @@ class RpcServer:
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 5 s)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
 
     def __enter__(self) -> RpcServer:
         return self

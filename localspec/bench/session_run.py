@@ -30,12 +30,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localspec.bench.report import NOISE_MARGIN
 from localspec.bench.sessions import SessionWorkload, corpus_files, load_session_workload, run_session
 from localspec.settings import DraftSettings
 from localspec.suffix.calibration import TOKEN_WEIGHT, Cell, TokenCell
+
+if TYPE_CHECKING:
+    from localspec.pipeline.pipeline import Pipeline
+
 
 BASELINE = DraftSettings(strategy="none")
 
@@ -109,10 +113,12 @@ class SessionRun:
         return self.tokens / self.wall_seconds if self.wall_seconds else 0.0
 
 
-def _run_once(pipe: Any, workload: SessionWorkload, config: SessionConfig, max_tokens: int) -> SessionRun:
+def _run_once(
+    pipe: Pipeline, workload: SessionWorkload, config: SessionConfig, max_tokens: int
+) -> SessionRun:
     run = SessionRun()
     s = config.settings
-    kw = {
+    kw: dict[str, Any] = {
         "max_tokens": max_tokens,
         "strategy": s.strategy.name,
         "n_max": s.n_max,
@@ -144,9 +150,10 @@ def _run_once(pipe: Any, workload: SessionWorkload, config: SessionConfig, max_t
 
 
 def _run_peer_once(
-    pipe: Any, workload: SessionWorkload, config: PeerConfig, setup: PeerSetup, max_tokens: int
+    pipe: Pipeline, workload: SessionWorkload, config: PeerConfig, setup: PeerSetup, max_tokens: int
 ) -> SessionRun:
     from localspec.bench import peer
+    from localspec.llama import programs
 
     static = None
     if config.mode == "ngram-cache" and workload.corpus is not None:
@@ -162,7 +169,7 @@ def _run_peer_once(
         n_ctx=setup.n_ctx,
         lookup_static=static,
     )
-    binary = peer.server_binary() or peer.build_server()
+    binary = programs.server_binary() or programs.build_server()
     run = SessionRun()
     with peer.PeerServer(binary, args, setup.work_dir / "logs" / f"{config.mode}.log") as server:
         server.wait_ready()
@@ -193,7 +200,7 @@ class WarmStore:
     tokens: list[TokenCell]
 
 
-def warm_snapshot(pipe: Any, workload: SessionWorkload, max_tokens: int) -> tuple[WarmStore, float]:
+def warm_snapshot(pipe: Pipeline, workload: SessionWorkload, max_tokens: int) -> tuple[WarmStore, float]:
     """Run the warm-up sessions once with the suffix cache; return what a store would then hold (the
     index, and the calibration and token table it keeps for the next process) and the seconds it took."""
     pipe.reset_suffix()
@@ -211,7 +218,7 @@ def warm_snapshot(pipe: Any, workload: SessionWorkload, max_tokens: int) -> tupl
 
 
 def bench_workload(
-    pipe: Any,
+    pipe: Pipeline,
     workload: SessionWorkload,
     configs: list[SessionConfig],
     *,
@@ -264,7 +271,7 @@ def bench_workload(
     }
 
 
-def _start_suffix(pipe: Any, config: SessionConfig, warm: WarmStore | None) -> None:
+def _start_suffix(pipe: Pipeline, config: SessionConfig, warm: WarmStore | None) -> None:
     """The suffix cache as ``config`` starts: warm from the snapshot (with or without its calibration and
     token table), or empty."""
     weight = config.token_weight
@@ -439,7 +446,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 
 def run_bench(
-    pipe: Any,
+    pipe: Pipeline,
     names: list[str],
     *,
     configs: list[SessionConfig] | None = None,

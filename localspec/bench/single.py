@@ -14,15 +14,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localspec import constants
 from localspec.bench import peer as peer_mod
 from localspec.bench.arithmetic import interleaved_order, summarise
 from localspec.bench.report import BenchReport, PeerResult, machine_info
-from localspec.bench.workloads import Prompt, Runner, Workload, load_workloads
+from localspec.bench.workloads import (
+    LLAMA_CPP,
+    LOCALSPEC,
+    Prompt,
+    Runner,
+    RunRecord,
+    Workload,
+    load_workloads,
+)
 from localspec.errors import BenchError
+from localspec.llama import programs
 from localspec.settings import BASELINE, MTP_STRATEGIES, DraftSettings, parse_strategy
+
+if TYPE_CHECKING:
+    from localspec.pipeline.pipeline import Pipeline
 
 # ---------------------------------------------------------------------------------------------- running
 
@@ -57,19 +69,19 @@ def run_interleaved(
     peer: Runner | None = None,
     peer_configs: list[DraftSettings] | None = None,
     progress: Callable[[str], None] | None = None,
-) -> list[dict]:
-    """Run every prompt under the baseline and each config, interleaved; returns run records.
+) -> list[RunRecord]:
+    """Run every prompt under the baseline and each config, interleaved; returns the runs.
 
     With a ``peer`` runner (llama.cpp), its baseline and configs run right after ours on the same prompt,
-    so both sides see the same state of the machine. Records carry ``engine``: "localspec" | "llama.cpp".
+    so both sides see the same state of the machine; its records' ``engine`` is ``LLAMA_CPP``.
     A sequential workload runs all its prompts in order under one config before the next config
     (``benchmath.interleaved_order``). ``baseline_every``: see :func:`plan_configs`.
     """
-    plan = [("localspec", c) for c in plan_configs(configs, baseline_every)]
+    plan = [(LOCALSPEC, c) for c in plan_configs(configs, baseline_every)]
     if peer is not None:
-        plan += [("llama.cpp", c) for c in plan_configs(peer_configs or configs, baseline_every)]
-    runners = {"localspec": runner, "llama.cpp": peer}
-    records: list[dict] = []
+        plan += [(LLAMA_CPP, c) for c in plan_configs(peer_configs or configs, baseline_every)]
+    runners = {LOCALSPEC: runner, LLAMA_CPP: peer}
+    records: list[RunRecord] = []
     for wi, w in enumerate(workloads):
         order = interleaved_order(
             len(w.prompts), len(plan), repeats, warmup and wi == 0, sequential=w.sequential
@@ -79,17 +91,9 @@ def run_interleaved(
             run = runners[engine]
             assert run is not None
             stats = run(prompt, cfg, max_tokens if rep >= 0 else min(8, max_tokens))
-            records.append(
-                {
-                    "engine": engine,
-                    "workload": w.name,
-                    "prompt_id": prompt.id,
-                    "config": cfg.label,
-                    "repeat": rep,
-                    "stats": stats,
-                }
-            )
-            if progress and rep >= 0:
+            record = RunRecord(engine, w.name, prompt.id, cfg.label, rep, stats)
+            records.append(record)
+            if progress and record.counted:
                 progress(
                     f"{engine} {w.name} {prompt.id} {cfg.label}: {stats.get('generated_tokens', 0)} tokens, "
                     f"{stats.get('tokens_per_second') or 0:.2f} tok/s"
@@ -97,16 +101,17 @@ def run_interleaved(
     return records
 
 
-def render(pipe: Any, prompt: Prompt) -> tuple[list[int], list[str]]:
+def render(pipe: Pipeline, prompt: Prompt) -> tuple[list[int], list[str]]:
     """The exact token ids (and stop strings) a prompt becomes: chat prompts through the target's own chat
-    template, others as plain text. Both localspec and the llama.cpp peer are fed these ids."""
-    if prompt.chat and _has_chat_template(pipe):
+    template, others as plain text (as are chat prompts for a model without a chat template, such as the
+    embedded tiny pair). Both localspec and the llama.cpp peer are fed these ids."""
+    if prompt.chat and pipe.chat_template is not None:
         tokens, stops = pipe.format_chat([{"role": "user", "content": prompt.text}])
         return list(tokens), list(stops)
     return list(pipe.tokenize(prompt.text)), []
 
 
-def check_prompts_fit(pipe: Any, workloads: Sequence[Workload], max_tokens: int) -> None:
+def check_prompts_fit(pipe: Pipeline, workloads: Sequence[Workload], max_tokens: int) -> None:
     """Refuse, before the first run, a prompt that with ``max_tokens`` does not fit the context: found
     mid-run it ended minutes of benchmarking without naming the prompt."""
     for w in workloads:
@@ -121,16 +126,8 @@ def check_prompts_fit(pipe: Any, workloads: Sequence[Workload], max_tokens: int)
                 )
 
 
-def _has_chat_template(pipe: Any) -> bool:
-    """A model without a chat template (the embedded tiny pair) gets chat prompts as plain text."""
-    try:
-        return bool(pipe._target.metadata.get("tokenizer.chat_template"))
-    except AttributeError:
-        return True
-
-
 def engine_runner(
-    pipe: Any, *, temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0
+    pipe: Pipeline, *, temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0
 ) -> Runner:
     """A runner on a localspec pipeline (``Pipeline.stream_tokens`` on the rendered prompt)."""
     cache: dict[str, tuple[list[int], list[str]]] = {}
@@ -168,12 +165,12 @@ def engine_runner(
 # ---------------------------------------------------------------------------------------------- one call
 
 
-def default_strategies(pipe: Any) -> list[str]:
+def default_strategies(pipe: Pipeline) -> list[str]:
     """Both drafters when the pair has a draft model, n-gram lookup otherwise."""
     return ["model", "ngram"] if pipe.info.draft_path is not None else ["ngram"]
 
 
-def pipe_settings(pipe: Any, strategy: str, *, adaptive: bool = False) -> DraftSettings:
+def pipe_settings(pipe: Pipeline, strategy: str, *, adaptive: bool = False) -> DraftSettings:
     """``strategy`` with the pipeline's own draft length and p_min (the pair's, preset's or user's), as a call
     with that strategy runs (:meth:`~localspec.settings.DraftSettings.switched_to`: the suffix-cache
     strategies size their own drafts)."""
@@ -192,7 +189,7 @@ def open_pipeline(
     rpc: str | None = None,
     tensor_split: Sequence[float] | None = None,
     strategy: str | None = None,
-) -> Any:
+) -> Pipeline:
     """The pipeline a bench measures (``rpc``: the target's layers on those rpc-servers; ``strategy``: the one
     it loads for, ``"mtp"`` to load the target's MTP layers); never the user's suffix store."""
     from localspec.pipeline.loading import load
@@ -212,7 +209,7 @@ def open_pipeline(
     )
 
 
-def pair_info(pipe: Any) -> dict[str, Any]:
+def pair_info(pipe: Pipeline) -> dict[str, Any]:
     info = pipe.info
     return {
         "target": str(info.target_path),
@@ -306,7 +303,7 @@ def benchmark(
 
 
 def _start_peer(
-    pipe: Any,
+    pipe: Pipeline,
     peer_configs: list[DraftSettings],
     threads: int,
     temperature: float,
@@ -327,7 +324,7 @@ def _start_peer(
 
 
 def _settings_to_measure(
-    pipe: Any, strategies: Sequence[str] | None, configs: Sequence[DraftSettings] | None, adaptive: bool
+    pipe: Pipeline, strategies: Sequence[str] | None, configs: Sequence[DraftSettings] | None, adaptive: bool
 ) -> tuple[list[str], list[DraftSettings]]:
     """The strategies and the settings a bench measures: ``configs`` as given, else each strategy at the
     pipeline's draft length and p_min (and adaptive too with ``adaptive``)."""
@@ -354,16 +351,15 @@ PEER_NOTE = (
 
 
 def _report(
-    pipe: Any,
+    pipe: Pipeline,
     wl: list[Workload],
     configs: list[DraftSettings],
-    records: list[dict],
+    records: list[RunRecord],
     settings: dict[str, Any],
     peer_configs: list[DraftSettings] | None,
 ) -> BenchReport:
     """The cells of our side and (when it ran) llama.cpp's, with where and how they were measured."""
     cells, line = summarise(wl, configs, records)
-    runs = [{**r, "stats": {**r["stats"], "text": (r["stats"].get("text") or "")[:300]}} for r in records]
     result = BenchReport(
         machine=machine_info(settings["threads"]),
         settings=settings,
@@ -371,10 +367,10 @@ def _report(
         cells=cells,
         memory=pipe.memory.as_dict(),
         verify_line=line,
-        runs=runs,
+        runs=records,
     )
     if peer_configs is not None:
-        peer_cells, _ = summarise(wl, peer_configs, records, engine="llama.cpp")
-        note = PEER_NOTE.format(version=peer_mod.installed_version(), binary=peer_mod.server_binary())
+        peer_cells, _ = summarise(wl, peer_configs, records, engine=LLAMA_CPP)
+        note = PEER_NOTE.format(version=programs.installed_version(), binary=programs.server_binary())
         result.peer = PeerResult(peer_cells, note)
     return result

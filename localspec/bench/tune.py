@@ -19,6 +19,7 @@ from localspec.bench.single import (
     pair_info,
     run_interleaved,
 )
+from localspec.bench.tuning import TARGET_ALONE, Tuning, Winner, WorkloadTuning, ranked
 from localspec.bench.workloads import Runner, Workload, load_workloads
 from localspec.errors import BenchError
 from localspec.settings import (
@@ -34,14 +35,6 @@ from localspec.settings import (
     DraftSettings,
 )
 
-#: The tuner's honest answer when nothing beats the target alone.
-_TARGET_ALONE = {
-    "config": BASELINE.label,
-    "strategy": BASELINE.strategy.name,
-    "n_max": None,
-    "p_min": None,
-    "speedup": 1.0,
-}
 #: How many configs run between two baselines in a sweep (see ``bench.plan_configs``).
 BASELINE_EVERY = 4
 
@@ -79,13 +72,13 @@ def tune(
     max_tokens: int,
     margin: float = 0.02,
     progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> Tuning:
     """Measure every config per workload (baselines interleaved) and pick the fastest.
 
     The winner must beat the target alone by ``margin`` (default 2%); otherwise the honest answer is
     ``none``: run the target alone for that workload.
     """
-    result: dict[str, Any] = {"configs": [c.label for c in configs], "margin": margin, "workloads": {}}
+    result = Tuning(configs=[c.label for c in configs], margin=margin, workloads={})
     for w in workloads:
         records = run_interleaved(
             runner,
@@ -96,72 +89,38 @@ def tune(
             baseline_every=BASELINE_EVERY,
             progress=progress,
         )
-        cells, _ = summarise([w], configs, records)
-        ranked = sorted(cells, key=lambda c: -(c.speedup if not math.isnan(c.speedup) else 0))
-        best = ranked[0] if ranked else None
+        cells = ranked(summarise([w], configs, records)[0])
+        best = cells[0] if cells else None
         if best is not None and best.speedup >= 1.0 + margin:
-            winner = {
-                "strategy": best.strategy,
-                "n_max": best.n_max,
-                "p_min": best.p_min,
-                "adaptive": best.adaptive,
-                "speedup": best.speedup,
-                "config": best.config,
-            }
-            note = f"{best.config} at {best.speedup:.2f}x"
+            winner, note = Winner.of(best), f"{best.config} at {best.speedup:.2f}x"
         else:
-            winner = {**_TARGET_ALONE}
+            winner = TARGET_ALONE
             note = "nothing beat the target alone" + (
                 f" (best: {best.config} at {best.speedup:.2f}x)" if best else ""
             )
-        result["workloads"][w.name] = {
-            "records": records,
-            "winner": winner,
-            "note": note,
-            "cells": [
-                {
-                    "config": c.config,
-                    "strategy": c.strategy,
-                    "n_max": c.n_max,
-                    "p_min": c.p_min,
-                    "adaptive": c.adaptive,
-                    "speedup": c.speedup,
-                    "acceptance_rate": c.acceptance_rate,
-                    "speculative_tps": c.speculative_tps,
-                    "baseline_tps": c.baseline_tps,
-                }
-                for c in ranked
-            ],
-        }
+        result.workloads[w.name] = WorkloadTuning(cells, winner, note)
+    result.overall = overall_winner(result)
     return result
 
 
-def overall_winner(tuning: dict[str, Any]) -> dict[str, Any]:
+def overall_winner(tuning: Tuning) -> Winner:
     """The config with the best geometric-mean speedup over all tuned workloads (``none`` if none beats 1)."""
     scores: dict[str, list[float]] = {}
-    for wres in tuning["workloads"].values():
-        for c in wres["cells"]:
-            if c["speedup"] and not math.isnan(c["speedup"]):
-                scores.setdefault(c["config"], []).append(c["speedup"])
-    n = len(tuning["workloads"])
-    cells = {c["config"]: c for w in tuning["workloads"].values() for c in w["cells"]}
-    best_label, best = BASELINE.label, 1.0 + tuning.get("margin", 0.0)
+    for wres in tuning.workloads.values():
+        for c in wres.cells:
+            if c.speedup and not math.isnan(c.speedup):
+                scores.setdefault(c.config, []).append(c.speedup)
+    n = len(tuning.workloads)
+    cells = {c.config: c for w in tuning.workloads.values() for c in w.cells}
+    best_label, best = BASELINE.label, 1.0 + tuning.margin
     for label, vals in scores.items():
         if len(vals) == n:
             g = math.exp(sum(math.log(v) for v in vals) / n)
             if g >= best:
                 best_label, best = label, g
     if best_label == BASELINE.label:
-        return {**_TARGET_ALONE}
-    c = cells[best_label]
-    return {
-        "config": best_label,
-        "strategy": c["strategy"],
-        "n_max": c["n_max"],
-        "p_min": c["p_min"],
-        "adaptive": bool(c.get("adaptive")),
-        "speedup": best,
-    }
+        return TARGET_ALONE
+    return Winner.of(cells[best_label], speedup=best)
 
 
 #: One part of a list of draft lengths: ``"4"`` or ``"2-6"`` (ASCII digits only: no signs, no ``1_000``).
@@ -340,11 +299,7 @@ def tune_benchmark(
         runner = engine_runner(pipe, temperature=temperature)
         runner(wl[0].prompts[0], BASELINE, min(8, max_tokens))  # warm-up, not counted
         tuning = tune(runner, wl, configs, max_tokens=max_tokens, margin=margin, progress=progress)
-        cells = []
-        for w in wl:
-            cs, _ = summarise([w], configs, tuning["workloads"][w.name].pop("records"))
-            cells += sorted(cs, key=lambda c: -(c.speedup if c.speedup == c.speedup else 0))
-        tuning["overall"] = overall_winner(tuning)
+        cells = [c for t in tuning.workloads.values() for c in t.cells]
         settings = {
             "max_tokens": max_tokens,
             "temperature": temperature,
@@ -369,13 +324,13 @@ def tune_benchmark(
         pipe.close()
 
 
-def _draft_table(winner: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"strategy": winner["strategy"]}
-    if winner.get("n_max"):
-        out["n_max"] = int(winner["n_max"])
-    if winner.get("p_min") is not None:
-        out["p_min"] = float(winner["p_min"])
-    out["adaptive"] = bool(winner.get("adaptive"))
+def _draft_table(winner: Winner) -> dict[str, Any]:
+    out: dict[str, Any] = {"strategy": winner.strategy}
+    if winner.n_max:
+        out["n_max"] = int(winner.n_max)
+    if winner.p_min is not None:
+        out["p_min"] = float(winner.p_min)
+    out["adaptive"] = winner.adaptive
     return out
 
 
@@ -383,24 +338,22 @@ def save_winners(report: BenchReport, name: str, *, preset: str | None = None) -
     """Write the overall winner as user preset ``name`` and each workload's winner as ``name-<workload>``.
 
     Built on ``preset`` when the bench ran one (its download references are kept), else on local paths.
-    Returns the paths written; a user preset of the same name is replaced, and
-    ``report.tuning["replaced"]`` lists the paths that held one before.
+    Returns the paths written; a user preset of the same name is replaced, and ``report.tuning.replaced``
+    lists the paths that held one before.
     """
     from localspec.hub.presets import get_preset, save_user_preset, user_preset_path
 
     tuning, pair = report.tuning, report.pair
     if tuning is None:
         raise BenchError("no tuning to save", hint="run localspec bench --tune")
-    winners = [(name, tuning["overall"])] + [
-        (f"{name}-{w}", t["winner"]) for w, t in tuning["workloads"].items()
-    ]
+    winners = [(name, tuning.overall)] + [(f"{name}-{w}", t.winner) for w, t in tuning.workloads.items()]
     paths = []
-    tuning["replaced"] = [
+    tuning.replaced = [
         str(user_preset_path(pname)) for pname, _ in winners if user_preset_path(pname).exists()
     ]
     for pname, win in winners:
         draft = _draft_table(win)
-        desc = f"tuned by localspec bench: {win['config']} ({win.get('speedup', 1.0):.2f}x)"
+        desc = f"tuned by localspec bench: {win.config} ({win.speedup:.2f}x)"
         if preset:
             base = get_preset(preset)
             settings = replace(base.draft, **draft)

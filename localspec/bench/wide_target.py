@@ -20,9 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from localspec import constants
-from localspec.bench import peer  # its build of the vendored llama.cpp makes llama-quantize too
 from localspec.errors import BenchError
 from localspec.gguf.meta import model_file_stem, read_metadata
+from localspec.llama import programs
+from localspec.llama.processes import call_as_group
 from localspec.settings import DraftSettings
 
 #: What ``bench --wide-target`` runs when no ``--strategy`` is given (what scripts/bench_big_target.py ran):
@@ -112,7 +113,7 @@ def wide_target(
         except (OSError, ValueError):
             pass  # a torn or foreign note: make the file again
     _check_room(folder, _expected_bytes(src, wide_type), src, wide_type)
-    tool = peer.quantize_binary(log=log)
+    tool = programs.quantize_binary(log=log)
     say = log or (lambda _m: None)
     say(f"re-encoding {src.name} at {wide_type} with llama-quantize (once; kept in {folder}) ...")
     partial = out.with_name(out.name + ".part")
@@ -121,7 +122,7 @@ def wide_target(
     try:
         with open(logfile, "w", encoding="utf-8") as fh:
             # as a process group that a Ctrl-C or a SIGTERM to this process takes down with it
-            status = peer.call_as_group(cmd, cwd=None, stdout=fh)
+            status = call_as_group(cmd, cwd=None, stdout=fh)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise

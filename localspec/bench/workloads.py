@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localspec.constants import PACKAGE_DIR
 from localspec.errors import BenchError
@@ -167,3 +168,51 @@ def load_workloads(
 #: (``GenerationStats.as_dict()`` plus ``text``): ``bench.engine_runner`` for localspec, ``peer.peer_runner``
 #: for llama.cpp.
 Runner = Callable[[Prompt, DraftSettings, int], dict]
+
+#: The engine of our side's runs, and of llama.cpp's (``--peer``).
+LOCALSPEC, LLAMA_CPP = "localspec", "llama.cpp"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run of one prompt under one setting: what :func:`localspec.bench.single.run_interleaved` keeps,
+    :func:`localspec.bench.arithmetic.summarise` groups into cells and a report writes (:meth:`as_dict`)."""
+
+    engine: str  # LOCALSPEC or LLAMA_CPP
+    workload: str  # Workload.name
+    prompt_id: str  # Prompt.id
+    config: str  # DraftSettings.label
+    repeat: int  # 0, 1, ...; -1: an uncounted warm-up
+    stats: dict  # what the runner returned (GenerationStats.as_dict() plus ``text``)
+
+    @property
+    def counted(self) -> bool:
+        """Whether the run counts (a warm-up does not)."""
+        return self.repeat >= 0
+
+    def as_dict(self, *, text_chars: int | None = None) -> dict[str, Any]:
+        """The record as a report writes it; ``text_chars``: the generated text cut to that length."""
+        stats = self.stats
+        if text_chars is not None:
+            stats = {**stats, "text": (stats.get("text") or "")[:text_chars]}
+        return {
+            "engine": self.engine,
+            "workload": self.workload,
+            "prompt_id": self.prompt_id,
+            "config": self.config,
+            "repeat": self.repeat,
+            "stats": stats,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunRecord:
+        """A record read back from :meth:`as_dict` (a bench.json; one written before engines were named is
+        ours)."""
+        return cls(
+            engine=str(d.get("engine") or LOCALSPEC),
+            workload=str(d["workload"]),
+            prompt_id=str(d["prompt_id"]),
+            config=str(d["config"]),
+            repeat=int(d["repeat"]),
+            stats=dict(d.get("stats") or {}),
+        )

@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -31,6 +31,10 @@ from localspec.settings import (
     REPEATS_RANGE,
     SPECULATIVE_STRATEGIES,
 )
+
+if TYPE_CHECKING:
+    from localspec.bench.session_run import PeerSetup
+    from localspec.pipeline.pipeline import Pipeline
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -543,7 +547,7 @@ def _tune(o: BenchOptions) -> Any:
 
         # the embedded pair is saved by its preset (files named inside the package, not by path)
         base = o.preset or (constants.EMBEDDED_PRESET if o.target is None else None)
-        result.tuning["saved"] = save_winners(result, o.save_preset, preset=base)
+        result.tuning.saved = save_winners(result, o.save_preset, preset=base)
     return result
 
 
@@ -595,9 +599,8 @@ def _print_report(result: Any, *, files: dict[str, Path] | None, as_json: bool) 
     if files is None:
         return
     _say_build_note()
-    tuning = result.tuning or {}
-    replaced = set(tuning.get("replaced", []))
-    for path in tuning.get("saved", []):
+    saved, replaced = (result.tuning.saved, set(result.tuning.replaced)) if result.tuning else ([], set())
+    for path in saved:
         click.echo(f"{'replaced' if path in replaced else 'saved'} preset {path}")
     click.echo(f"\nwrote {files['json']}, {files['markdown']}, {files['png']}")
 
@@ -662,13 +665,14 @@ def _bench_sessions(o: BenchOptions) -> None:
         _say_build_note()
 
 
-def _session_peer(o: BenchOptions, pipe: Any, log: Callable[[str], None]) -> Any:
+def _session_peer(o: BenchOptions, pipe: Pipeline, log: Callable[[str], None]) -> PeerSetup:
     """llama.cpp's side of a session bench: its modes (``--peer-modes``; draft-simple only with a draft)."""
     from localspec.bench import peer as peer_mod
     from localspec.bench.session_run import PeerSetup
+    from localspec.llama.build import cpu_flags, installed_system_info
 
     # the same kernels on both sides: a native peer next to an AVX2 wheel compares builds
-    flags = peer_mod.cpu_flags(peer_mod.installed_system_info())
+    flags = cpu_flags(installed_system_info())
     log(f"the llama.cpp peer is built with: {' '.join(flags) or 'the native CPU features'}")
     modes = _split(o.peer_modes) or list(peer_mod.SESSION_MODES)
     return PeerSetup(
@@ -683,7 +687,7 @@ def _session_peer(o: BenchOptions, pipe: Any, log: Callable[[str], None]) -> Any
 
 def _say_build_note() -> None:
     """After a speed report: say so when llama.cpp was built without CPU features this machine has."""
-    from localspec.bench.peer import build_note
+    from localspec.llama.build import build_note
 
     note = build_note()
     if note:

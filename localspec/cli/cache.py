@@ -276,7 +276,7 @@ def _tokenize(model: Path, texts: list[str]) -> list[list[int]]:
     """Token ids of each text with the model's own tokenizer (vocab_only: no weights are loaded)."""
     import llama_cpp
 
-    from localspec.llama.runtime import quiet_stderr
+    from localspec.llama.logs import quiet_stderr
 
     try:
         with quiet_stderr():

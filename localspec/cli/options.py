@@ -7,11 +7,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from localspec import constants, settings
+
+if TYPE_CHECKING:
+    from localspec.pipeline.pipeline import Pipeline
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -218,7 +221,7 @@ def check_strategies_have_a_draft(strategies: list[str], draft: str | None) -> N
             )
 
 
-def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
+def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Pipeline:
     """:func:`localspec.load` from the options of :func:`model_options` (usage errors raised first)."""
     import localspec
 

@@ -105,7 +105,7 @@ def rpc_server(host: str, port: int, threads: int | None, cache: bool, insecure_
     Built once (minutes) from the llama.cpp that llama-cpp-python vendors, with the same CPU features, so
     both ends speak the same RPC protocol. Stop it with Ctrl-C.
     """
-    from localspec.bench.peer import built_rpc_server, rpc_server_binary
+    from localspec.llama.programs import built_rpc_server, rpc_server_binary
     from localspec.serve.exposure import check_rpc_exposure
 
     line = check_rpc_exposure(host, port, insecure_expose=insecure_expose)
@@ -133,7 +133,7 @@ def run_server(cmd: list[str], endpoint: Endpoint, *, on_ready: Callable[[], Non
     Raises:
         RpcError: the server exited, or did not answer within :data:`READY_TIMEOUT_S`, before it served.
     """
-    from localspec.bench.peer import die_with_this_process, stop_on_sigterm
+    from localspec.llama.processes import die_with_this_process, stop, stop_on_sigterm
 
     proc = subprocess.Popen(cmd, **die_with_this_process())
     try:
@@ -143,7 +143,7 @@ def run_server(cmd: list[str], endpoint: Endpoint, *, on_ready: Callable[[], Non
                 on_ready()
             return proc.wait()
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _wait_ready(proc: subprocess.Popen, endpoint: Endpoint) -> None:
@@ -164,16 +164,6 @@ def _wait_ready(proc: subprocess.Popen, endpoint: Endpoint) -> None:
                     hint="see what it printed above",
                 ) from None
             time.sleep(0.1)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 COMMANDS = [rpc_server]

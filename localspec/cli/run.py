@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,6 +22,9 @@ from localspec.cli.options import (
 from localspec.constrain.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_CHARS, Grammar
 from localspec.errors import ContextOverflowError, GrammarError
 from localspec.settings import PROMPT_LOOKUP
+
+if TYPE_CHECKING:
+    from localspec.pipeline.pipeline import Pipeline
 
 
 @click.command("run")
@@ -139,7 +142,7 @@ def run(
                 _echo_slower(stats, adaptive=model["adaptive"])
 
 
-def _start(pipe: Any, prompt: str, chat: bool, option: str, kw: dict[str, Any]) -> Iterator[Any]:
+def _start(pipe: Pipeline, prompt: str, chat: bool, option: str, kw: dict[str, Any]) -> Iterator[Any]:
     """The token stream of the run; a grammar is parsed here, with the target's vocabulary: a broken one
     is a usage error of ``option``."""
     try:
@@ -170,7 +173,7 @@ def _echo_stream(stream: Iterator[Any], as_json: bool) -> tuple[str, Any]:
     return "".join(parts), last.stats
 
 
-def _measure_baseline(pipe: Any, prompt: str, chat: bool, stats: Any, kw: dict[str, Any]) -> None:
+def _measure_baseline(pipe: Pipeline, prompt: str, chat: bool, stats: Any, kw: dict[str, Any]) -> None:
     """``--baseline``: the target alone on the same prompt, once; its speed sets ``stats.speedup``."""
     base = (
         pipe.chat([{"role": "user", "content": prompt}], baseline=True, **kw)
@@ -181,7 +184,7 @@ def _measure_baseline(pipe: Any, prompt: str, chat: bool, stats: Any, kw: dict[s
         stats.speedup = stats.tokens_per_second / base.stats.tokens_per_second
 
 
-def _echo_json(pipe: Any, text: str, stats: Any) -> None:
+def _echo_json(pipe: Pipeline, text: str, stats: Any) -> None:
     click.echo(
         json.dumps(
             {

@@ -40,7 +40,7 @@ from llama_cpp.llama_grammar import JSON_GBNF, RESERVED_NAMES, SchemaConverter
 
 from localspec.constrain.number_ranges import Bound, integer_range_gbnf, number_range, number_range_gbnf
 from localspec.errors import GrammarError, LocalspecError
-from localspec.llama.runtime import llama_said
+from localspec.llama.logs import llama_said
 from localspec.llama.sampling import SamplingParams, distribution, sample
 
 #: Refused draws before a sampled token is drawn from the fully masked distribution instead.

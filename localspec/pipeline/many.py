@@ -4,16 +4,28 @@ prompt is done, each prompt's tokens collected (and handed to a callback) in ord
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from localspec import constants
-from localspec.decoding.engine import TokenResponse
+from localspec.decoding.batch import Batch
+from localspec.decoding.engine import Generation, TokenResponse
 from localspec.errors import SettingsError
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline.results import GenerationResult, collect
 
-if TYPE_CHECKING:
-    from localspec.pipeline.pipeline import Pipeline
+
+class Runs(Protocol):
+    """What :func:`generate_many` uses of a :class:`~localspec.pipeline.pipeline.Pipeline` (a protocol: the
+    pipeline imports this module)."""
+
+    trace: list[tuple[int, bool, int, float]] | None
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def start_tokens(self, tokens: list[int], **kwargs: Any) -> Generation: ...
+
+    def batch(self) -> Batch: ...
+
 
 #: :meth:`Pipeline.stream_tokens`'s sampling arguments, in :class:`SamplingParams`' order.
 SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed")
@@ -49,7 +61,7 @@ def start_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def generate_many(
-    pipe: Pipeline,
+    pipe: Runs,
     prompts: Sequence[str],
     on_token: Callable[[int, TokenResponse], None] | None,
     kwargs: dict[str, Any],

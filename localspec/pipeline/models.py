@@ -102,12 +102,7 @@ def load_models(
     asked = None
     if info.n_ctx_train and n_ctx > info.n_ctx_train:
         asked, n_ctx = n_ctx, info.n_ctx_train
-    mtp = settings.uses_mtp or info.assistant
-    reason = "asked for"
-    if parallel is None:
-        parallel, reason = choose_parallel(info, n_ctx=n_ctx, mtp=mtp)
-    check_sequences(parallel, mtp=mtp, what=info.target_path.name)
-    check_parallel_fits(info, n_ctx=n_ctx, parallel=parallel)
+    parallel, reason = _sequences(info, settings, n_ctx, parallel)
     offload = supports_gpu_offload()
     facts = LoadFacts(
         threads,
@@ -195,6 +190,17 @@ def _file_has_mtp(info: PairInfo) -> bool:
         return mtp_layers(read_metadata(info.target_path))[1] > 0
     except LocalspecError:
         return False
+
+
+def _sequences(info: PairInfo, settings: DraftSettings, n_ctx: int, parallel: int | None) -> tuple[int, str]:
+    """The sequences each model holds (``parallel``, or chosen when None) and why, checked."""
+    mtp = settings.uses_mtp or info.assistant
+    reason = "asked for"
+    if parallel is None:
+        parallel, reason = choose_parallel(info, n_ctx=n_ctx, mtp=mtp)
+    check_sequences(parallel, mtp=mtp, what=info.target_path.name)
+    check_parallel_fits(info, n_ctx=n_ctx, parallel=parallel)
+    return parallel, reason
 
 
 def choose_parallel(info: PairInfo, *, n_ctx: int, mtp: bool) -> tuple[int, str]:

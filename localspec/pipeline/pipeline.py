@@ -177,12 +177,6 @@ class Pipeline:
 
     # Facts ------------------------------------------------------------------------------------
     @property
-    def target(self) -> Model:
-        """The loaded target model, to read (its sequences, memory kind, rollback counts); generating goes
-        through the pipeline."""
-        return self._target
-
-    @property
     def n_ctx(self) -> int:
         """The context llama.cpp really gave (it rounds up what was asked)."""
         return self._target.n_ctx
@@ -217,6 +211,17 @@ class Pipeline:
     def metadata(self) -> dict[str, str]:
         """The target's GGUF metadata (chat template, architecture, ...)."""
         return self._target.metadata
+
+    @property
+    def target(self) -> Model:
+        """The loaded target model, to read (its vocabulary, tokenizer, KV cache, MTP layers); generation goes
+        through the pipeline's own calls, which hold the engine's lock."""
+        return self._target
+
+    @property
+    def draft(self) -> Model | None:
+        """The loaded draft model, to read; None when the strategy runs none."""
+        return self._draft
 
     @property
     def trace(self) -> list[tuple[int, bool, int, float]] | None:
