@@ -257,4 +257,8 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Any:
         **{k: v for k, v in gpu.items() if v is not None},
     )
     pipe.notify = lambda line: click.echo(f"localspec: {line}", err=True)
+    if opts["preset"] is not None:
+        from localspec.hub.recent import remember_preset
+
+        remember_preset(opts["preset"])  # what `localspec ui` opens on next
     return pipe
