@@ -145,8 +145,9 @@ _OPTIONS: dict[str, Callable[[Any], Any]] = {
     "corpus": click.option(
         "--corpus",
         type=click.Path(exists=True, file_okay=False),
-        help="A folder (your repository, notes) the suffix cache drafts from (strategies suffix, "
-        "model+suffix, auto); it replaces the corpus `localspec index` stored for this model's vocabulary.",
+        help="A folder (your repository, notes) the suffix cache drafts from (strategies "
+        f"{', '.join(settings.SUFFIX_STRATEGIES)}); it replaces the corpus `localspec index` stored for this "
+        "model's vocabulary.",
     ),
     "no_store": click.option(
         "--no-store",
