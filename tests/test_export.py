@@ -159,3 +159,13 @@ def test_vllm_takes_one_method_for_a_chain_and_says_so():
     out = vllm(DraftSettings(strategy="mtp+suffix", n_max=3), Path("t.gguf"), None, n_ctx=4096)
     assert out.speculative == {"method": "mtp", "num_speculative_tokens": 3}
     assert any("one method" in n for n in out.notes)
+
+
+def test_a_model_strategy_over_a_suffix_presets_cap_does_not_draft_the_cap():
+    """`export qwen2.5-coder-1.5b --strategy model+suffix`: the preset's n_max 32 caps its lookups."""
+    over = AUTO.with_overrides(strategy="model+suffix")
+    out = export_setting(over, origin="o", draft=Path("d.gguf"), costs=None)
+    assert out.settings.n_max == DraftSettings().n_max and out.lookup_max == LOOKUP_N_MAX
+    assert "cap on lookups" in out.source
+    predicted = export_setting(over, origin="o", draft=Path("d.gguf"), costs=_costs(0.05))
+    assert "should give" in predicted.source

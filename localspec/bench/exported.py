@@ -142,6 +142,15 @@ def export_setting(
     if kind.routed:
         return _routed(settings, origin=origin, draft=draft, costs=costs, length_given=length_given)
     lookup_max = settings.n_max if kind.combined else None
+    unmeasured = costs is None or costs.draft_ratio is None
+    if kind.model and settings.adaptive and unmeasured and settings.n_max > ROUTED_MODEL_N_MAX:
+        k = DraftSettings().n_max  # a lookup cap (a suffix-cache preset's 32) is no draft model's length
+        why = (
+            f"{origin} {settings.label}: this machine's costs for the pair are not measured yet and "
+            f"{settings.n_max} is a cap on lookups, so the draft model drafts the fixed {k} tokens a named "
+            "pair drafts by default (a run of the pair measures the costs once; export again then)"
+        )
+        return ExportSetting(settings.with_overrides(n_max=k), lookup_max, why)
     if not (kind.model and settings.adaptive) or length_given or costs is None:
         why = _fixed_why(settings, origin, costs, length_given)
         return ExportSetting(settings, lookup_max, why)
