@@ -169,3 +169,24 @@ def test_a_model_strategy_over_a_suffix_presets_cap_does_not_draft_the_cap():
     assert "cap on lookups" in out.source
     predicted = export_setting(over, origin="o", draft=Path("d.gguf"), costs=_costs(0.05))
     assert "should give" in predicted.source
+
+
+def test_export_md_names_every_flag_the_export_emits_for_each_strategy():
+    """export.md's `model` row lacked --spec-draft-threads, which every model export carries."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "export.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
+    for strategy, row in (
+        ("model", "`model` (draft length k, n_min, p_min)"),
+        ("suffix", "`suffix` (lookups up to L)"),
+    ):
+        argv = llama_server(
+            DraftSettings(strategy=strategy), Path("t.gguf"), Path("d.gguf"), n_ctx=64, threads=2
+        ).argv
+        spec = argv[argv.index("--spec-type") :]
+        missing = [a for a in spec if a.startswith("--") and a not in rows[row]]
+        assert not missing, (strategy, missing)
+    chained = llama_server(
+        DraftSettings(strategy="model+suffix"), Path("t.gguf"), Path("d.gguf"), n_ctx=64, threads=2
+    )
+    kinds = chained.argv[chained.argv.index("--spec-type") + 1]
+    assert f"`--spec-type {kinds}`" in rows["`model+ngram`, `model+suffix`"]
