@@ -31,6 +31,7 @@ a gemma4 of FFN width 16384 and 32 layers (about 810 MB of F32).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
 import re
@@ -141,12 +142,13 @@ def cpu_name() -> str:
     return f"{name.group(1).strip() if name else platform.machine()} ({level})"
 
 
-def table(rows: list[dict], machine: str) -> str:
-    """The Markdown table of a run (with llama.cpp's acceptance when the run recorded it)."""
+def table(rows: list[dict], machine: str, measured: str | None = None) -> str:
+    """The Markdown table of a run (with llama.cpp's acceptance when the run recorded it), under a line that
+    says what it ran on and when (``measured``: the run's date, YYYY-MM-DD)."""
     theirs_accepted = any("llama_cpp_acceptance" in r for r in rows)
     extra = " llama.cpp accepted |" if theirs_accepted else ""
     lines = [
-        machine,
+        f"{machine}; measured {measured}" if measured else machine,
         "",
         "| arch | draft | accepted | rollback ms | replayed | round ms | tok/s | llama.cpp |"
         + extra
@@ -233,7 +235,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
-        print(table(saved["rows"], saved["machine"]))
+        print(table(saved["rows"], saved["machine"], saved.get("measured")))
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,9 +261,11 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     machine = f"{cpu_name()}, {args.threads} threads, n_max {args.n_max}, {args.tokens} tokens, greedy"
-    print("\n" + table(rows, machine))
+    measured = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    print("\n" + table(rows, machine, measured))
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
+        saved = {"machine": machine, "measured": measured, "rows": rows}
+        args.json.write_text(json.dumps(saved, indent=2) + "\n")
     return 0
 
 

@@ -58,7 +58,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def ui_server(env_extra: dict[str, str], log_path: Path, timeout: float = 60.0) -> Iterator[str]:
+def ui_server(env_extra: dict[str, str], log_path: Path, timeout: float = 300.0) -> Iterator[str]:
     """Run ``python -m localspec ui --port N`` and yield its URL once it answers; stop it afterwards."""
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", **env_extra}
@@ -96,6 +96,33 @@ def ui_server(env_extra: dict[str, str], log_path: Path, timeout: float = 60.0) 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+#: How long a page may show no change at all while a test waits for it: the slowest legitimate step between
+#: two changes (a model's load, a first run that measures this machine's costs) on a busy 2-core machine.
+STALL_SECONDS = 180.0
+#: What shows progress: the page's text (a run's streamed output and stats, a bench's progress bar).
+_PROGRESS = "() => document.body.innerText"
+
+
+def wait_on_page(page, condition: str, *, arg=None, what: str = "", stall: float = STALL_SECONDS) -> None:
+    """Wait until the JavaScript ``condition`` (called with ``arg``) holds on ``page``, for as long as the
+    page keeps changing: a run streaming a thousand tokens on a busy machine takes minutes, and a deadline
+    short of that failed tests that were only slow. Fails when nothing on the page changed for ``stall`` s."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    seen, since = page.evaluate(_PROGRESS), time.monotonic()
+    while True:
+        try:
+            page.wait_for_function(condition, arg=arg, timeout=5_000)
+            return
+        except PlaywrightTimeout:
+            now = page.evaluate(_PROGRESS)
+            if now != seen:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since > stall:
+                said = f"the page did not change for {stall:.0f} s waiting for {what or condition}"
+                raise AssertionError(said) from None
 
 
 @contextmanager

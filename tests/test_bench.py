@@ -918,6 +918,7 @@ def test_bench_refuses_a_bad_sweep_before_anything_loads(no_model_loads, tmp_pat
         (["--sessions", "agent", "--temperature", "0.7"], "--temperature does not apply with --sessions: "),
         (["--sessions", "agent", "--strategy", "ngram"], "--strategy does not apply with --sessions: "),
         (["--sessions", "agent", "--tune"], "--tune does not apply with --sessions: "),
+        (["--sessions", "agent", "--wide-target", "F16"], "--wide-target does not apply with --sessions: "),
         (
             ["--sessions", "agent", "--limit", "2"],
             "--limit does not apply with --sessions: it cuts single-prompt workloads; every request",
@@ -1210,3 +1211,19 @@ def test_a_combinations_lookup_time_is_told_apart_from_its_models():
     assert benchmath.summarise_cell(
         "w", DraftSettings("model", 4, p_min=0.0), base, older
     ).c == pytest.approx(0.4)
+
+
+def test_the_reference_lists_the_options_each_mode_refuses():
+    """docs/reference/bench.md names what `--sessions` and `--tune` refuse: the same options the code refuses
+    (`--wide-target` with `--sessions` was once accepted and silently left out)."""
+    from localspec.cli.bench import NOT_READ, bench
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "reference" / "bench.md").read_text()
+    flags = {p.name: max(p.opts, key=len) for p in bench.params}
+    for mode, start in (
+        ("sessions", "The options a session run does not read"),
+        ("tune", "an option the tuner"),
+    ):
+        said = text[text.index(start) :].split(")", 1)[0]
+        named = set(re.findall(r"`(--[\w-]+)`", said))
+        assert named == {flags[name] for name in NOT_READ[mode]}, (mode, named)

@@ -82,6 +82,9 @@ def test_download_then_cached(env):
     assert 'Run it: localspec run --preset toy "..."' in res.output
     target_line = next(ln for ln in res.output.splitlines() if ln.startswith("target  /"))
     assert target_line.endswith("toy-7b-q4_k_m.gguf")
+    from localspec.hub.recent import last_preset
+
+    assert last_preset() == "toy"  # what `localspec ui` opens on next
     res = runner.invoke(main, ["presets", "--json"])
     assert {r["name"]: r for r in json.loads(res.output)}["toy"]["cached"] is True
 

@@ -174,3 +174,88 @@ def test_no_store_keeps_the_suffix_cache_of_every_pair_the_page_loads_in_memory(
     res = _invoke(["--no-store", "--no-browser", "--port", _free()])
     assert res.exit_code == 0, res.output
     assert constants.no_store()  # what the suffix cache of every load reads (suffix/cache.py)
+
+
+def test_the_page_opens_on_the_preset_asked_for_else_the_last_one_downloaded_or_run(launched, monkeypatch):
+    """After `localspec download qwen2.5-coder-1.5b` the page opened on the toy pair, and `ui` took no
+    --preset: it opens on --preset, else on the preset last downloaded or run, else on the embedded pair."""
+    from localspec.ui.app import App, opening_preset
+
+    from localspec.hub.recent import last_preset_path, remember_preset
+
+    names = ["tiny-embedded", "qwen2.5-coder-1.5b", "llama-3.2-3b"]
+    last_preset_path().unlink(missing_ok=True)
+    assert opening_preset(names, None) == "tiny-embedded"
+    remember_preset("qwen2.5-coder-1.5b")
+    assert opening_preset(names, None) == "qwen2.5-coder-1.5b"
+    assert opening_preset(names, "llama-3.2-3b") == "llama-3.2-3b"
+    remember_preset("a-preset-deleted-since")
+    assert opening_preset(names, None) == "tiny-embedded"  # a name that is gone: the embedded pair
+    last_preset_path().unlink()
+
+    res = _invoke(["--no-browser", "--port", _free(), "--preset", "qwen2.5-coder-1.5b"])
+    assert res.exit_code == 0, res.output
+    assert launched[-1]["preset"] == "qwen2.5-coder-1.5b"
+    res = _invoke(["--no-browser", "--preset", "qwen2.5-coder-1.5"])
+    assert res.exit_code == 1 and "did you mean" in res.output and not launched[1:]
+    app = App(lambda **kw: None, preset="qwen2.5-coder-1.5b")
+    demo = app.build()
+    assert demo is not None and app.c["preset"].value == "qwen2.5-coder-1.5b"
+
+
+def test_download_and_run_remember_the_preset(monkeypatch):
+    """The preset named to `run` (or `serve`) is what `ui` opens on next."""
+    from localspec.cli import options
+    from localspec.hub.recent import last_preset, last_preset_path
+
+    last_preset_path().unlink(missing_ok=True)
+
+    class Loaded:
+        notify = None
+
+    monkeypatch.setattr("localspec.load", lambda **kw: Loaded())
+    opts = dict.fromkeys(
+        ["target", "draft", "n_ctx", "threads", "draft_threads", "strategy", "n_max", "n_min", "p_min"]
+    )
+    opts |= {"preset": "tiny-embedded", "adaptive": False, "corpus": None, "no_store": True}
+    opts |= {"gpu_layers": None, "draft_gpu_layers": None}
+    options.load_pipeline(**opts)
+    assert last_preset() == "tiny-embedded"
+    last_preset_path().unlink()
+
+
+def test_sigterm_stops_the_ui_with_status_0(tmp_path):
+    """`serve` exits 0 on SIGTERM; `ui` died of it (status 143): Gradio's own handler is off with
+    ssr_mode=False."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = _free()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+    env |= {"LOCALSPEC_HOME": str(tmp_path / "cache"), "LOCALSPEC_CONFIG": str(tmp_path / "config")}
+    cmd = [sys.executable, "-m", "localspec", "ui", "--no-browser", "--port", port]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300  # importing Gradio on a busy 2-core machine takes a while
+        while True:
+            assert proc.poll() is None, proc.communicate()[0]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the page never answered"
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "localspec ui stopped." in out and "Traceback" not in out

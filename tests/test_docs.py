@@ -93,7 +93,7 @@ def quotes(text: str, name: str) -> list[Quote]:
         for m in _PROGRAM.finditer(code):
             words: list[str] = []
             for word in code[m.end() :].split("`")[0].split():  # a quote inside an output block
-                if word in _STOP or word.startswith("#"):
+                if word in _STOP or word.startswith(("#", "(")):  # "(": prose after a printed command
                     break
                 words.append(word.strip("[]()"))
             found.append(Quote(f"{name}:{n}", tuple(w for w in words if w)))
@@ -337,17 +337,33 @@ def _leaf_commands(
     return out
 
 
+def _sections(text: str) -> dict[str, str]:
+    """Each ``## `` section of a page by every word of its heading (``## index, cache``: both), with the
+    sections it borrows from: one that says "options of `run`" names run's too."""
+    parts = re.split(r"^## ", text, flags=re.M)[1:]
+    by_word = {w: part for part in parts for w in re.split(r"[\s,]+", part.splitlines()[0]) if w}
+    return {
+        w: part + "".join(by_word.get(o, "") for o in re.findall(r"options of `(\w[\w-]*)`", part))
+        for w, part in by_word.items()
+    }
+
+
 def cli_page_gaps(text: str) -> list[str]:
     """What docs/cli.md, which claims every command and flag, leaves out: a command without a section of its
-    own (``## run``, ``## index, cache``), a long option no code span names."""
-    headings = {
-        w for line in text.splitlines() if line.startswith("## ") for w in re.split(r"[\s,]+", line[3:])
-    }
-    spans = " ".join(code for _, code in code_segments(text))
+    own (``## run``, ``## index, cache``), a long option its section's code spans do not name (another
+    command's section naming the same flag does not count: `bench --threads` is not `run --threads`; a
+    subcommand's, its paragraphs: `cache clear --dir` is not `index --dir`)."""
+    sections = _sections(text)
     gaps = []
     for path, cmd in _leaf_commands(main):
-        if path[0] not in headings:
+        if path[0] not in sections:
             gaps.append(f"`localspec {' '.join(path)}` has no section (## {path[0]})")
+            continue
+        where = sections[path[0]]
+        if len(path) > 1:  # a subcommand's options: in the paragraphs that name it (`cache clear`)
+            paragraphs = re.split(r"\n\s*\n", where)
+            where = "\n\n".join(p for p in paragraphs if " ".join(path) in p)
+        spans = " ".join(code for _, code in code_segments(where))
         for param in cmd.params:
             for opt in (o for o in param.opts if o.startswith("--") and o != "--help"):
                 if not re.search(rf"{re.escape(opt)}(?![\w-])", spans):
@@ -422,3 +438,47 @@ def test_a_wrong_ceiling_is_caught():
     ]
     worked = _QUOTIENT.findall((ROOT / "docs" / "performance.md").read_text(encoding="utf-8"))
     assert ("16", "8.5", "1.88") in worked and ("16", "11", "1.45") in worked  # the ceilings are read
+
+
+# strategy lists --------------------------------------------------------------------------------------------
+# a run of quoted strategy names (`auto`, "model+ngram" ...) joined by commas, "and", "or" or "|"
+_NAME = r"[`\"](?:auto|model\+ngram|model\+suffix|mtp\+ngram|mtp\+suffix|model|ngram|suffix|mtp|none)[`\"]"
+_LIST = re.compile(rf"{_NAME}(?:\s*(?:,|\||\band\b|\bor\b|,\s*and|,\s*or)\s*{_NAME})+")
+
+
+def strategy_list_problems(text: str) -> list[str]:
+    """Each list of strategy names in ``text`` that claims a set settings.py defines and leaves a name out:
+    a list naming ``none`` or seven names or more claims every strategy; one made only of the suffix cache's
+    strategies, those of :data:`~localspec.settings.SUFFIX_STRATEGIES`; one made only of MTP ones, those of
+    :data:`~localspec.settings.MTP_STRATEGIES`."""
+    from localspec import settings
+
+    problems = []
+    for match in _LIST.finditer(text):
+        names = set(re.findall(r"[`\"]([a-z+]+)[`\"]", match.group(0)))
+        if len(names) < 3:
+            continue
+        if "none" in names or len(names) >= 7:
+            claimed = set(settings.STRATEGIES)
+        elif names <= set(settings.SUFFIX_STRATEGIES):
+            claimed = set(settings.SUFFIX_STRATEGIES)
+        elif names <= set(settings.MTP_STRATEGIES):
+            claimed = set(settings.MTP_STRATEGIES)
+        else:
+            continue
+        if names != claimed:
+            problems.append(f"{match.group(0)!r} leaves out {', '.join(sorted(claimed - names))}")
+    return problems
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_strategy_lists_are_the_ones_settings_defines(doc):
+    problems = strategy_list_problems(doc.read_text(encoding="utf-8"))
+    assert not problems, f"{doc.name}: strategy lists that differ from localspec/settings.py: {problems}"
+
+
+def test_the_strategy_list_check_finds_a_list_left_short():
+    assert strategy_list_problems("Only with the strategies `suffix`, `model+suffix` and `auto`.")
+    assert strategy_list_problems('strategy = "model" # "auto" | "model" | "ngram" | "none"')
+    assert not strategy_list_problems("strategies `suffix`, `model+suffix`, `mtp+suffix` and `auto`")
+    assert not strategy_list_problems("`model` runs `mtp`, `model+suffix` runs `mtp+suffix`")

@@ -128,3 +128,39 @@ def test_the_table_check_finds_measured_tables_and_passes_others():
     hybrid = (ROOT / "docs" / "hybrid-models.md").read_text(encoding="utf-8")
     assert measured_tables(hybrid), "the rollback table is not seen as measured"
     assert not measured_tables((ROOT / "docs" / "cli.md").read_text(encoding="utf-8"))
+
+
+def _when_and_where(result: dict) -> tuple[str, str]:
+    """A result file's date (``measured``, at the top or in its ``machine``) and its machine, as text."""
+    machine = result.get("machine")
+    inner = machine if isinstance(machine, dict) else {}
+    when = str(result.get("measured") or inner.get("measured") or "")
+    where = str(inner.get("cpu") if inner else machine or "")
+    return when, where
+
+
+@pytest.mark.parametrize("result", sorted((ROOT / "docs" / "results").glob("*.json")), ids=lambda p: p.name)
+def test_every_result_file_the_docs_render_says_when_and_on_what_it_was_measured(result):
+    import json
+
+    when, where = _when_and_where(json.loads(result.read_text(encoding="utf-8")))
+    assert re.fullmatch(r"20\d\d-\d\d-\d\d", when), f"{result.name}: no `measured` date (YYYY-MM-DD)"
+    assert where.strip(), f"{result.name}: no machine"
+
+
+def test_the_bench_writes_the_date_it_measured():
+    from localspec.bench.report import machine_info, machine_label
+
+    info = machine_info(2)
+    assert _when_and_where({"machine": info})[0] == info["measured"]
+    assert f"measured {info['measured']}" in machine_label(info)
+
+
+def test_the_readme_summary_dates_every_column():
+    """Each machine's column says when it was measured (the README's table once had no date at all)."""
+    readme = (ROOT / SUMMARY).read_text(encoding="utf-8")
+    start = measured_tables(readme)[0][0]
+    header = readme.splitlines()[start - 1]
+    columns = [c.strip() for c in header.strip().strip("|").split("|")][1:]
+    undated = [c for c in columns if not re.search(r"20\d\d-\d\d-\d\d", c)]
+    assert not undated, f"README summary columns without a date: {undated}"

@@ -228,3 +228,50 @@ def test_a_docs_line_runs_against_a_local_hub(line, local_hub):
         assert "pair    identical" in res.output, res.output
     if line.startswith("find-draft"):
         assert "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF" in res.output, res.output
+
+
+# sample outputs in the docs, against what the code prints -------------------------------------------------
+def _sample(page: str, command: str) -> list[str]:
+    """The lines a ```console block of ``page`` shows after ``$ localspec COMMAND``, up to the next prompt."""
+    lines = (ROOT / "docs" / page).read_text(encoding="utf-8").splitlines()
+    start = lines.index(f"$ localspec {command}") + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith(("$ ", "```")))
+    return lines[start:end]
+
+
+def _shape(lines: list[str]) -> list[str]:
+    """What a download prints, line by line, without what differs by machine, model and cache: each line's
+    first word (``target``, ``pair``...) and the ``Run it:`` line whole; the ``downloading`` lines and their
+    progress bars (only for files not in the cache yet) and the verdict's reasons left out."""
+    out = []
+    for line in lines:
+        if "%|" in line or line.startswith("downloading ") or line.strip().startswith("- "):
+            continue
+        out.append(line if line.startswith("Run it:") else line.split(" ", 1)[0])
+    return out
+
+
+def test_the_download_sample_is_what_download_prints(local_hub):
+    """models-and-pairing.md showed a download's output the code never printed (its last line differed)."""
+    shown = _sample("models-and-pairing.md", "download qwen2.5-coder-7b")
+    res = _invoke("download qwen2.5-coder-7b")
+    printed = res.output.splitlines()
+    said = f"the page shows:\n{chr(10).join(shown)}\nthe code prints:\n{res.output}"
+    assert _shape(shown) == _shape(printed), said
+
+
+def test_the_scan_sample_counts_its_rows_as_scan_does(tmp_path):
+    """scan-and-pair.md's sample said "3 file(s), 1 unreadable" under four rows (scan counts every row)."""
+    block = _sample("scan-and-pair.md", "scan ~/models")
+    header, rows = block[0], block[1 : block.index("")]
+    counted = next(line for line in block if "file(s)" in line)
+    # what the code prints for a folder with a model, a vocabulary-only file and a file that is no GGUF
+    shutil.copyfile(EMBEDDED_TARGET, tmp_path / "model.gguf")
+    shutil.copyfile(ROOT / "tests" / "data" / "vocab" / "ggml-vocab-llama-spm.gguf", tmp_path / "vocab.gguf")
+    (tmp_path / "broken.gguf").write_bytes(b"junk" * 4)
+    printed = CliRunner().invoke(main, ["scan", str(tmp_path), "--no-cache"]).output.splitlines()
+    assert printed[0].split() == header.split()  # the same columns
+    said = next(line for line in printed if "file(s)" in line)
+    assert said.startswith("3 file(s), 1 unreadable.")  # the code counts every row, the unreadable one too
+    errors = sum(1 for row in rows if row.split()[-1] == "ERROR")
+    assert counted.startswith(f"{len(rows)} file(s), {errors} unreadable."), (counted, len(rows), errors)

@@ -107,9 +107,14 @@ def test_one_rebuild_closes_every_gap_at_once():
     assert {"-DGGML_AVX512=ON", "-DGGML_RPC=ON", "-DGGML_CUDA=on", "-DGGML_AVX2=ON"} <= set(flags)
     assert len({f.split("=")[0] for f in flags}) == len(flags)  # each option once
     assert fix_all(_build(backends=("CPU", "RPC")), check_build(_build(backends=("CPU", "RPC")), "")) is None
-    amx = _build(AMX_BUILD)  # AMX that has not crashed here stays in: its note's rebuild is only advice
-    command = fix_all(amx, check_build(amx, AVX512_CPU))
-    assert command is not None and "-DGGML_AMX_INT8=ON" in command and "-DGGML_RPC=ON" in command
+    amx = _build(AMX_BUILD)  # the one rebuild follows the AMX note's own command: AMX off, RPC on
+    findings = check_build(amx, AVX512_CPU)
+    command = fix_all(amx, findings)
+    note = _one(findings, "AMX")
+    assert note.state == "note" and "-DGGML_AMX_INT8=OFF" in note.fix
+    assert command is not None and "-DGGML_AMX_INT8=OFF" in command and "-DGGML_RPC=ON" in command
+    assert "-DGGML_AMX_TILE=OFF" in command and "-DGGML_AVX512=ON" in command  # the rest of the build kept
+    assert fix_all(amx, [note]) is None  # a note alone asks for no rebuild
 
 
 def test_off_x86_the_cpu_is_not_compared():
@@ -168,7 +173,7 @@ def test_the_report_for_a_reader_and_its_exit_statuses(monkeypatch):
     res = invoke()
     assert res.exit_code == 0, res.output  # a build without RPC works for everything but --rpc
     assert "gap      RPC: not built" in res.output and "-DGGML_RPC=ON" in res.output
-    assert "Everything localspec uses works here." in res.output
+    assert "Everything localspec uses works here, with 1 gap(s) above" in res.output
     assert "suffix cache:" in res.output and "measured costs:" in res.output
     monkeypatch.setattr(llama_build, "installed_build", lambda: _build(AMX_BUILD))
     res = invoke()

@@ -538,15 +538,17 @@ def _flags(argv: list[str]) -> set[str]:
 
 
 def test_exported_llama_server_flags_exist_in_the_peer_build(rpc_binary, tmp_path):
-    """Every flag an export emits is one the vendored llama.cpp registers (common/arg.cpp), and, where
-    the peer's llama-server is built, one its --help lists."""
+    """Every flag an export emits is one the vendored llama.cpp registers (common/arg.cpp), every
+    ``--spec-type`` name one it knows (common/speculative.cpp: chains such as ``ngram-mod,draft-simple``
+    included), and, where the peer's llama-server is built, one its --help lists."""
     from localspec.hub.export import llama_server
     from localspec.llama import programs
     from localspec.settings import DraftSettings
 
     target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
     emitted: set[str] = set()
-    for strategy in ("model", "ngram", "suffix", "model+ngram", "auto", "none"):
+    types: set[str] = set()
+    for strategy in ("model", "ngram", "suffix", "model+ngram", "model+suffix", "mtp+ngram", "auto", "none"):
         out = llama_server(
             DraftSettings(strategy=strategy, n_max=6, p_min=0.6),
             target,
@@ -556,14 +558,20 @@ def test_exported_llama_server_flags_exist_in_the_peer_build(rpc_binary, tmp_pat
             rpc="127.0.0.1:50052,127.0.0.1:50053",
         )
         emitted |= _flags(out.argv)
+        if "--spec-type" in out.argv:
+            types |= set(out.argv[out.argv.index("--spec-type") + 1].split(","))
         assert out.argv[out.argv.index("--rpc") + 1] == "127.0.0.1:50052,127.0.0.1:50053"
     model = llama_server(
         DraftSettings(strategy="model", n_max=6, p_min=0.6), target, draft, n_ctx=2048, threads=2
     )
     assert model.argv[model.argv.index("--spec-draft-n-max") + 1] == "6"
     assert model.argv[model.argv.index("--spec-draft-p-min") + 1] == "0.6"
-    source = (rpc_binary.parents[2] / "src" / "common" / "arg.cpp").read_text(encoding="utf-8")
+    common = rpc_binary.parents[2] / "src" / "common"
+    source = (common / "arg.cpp").read_text(encoding="utf-8")
     assert not [f for f in emitted if f'"{f}"' not in source]
+    known = (common / "speculative.cpp").read_text(encoding="utf-8")
+    assert {"ngram-mod", "draft-simple", "draft-mtp"} <= types
+    assert not [t for t in types if f'{{"{t}",' not in known.replace(" ", "")]
     server = rpc_binary.parent / programs.SERVER
     if server.is_file():
         helptext = subprocess.run([str(server), "--help"], capture_output=True, text=True, timeout=60).stdout

@@ -62,11 +62,7 @@ class App(Runs):
     def build(self) -> gr.Blocks:
         found = pairs.list_presets()
         preset_choices = pairs.preset_choices(found)
-        default_preset = (
-            constants.EMBEDDED_PRESET
-            if any(p.name == constants.EMBEDDED_PRESET for p in found)
-            else (found[0].name if found else None)
-        )
+        default_preset = opening_preset([p.name for p in found], self.preset)
         # the preset the page opens with sets the Settings too, as picking it does (it opened with the
         # controls' own defaults: p_min 0.75 where the embedded pair's preset says 0.3)
         settings0 = self.preset_settings(default_preset) or DraftControls()
@@ -187,15 +183,39 @@ class App(Runs):
         )
 
 
+def opening_preset(names: list[str], asked: str | None) -> str | None:
+    """The preset the page opens on: ``asked`` (``localspec ui --preset``), else the one last downloaded or
+    run from the command line, else the embedded pair, else the first one.
+
+    Args:
+        names: every preset that loads.
+        asked: the preset asked for (checked to exist before the page is built), or None.
+
+    Returns:
+        The name, or None when there is no preset at all.
+    """
+    from localspec.hub.recent import last_preset
+
+    for name in (asked, last_preset(), constants.EMBEDDED_PRESET):
+        if name is not None and name in names:
+            return name
+    return names[0] if names else None
+
+
 def theme() -> Any:
     """The default theme with system fonts, so nothing is fetched from a font CDN (works offline)."""
     return gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 
 
 def build_app(
-    loader: Callable[..., Pipeline] = load_pipeline, *, n_threads: int | None = None, rpc: str | None = None
+    loader: Callable[..., Pipeline] = load_pipeline,
+    *,
+    n_threads: int | None = None,
+    rpc: str | None = None,
+    preset: str | None = None,
 ) -> gr.Blocks:
-    return App(loader, n_threads=n_threads, rpc=rpc).build()
+    """The page (see :meth:`App.build`); ``preset``: the one it opens on (:func:`opening_preset`)."""
+    return App(loader, n_threads=n_threads, rpc=rpc, preset=preset).build()
 
 
 def launch(
@@ -208,12 +228,14 @@ def launch(
     block: bool = True,
     n_threads: int | None = None,
     rpc: str | None = None,
+    preset: str | None = None,
 ) -> Any:
     """Serve the page; ``block=False`` returns at once (the server runs in a thread). Who may reach it is
     decided before (``localspec.serve.exposure``, in ``localspec ui``); ``auth`` is the login Gradio asks for,
     ``open_browser`` opens the default browser on the page once it is up; ``n_threads``: what every pair
-    loads with (None: the library's default); ``rpc``: what the page's RPC servers box starts with."""
-    demo = build_app(n_threads=n_threads, rpc=rpc)
+    loads with (None: the library's default); ``rpc``: what the page's RPC servers box starts with;
+    ``preset``: the preset the page opens on (None: :func:`opening_preset` picks)."""
+    demo = build_app(n_threads=n_threads, rpc=rpc, preset=preset)
     return demo.launch(
         server_name=host,
         server_port=port,

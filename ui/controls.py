@@ -164,8 +164,10 @@ class Controls:
         *,
         n_threads: int | None = None,
         rpc: str | None = None,
+        preset: str | None = None,
     ) -> None:
         self.holder = PipelineHolder(loader)
+        self.preset = preset  # the preset the page opens on (`localspec ui --preset`; None: the last one)
         self.n_threads = n_threads  # every pair loads with these (`localspec ui --threads`)
         self.rpc = rpc  # what the RPC servers box starts with (`localspec ui --rpc`)
         self.view = pairs.ScanView({})

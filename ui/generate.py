@@ -21,7 +21,34 @@ from .session import PairSpec
 if TYPE_CHECKING:
     from localspec.pipeline.pipeline import Pipeline
 
-REFRESH_SECONDS = 0.08  # how often the streaming output is pushed to the page
+REFRESH_SECONDS = 0.08  # how often the streaming output is pushed to the page, at most
+#: Each push sends the whole output so far, and the browser lays it out again: for a long answer that work,
+#: on the same cores as the models, slowed generation itself. On a busy 2-core AMD EPYC (2026-12-07, load
+#: 12-15 beside other work) a 1,022-token run of the embedded pair wrote 11-14 tok/s on the page where
+#: `localspec run` wrote 77, and took 90-120 s; pushed once a second it wrote 21 tok/s in half the time. So
+#: pushes are spaced by their size (at most this many bytes of output a second) ...
+PUSH_BYTES_PER_SECOND = 100_000
+#: ... and to at least this many times what the last push held generation back (Gradio pulls the next token
+#: once a push is handed over).
+PUSH_SPACING = 4.0
+
+
+class Pushes:
+    """When to push a run's streaming output to the page: every :data:`REFRESH_SECONDS`, or more seldom for a
+    long output (:data:`PUSH_BYTES_PER_SECOND`) or while a push itself takes long (:data:`PUSH_SPACING`)."""
+
+    def __init__(self) -> None:
+        self.interval = REFRESH_SECONDS
+        self._last = -float("inf")
+
+    def due(self, now: float) -> bool:
+        """True when the next push is due at ``now`` (``time.monotonic()``)."""
+        return now - self._last >= self.interval
+
+    def pushed(self, at: float, took: float, size: int = 0) -> None:
+        """A push of ``size`` bytes went out at ``at`` and generation resumed ``took`` seconds later."""
+        self._last = at
+        self.interval = max(REFRESH_SECONDS, PUSH_SPACING * took, size / PUSH_BYTES_PER_SECOND)
 
 
 def _same_text_note(cmp: Any, opts: dict[str, Any]) -> str:
@@ -117,7 +144,7 @@ class Runs(Controls):
         """A run's tokens onto the page as they come (into ``pieces``, shown every :data:`REFRESH_SECONDS`),
         then how it ended (:meth:`_run_end`); the stream is cleaned up once the page shows the answer."""
         out = self.c["output"]
-        last = 0.0
+        pushes = Pushes()
         stats = finish = None
         tokens = self.holder.stream(_token_source(pipe, prompt, messages, opts), session=session)
         try:
@@ -127,9 +154,10 @@ class Runs(Controls):
                 if finish:
                     break  # the answer is complete: on the page before the stream is cleaned up
                 now = time.monotonic()
-                if now - last >= REFRESH_SECONDS:
-                    last = now
-                    yield {out: tokens_html(pieces, prefix=prefix)}
+                if pushes.due(now):
+                    shown = tokens_html(pieces, prefix=prefix)
+                    yield {out: shown}
+                    pushes.pushed(now, time.monotonic() - now, len(shown))
             yield self._run_end(pieces, stats, finish, session, prefix, messages)
         finally:
             # the engine's cleanup (the KV cache put right, the suffix cache fed: long with a large store)

@@ -3,6 +3,7 @@ console tables, and read back from bench.json (``localspec bench --from-json``).
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -26,7 +27,8 @@ LOSS_NAMES = {
 
 
 def machine_info(threads: int | None = None) -> dict[str, Any]:
-    """What the numbers were measured on: CPU, cores, RAM, OS, Python, llama-cpp-python."""
+    """What the numbers were measured on, and when: CPU, cores, RAM, OS, Python, llama-cpp-python, the date
+    (``measured``, UTC, YYYY-MM-DD)."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -41,6 +43,7 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "threads": threads,
+        "measured": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
     }
     try:
         import psutil
@@ -75,6 +78,8 @@ def machine_label(m: dict[str, Any]) -> str:
         parts.append(f"{m['threads']} threads")
     if m.get("llama_cpp_python"):
         parts.append(f"llama-cpp-python {m['llama_cpp_python']}")
+    if m.get("measured"):
+        parts.append(f"measured {m['measured']}")
     return ", ".join(parts)
 
 

@@ -334,6 +334,10 @@ def _draft_table(winner: Winner) -> dict[str, Any]:
     return out
 
 
+#: How the description of a preset :func:`save_winners` writes begins (``export`` finds a tuned one by it).
+TUNED = "tuned by localspec bench"
+
+
 def save_winners(report: BenchReport, name: str, *, preset: str | None = None) -> list[str]:
     """Write the overall winner as user preset ``name`` and each workload's winner as ``name-<workload>``.
 
@@ -346,14 +350,16 @@ def save_winners(report: BenchReport, name: str, *, preset: str | None = None) -
     tuning, pair = report.tuning, report.pair
     if tuning is None:
         raise BenchError("no tuning to save", hint="run localspec bench --tune")
-    winners = [(name, tuning.overall)] + [(f"{name}-{w}", t.winner) for w, t in tuning.workloads.items()]
+    winners = [(name, tuning.overall, "")] + [
+        (f"{name}-{w}", t.winner, f" on the {w} prompts") for w, t in tuning.workloads.items()
+    ]
     paths = []
     tuning.replaced = [
-        str(user_preset_path(pname)) for pname, _ in winners if user_preset_path(pname).exists()
+        str(user_preset_path(pname)) for pname, _, _ in winners if user_preset_path(pname).exists()
     ]
-    for pname, win in winners:
+    for pname, win, where in winners:
         draft = _draft_table(win)
-        desc = f"tuned by localspec bench: {win.config} ({win.speedup:.2f}x)"
+        desc = f"{TUNED}{where}: {win.config} ({win.speedup:.2f}x)"
         if preset:
             base = get_preset(preset)
             settings = replace(base.draft, **draft)

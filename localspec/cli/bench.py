@@ -170,6 +170,8 @@ NOT_READ: dict[str, dict[str, str]] = {
         "no_warmup": "the session bench's warm start is part of what it measures",
         "peer_n_max": "llama.cpp runs its session modes (--peer-modes), not a draft-simple grid",
         "peer_p_min": "llama.cpp runs its session modes (--peer-modes), not a draft-simple grid",
+        "wide_target": "the session bench runs the pair as it is; a big target's regime is measured on "
+        "single prompts (bench --wide-target F16 with --target or --preset)",
     },
     "tune": {
         "repeats": "the tuner runs each setting once per prompt (more prompts: --limit)",
@@ -205,7 +207,9 @@ def _check_together(ctx: click.Context) -> None:
         )
     if o["tensor_split"] and not o["rpc"]:
         raise click.UsageError("--tensor-split shares the target's layers among --rpc servers: add --rpc")
-    if o["wide_target"] and not o["sessions"] and not (o["target"] or o["preset"]):
+    if (
+        o["wide_target"] and not o["sessions"] and not (o["target"] or o["preset"])
+    ):  # (sessions: refused below)
         raise click.UsageError(
             "--wide-target needs --target FILE or --preset NAME (the embedded pair is a toy)"
         )

@@ -188,7 +188,7 @@ def _print(r: dict[str, Any]) -> None:
         if f["fix"]:
             click.echo(f"         -> {f['fix']}")
     if r["fix_all"] and sum(1 for f in r["findings"] if f["fix"]) > 1:
-        click.echo(f"All of it in one rebuild:\n  {r['fix_all']}")
+        click.echo(f"All of it in one rebuild (AMX left out, as always):\n  {r['fix_all']}")
     click.echo("\nWhere things live:")
     for what, where in r["paths"].items():
         shown = ", ".join(where) if isinstance(where, list) else where
@@ -200,11 +200,29 @@ def _print(r: dict[str, Any]) -> None:
     for m in models:
         state = "" if m["usable"] else f"  ({m['error'] or 'not usable'})"
         click.echo(f"  {m['path']}  {m['quant'] or '-'}  {format_bytes(m['size_bytes'], unknown='-')}{state}")
-    problems = sum(1 for f in r["findings"] if f["state"] == "problem")
-    click.echo(
-        "\nEverything localspec uses works here."
-        if not problems
-        else f"\n{problems} problem(s): something localspec uses does not work here (see PROBLEM above)."
+    click.echo("\n" + summary(r["findings"]))
+
+
+def summary(findings: list[dict[str, Any]]) -> str:
+    """The report's last line: the problems, else the gaps and notes it listed, else that all works.
+
+    Args:
+        findings: the report's findings (``state``: ok, note, gap or problem).
+
+    Returns:
+        One line that agrees with the findings above it.
+    """
+    count = {state: sum(1 for f in findings if f["state"] == state) for state in ("problem", "gap", "note")}
+    if count["problem"]:
+        return (
+            f"{count['problem']} problem(s): something localspec uses does not work here (see PROBLEM above)."
+        )
+    said = [f"{n} {state}(s)" for state, n in count.items() if n and state != "problem"]
+    if not said:
+        return "Everything localspec uses works here."
+    return (
+        f"Everything localspec uses works here, with {' and '.join(said)} above (a gap: something a rebuild "
+        "would add; a note: worth knowing)."
     )
 
 

@@ -107,6 +107,7 @@ def presets(as_json: bool) -> None:
 def download(name: str) -> None:
     """Fetch a preset's target and draft into the Hugging Face cache and check that they pair."""
     from localspec.hub.presets import get_preset
+    from localspec.hub.recent import remember_preset
 
     preset = get_preset(name)
     for label, ref in (("target", preset.target), ("draft", preset.draft_model)):
@@ -127,6 +128,7 @@ def download(name: str) -> None:
                 click.echo(f"downloading {stage} ({format_bytes(total)}) ...", err=True)
 
     pair = hub.ensure_preset(name, progress=progress)
+    remember_preset(name)
     click.echo(f"target  {pair.target}")
     if pair.draft is not None:
         click.echo(f"draft   {pair.draft}")

@@ -148,8 +148,9 @@ _OPTIONS: dict[str, Callable[[Any], Any]] = {
     "corpus": click.option(
         "--corpus",
         type=click.Path(exists=True, file_okay=False),
-        help="A folder (your repository, notes) the suffix cache drafts from (strategies suffix, "
-        "model+suffix, auto); it replaces the corpus `localspec index` stored for this model's vocabulary.",
+        help="A folder (your repository, notes) the suffix cache drafts from (strategies "
+        f"{', '.join(settings.SUFFIX_STRATEGIES)}); it replaces the corpus `localspec index` stored for this "
+        "model's vocabulary.",
     ),
     "no_store": click.option(
         "--no-store",
@@ -261,4 +262,8 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Pipeline:
         **{k: v for k, v in gpu.items() if v is not None},
     )
     pipe.notify = lambda line: click.echo(f"localspec: {line}", err=True)
+    if opts["preset"] is not None:
+        from localspec.hub.recent import remember_preset
+
+        remember_preset(opts["preset"])  # what `localspec ui` opens on next
     return pipe

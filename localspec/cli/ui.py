@@ -6,11 +6,14 @@ browser or not, what ``--auth`` means) are pure functions so they are tested wit
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import click
 
@@ -119,6 +122,11 @@ def parse_auth(text: str | None) -> tuple[str, str] | None:
     help="Show the page in a native desktop window instead of a browser; closing it stops the server "
     '(needs the "desktop" extra: pip install "localspec[desktop]").',
 )
+@click.option(
+    "--preset",
+    "-p",
+    help="The preset the page opens on (default: the one last downloaded or run, else the embedded pair).",
+)
 @shared_options("threads", "rpc", "no_store")
 def ui(
     host: str,
@@ -128,12 +136,21 @@ def ui(
     insecure_no_auth: bool,
     no_browser: bool,
     window: bool,
+    preset: str | None,
     threads: int | None,
     rpc: str | None,
     no_store: bool,
 ) -> None:
-    """Open the web UI: pick a pair, watch the draft's tokens, compare speed and memory, bench."""
+    """Open the web UI: pick a pair, watch the draft's tokens, compare speed and memory, bench.
+
+    It opens on --preset, else on the preset last downloaded or run, else on the embedded pair. Ctrl-C or
+    SIGTERM stops it (exit status 0).
+    """
     credentials = parse_auth(auth)
+    if preset is not None:
+        from localspec.hub.presets import get_preset
+
+        get_preset(preset)  # an unknown name: the error names the close ones, before anything starts
     if no_store:  # every pair the page loads, as LOCALSPEC_NO_STORE=1 would (read by the suffix cache)
         os.environ["LOCALSPEC_NO_STORE"] = "1"
     exposure = check_exposure(
@@ -153,22 +170,53 @@ def ui(
     click.echo(exposure)
     if webview is not None:
         click.echo(f"localspec UI on {url}, in a window (close it to stop)")
-        launch(host=host, port=port, share=share, auth=credentials, block=False, n_threads=threads, rpc=rpc)
+        launch(
+            host=host,
+            port=port,
+            share=share,
+            auth=credentials,
+            block=False,
+            n_threads=threads,
+            rpc=rpc,
+            preset=preset,
+        )
         open_window(webview, _local_url(host, port), on_closed=_stop_servers)
         click.echo("window closed: server stopped")
         return
     click.echo(f"localspec UI on {url}  (Ctrl+C to stop)")
     if not open_browser:
         click.echo(f"(not opening a browser: {why_not})")
-    launch(
-        host=host,
-        port=port,
-        share=share,
-        auth=credentials,
-        open_browser=open_browser,
-        n_threads=threads,
-        rpc=rpc,
-    )
+    with _sigterm_as_ctrl_c():
+        launch(
+            host=host,
+            port=port,
+            share=share,
+            auth=credentials,
+            open_browser=open_browser,
+            n_threads=threads,
+            rpc=rpc,
+            preset=preset,
+        )
+        # Stopped: one more signal while the process ends would turn a clean exit into a death by signal.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+    click.echo("localspec ui stopped.")
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM stops the page as Ctrl-C does, with exit status 0 (as ``localspec serve``): Gradio's blocking
+    loop closes the server on a KeyboardInterrupt, and installs no SIGTERM handler of its own with
+    ``ssr_mode=False`` (the process died of the signal, status 143)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _local_url(host: str, port: int) -> str:

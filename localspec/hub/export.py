@@ -1,10 +1,12 @@
 """A pair's drafting settings as a serving engine's configuration: llama-server flags or vLLM's
 ``speculative_config`` (``localspec export``, docs/export.md).
 
-The settings are a preset's ``[draft]`` table, which ``localspec bench --tune --save-preset NAME`` fills with
-what it measured on this machine, so the measured length and p_min travel with the pair. What an engine
-cannot express (the suffix cache in llama-server, a combination in vLLM, the adaptive length, ``--rpc`` in
-vLLM) is said in :attr:`Export.notes`, with the nearest setting used instead; nothing is dropped silently.
+The settings come in resolved: one strategy (``auto`` already routed) and the model drafter's length, which
+``localspec export`` takes from what this machine measured (:mod:`localspec.bench.exported`). Lookups
+chained before a model drafter become llama-server's ``ngram-mod`` in front of ``draft-simple`` or
+``draft-mtp`` (``--spec-type ngram-mod,draft-simple``: llama.cpp tries its types in that order). What an
+engine cannot express (the suffix cache, a combination in vLLM, the adaptive length, ``--rpc`` in vLLM) is
+said in :attr:`Export.notes`, with the nearest setting used instead; nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from localspec.settings import DraftSettings
 ENGINES = ("llama-server", "vllm")
 #: localspec's n-gram lookup matches the last 4, then 3, then 2 tokens of the context.
 NGRAM_LOOKUP = (2, 4)
+#: The tokens llama-server's ngram-mod lookup matches (``--spec-ngram-mod-n-match``; llama.cpp's default).
+NGRAM_MOD_MATCH = 24
 
 
 @dataclass
@@ -38,8 +42,8 @@ class Export:
 
 
 def _method(settings: DraftSettings, draft: Path | None, notes: list[str]) -> str:
-    """The one drafting method both engines have that stands for ``settings``: model, mtp, ngram, suffix or
-    none."""
+    """The drafting method both engines have that stands for ``settings``'s model drafter or lookups:
+    model, mtp, ngram, suffix or none (lookups chained before a model drafter: :func:`_chained`)."""
     kind = settings.strategy
     if not kind.drafts:
         return "none"
@@ -47,11 +51,12 @@ def _method(settings: DraftSettings, draft: Path | None, notes: list[str]) -> st
         notes.append(f"{draft.name} is an MTP assistant: it drafts as the target's MTP layers (draft-mtp)")
         return "mtp"
     if kind.routed:
-        notes.append("auto picks a strategy per request in localspec; an engine takes one setting")
-        return "model" if draft else "ngram"
+        notes.append(
+            "auto picks its drafters per request in localspec; an engine takes one setting: "
+            "`localspec export` picks it from what this machine measured"
+        )
+        return "model" if draft else "suffix"
     if kind.mtp:
-        if kind.combined:
-            notes.append(f"{settings.strategy}: the engine drafts with the MTP layers alone here")
         return "mtp"
     if kind.model:
         if draft is None:
@@ -59,6 +64,17 @@ def _method(settings: DraftSettings, draft: Path | None, notes: list[str]) -> st
         return "model"
     assert kind.lookup is not None
     return kind.lookup
+
+
+def _chained(settings: DraftSettings) -> bool:
+    """Lookups go before the model drafter (``model+ngram``, ``mtp+suffix``, ``auto`` with a draft)."""
+    return settings.strategy.combined or settings.strategy.routed
+
+
+def _ngram_mod(lookup_max: int) -> list[str]:
+    """llama-server's ngram-mod lookup: the continuation of the context's match, up to ``lookup_max``
+    tokens (it matches the last :data:`NGRAM_MOD_MATCH` tokens, llama.cpp's default)."""
+    return ["--spec-ngram-mod-n-min", "1", "--spec-ngram-mod-n-max", str(lookup_max)]
 
 
 def llama_server(
@@ -69,16 +85,19 @@ def llama_server(
     n_ctx: int,
     threads: int,
     rpc: str | None = None,
+    lookup_max: int | None = None,
 ) -> Export:
     """llama-server's flags for the pair and ``settings`` (the same draft length, p_min, threads, context).
 
     Args:
-        settings: the drafting settings (a preset's ``[draft]``, or overridden).
+        settings: the drafting settings (a preset's ``[draft]``, or overridden); ``n_max`` is the draft
+            length of the model drafter (the lookups' cap when lookups draft alone).
         target: the target GGUF.
         draft: the draft GGUF, if any.
         n_ctx: the context.
         threads: CPU threads (the draft's too).
         rpc: ``HOST:PORT,...`` rpc-servers for the target's layers (``--rpc``, all layers there).
+        lookup_max: the longest lookup draft chained before the model drafter (default ``n_max``).
 
     Returns:
         The :class:`Export`; ``speculative`` holds the drafting flags alone.
@@ -90,28 +109,39 @@ def llama_server(
     if rpc:
         argv += ["--rpc", rpc, "-ngl", "999"]
     spec: list[str] = []
+    chained = method in ("model", "mtp") and _chained(settings)
+    lookup = ["ngram-mod"] if chained else []
+    if chained and settings.strategy.lookup == "suffix":
+        notes.append("llama-server has no suffix cache: ngram-mod, a lookup in the context, goes first")
+    elif chained:
+        notes.append("ngram-mod, llama-server's lookup in the context, goes first, as localspec's lookups do")
     if method == "model":
         assert draft is not None
-        spec += ["--spec-type", "draft-simple", "--model-draft", str(draft), "--spec-draft-n-max", str(k)]
+        spec += ["--spec-type", ",".join([*lookup, "draft-simple"]), "--model-draft", str(draft)]
+        spec += ["--spec-draft-n-max", str(k)]
         spec += ["--spec-draft-n-min", str(settings.n_min), "--spec-draft-p-min", f"{settings.p_min:g}"]
         spec += ["--spec-draft-threads", str(threads)]
         if rpc:
             spec += ["--spec-draft-ngl", "0"]
             notes.append("--spec-draft-ngl 0 keeps the draft on this machine's CPU, as localspec does")
-        if settings.strategy.combined:
-            notes.append(f"{settings.strategy}: llama-server drafts with the model alone here")
     elif method == "mtp":
-        spec += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k)]
+        spec += ["--spec-type", ",".join([*lookup, "draft-mtp"]), "--spec-draft-n-max", str(k)]
         if draft is not None and is_mtp_assistant(draft):  # Gemma 4's: a file of its own
             spec += ["--model-draft", str(draft)]
         spec += ["--spec-draft-n-min", str(settings.n_min), "--spec-draft-p-min", f"{settings.p_min:g}"]
-    elif method in ("ngram", "suffix"):
-        if method == "suffix":
-            notes.append("llama-server has no suffix cache: n-gram lookup in the context is the nearest")
+    elif method == "suffix":
+        notes.append("llama-server has no suffix cache: ngram-mod, a lookup in the context, is the nearest")
+        spec += ["--spec-type", "ngram-mod", *_ngram_mod(k)]
+    elif method == "ngram":
         spec += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(min(3, k))]
         spec += ["--spec-ngram-simple-size-m", str(k)]
-    if settings.adaptive:
-        notes.append(f"llama-server drafts a fixed length; localspec's adaptive length goes up to {k}")
+    if chained:
+        spec += _ngram_mod(lookup_max or k)
+    if settings.adaptive and method in ("model", "mtp"):
+        notes.append(
+            f"llama-server drafts a fixed length ({k} here); localspec's adaptive controller sizes each "
+            "round's draft"
+        )
     return Export("llama-server", argv + spec, spec, notes)
 
 
@@ -139,10 +169,12 @@ def vllm(
     config: dict[str, object] = {}
     if method == "model":
         config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
-        if settings.strategy.combined:
+        if _chained(settings):
             notes.append(f"{settings.strategy}: vLLM takes one method; the draft model is kept")
     elif method == "mtp":
         config = {"method": "mtp", "num_speculative_tokens": k}
+        if _chained(settings):
+            notes.append(f"{settings.strategy}: vLLM takes one method; the MTP layers are kept")
         if draft is not None and is_mtp_assistant(draft):
             notes.append(
                 "an MTP assistant file: vLLM's support for it is not checked here; serve the original "
@@ -162,8 +194,10 @@ def vllm(
         }
     elif method == "suffix":
         config = {"method": "suffix", "num_speculative_tokens": k}
-    if settings.adaptive:
-        notes.append(f"vLLM drafts a fixed length; localspec's adaptive length goes up to {k}")
+    if settings.adaptive and method in ("model", "mtp"):
+        notes.append(
+            f"vLLM drafts a fixed length ({k} here); localspec's adaptive controller sizes each round's draft"
+        )
     if rpc:
         notes.append(
             "--rpc is llama.cpp's: vLLM spreads a model over GPUs and machines with --tensor-parallel-size "

@@ -366,13 +366,15 @@ def _gpu_findings(build: BuildFacts, seen: tuple[str, ...], version: str) -> lis
 def fix_all(build: BuildFacts, findings: list[Finding]) -> str | None:
     """One command that closes every gap and fixes every problem in ``findings`` that a rebuild of
     ``build`` fixes (what each rebuild changes, together), or None when none does. A note's rebuild (AMX off
-    while it has not crashed here) is advice, left out."""
+    while it has not crashed here) goes in too when there is something else to rebuild for: the one command
+    never turns back on what a note's own command leaves out (no rebuild localspec prints builds AMX)."""
     fixes = [f for f in findings if f.flags and f.state in ("gap", "problem")]
     if not fixes:
         return None
+    advice = [f for f in findings if f.flags and f.state == "note"]
     base = build.flags()
     merged = {flag.split("=", 1)[0]: flag for flag in base}
-    for f in fixes:
+    for f in [*fixes, *advice]:
         merged.update((flag.split("=", 1)[0], flag) for flag in f.flags if flag not in base)
     return rebuild_command(list(merged.values()), fixes[0].version)
 
