@@ -1,11 +1,12 @@
 """llama.cpp rpc-servers on this machine, and a TCP proxy on loopback that delays what passes through it:
-what ``localspec bench --rpc-local`` and the RPC tests measure a target over RPC with.
+what ``scripts/bench_rpc.py`` and the RPC tests measure a target over RPC with.
 
-:class:`RpcServer` runs the peer build's ``rpc-server`` (:func:`localspec.llama.programs.rpc_server_binary`)
-on ``127.0.0.1`` and waits for its handshake. :class:`DelayProxy` listens on a loopback port and forwards
-every connection to one server, holding each chunk for half the round trip in each direction (the
-order of bytes and the throughput are kept: chunks queue, only their release is late), so a loopback
-server behaves like one a network away without touching the machine's network settings.
+:class:`RpcServer` runs the ``rpc-server`` built from the vendored llama.cpp
+(:func:`localspec.llama.programs.rpc_server_binary`) on ``127.0.0.1`` and waits for its handshake.
+:class:`DelayProxy` listens on a loopback port and forwards every connection to one server, holding each
+chunk for half the round trip in each direction (the order of bytes and the throughput are kept: chunks
+queue, only their release is late), so a loopback server behaves like one a network away without touching
+the machine's network settings.
 """
 
 from __future__ import annotations
@@ -19,12 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from localspec.errors import BenchError, RpcError
 from localspec.llama import rpc
 from localspec.llama.processes import die_with_this_process, stop
-
-#: The most one rpc-server may take to start answering its handshake.
-READY_TIMEOUT_S = 30.0
 
 
 def free_port() -> int:
@@ -56,24 +53,14 @@ class RpcServer:
             if log:
                 out.close()  # type: ignore[union-attr]
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        """Return once the server answers the RPC handshake; :class:`BenchError` if it exits or is silent."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise BenchError(
-                    f"rpc-server on {self.endpoint} exited with status {self.proc.returncode}",
-                    hint=f"see {self.log}" if self.log else "is the port taken?",
-                )
-            try:
-                rpc.hello(self.endpoint, timeout=1.0)
-                return
-            except RpcError:
-                if time.monotonic() > deadline:
-                    raise BenchError(
-                        f"rpc-server on {self.endpoint} did not answer", hint="see its log"
-                    ) from None
-                time.sleep(0.1)
+    def wait_ready(self, timeout: float = rpc.SERVER_READY_TIMEOUT_S) -> None:
+        """Return once the server answers the RPC handshake; :class:`RpcError` if it exits or is silent."""
+        rpc.wait_serving(
+            self.proc,
+            self.endpoint,
+            timeout=timeout,
+            hint=f"see {self.log}" if self.log else "is the port taken?",
+        )
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 5 s)."""

@@ -12,7 +12,6 @@ import ipaddress
 import re
 import socket
 import subprocess
-import time
 from collections.abc import Callable
 
 import click
@@ -20,10 +19,7 @@ import click
 from localspec import constants
 from localspec.cli.options import THREADS
 from localspec.errors import RpcError
-from localspec.llama.rpc import DEFAULT_PORT, Endpoint, hello
-
-#: How long the started server may take to answer the handshake.
-READY_TIMEOUT_S = 30.0
+from localspec.llama.rpc import DEFAULT_PORT, Endpoint, wait_serving
 
 
 def check_host(ctx: click.Context | None, param: click.Parameter | None, value: str) -> str:
@@ -131,39 +127,20 @@ def run_server(cmd: list[str], endpoint: Endpoint, *, on_ready: Callable[[], Non
     this process's death (never an orphaned server left listening).
 
     Raises:
-        RpcError: the server exited, or did not answer within :data:`READY_TIMEOUT_S`, before it served.
+        RpcError: the server exited, or did not answer within
+            :data:`~localspec.llama.rpc.SERVER_READY_TIMEOUT_S`, before it served.
     """
     from localspec.llama.processes import die_with_this_process, stop, stop_on_sigterm
 
     proc = subprocess.Popen(cmd, **die_with_this_process())
     try:
         with stop_on_sigterm():
-            _wait_ready(proc, endpoint)
+            wait_serving(proc, endpoint)
             if on_ready is not None:
                 on_ready()
             return proc.wait()
     finally:
         stop(proc)
-
-
-def _wait_ready(proc: subprocess.Popen, endpoint: Endpoint) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            raise RpcError(
-                f"rpc-server on {endpoint} exited with status {proc.returncode} before it served",
-                hint="see what it printed above",
-            )
-        try:
-            hello(endpoint, timeout=1.0)
-            return
-        except RpcError:
-            if time.monotonic() > deadline:
-                raise RpcError(
-                    f"rpc-server on {endpoint} did not answer within {READY_TIMEOUT_S:g} s",
-                    hint="see what it printed above",
-                ) from None
-            time.sleep(0.1)
 
 
 COMMANDS = [rpc_server]

@@ -36,8 +36,10 @@ import queue
 import re
 import socket
 import struct
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -169,6 +171,45 @@ def check_supported() -> None:
             "this llama-cpp-python was built without llama.cpp's RPC backend, which --rpc needs",
             hint=f"rebuild it with -DGGML_RPC=ON: {rebuild_command()}",
         )
+
+
+#: The most a started rpc-server may take to answer its first handshake.
+SERVER_READY_TIMEOUT_S = 30.0
+
+
+def wait_serving(
+    proc: subprocess.Popen,
+    endpoint: Endpoint,
+    *,
+    timeout: float = SERVER_READY_TIMEOUT_S,
+    hint: str = "see what it printed above",
+) -> None:
+    """Return once the rpc-server child ``proc`` answers the handshake at ``endpoint``.
+
+    Args:
+        proc: the server's process.
+        endpoint: where it listens (or a proxy in front of it).
+        timeout: seconds it may take.
+        hint: where to look when it fails (its output).
+
+    Raises:
+        RpcError: it exited before it served, or did not answer within ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RpcError(
+                f"rpc-server on {endpoint} exited with status {proc.returncode} before it served", hint=hint
+            )
+        try:
+            hello(endpoint, timeout=1.0)
+            return
+        except RpcError:
+            if time.monotonic() > deadline:
+                raise RpcError(
+                    f"rpc-server on {endpoint} did not answer within {timeout:g} s", hint=hint
+                ) from None
+            time.sleep(0.1)
 
 
 def hello(endpoint: Endpoint, *, timeout: float = HELLO_TIMEOUT_S) -> tuple[int, int, int]:
