@@ -54,20 +54,32 @@ def test_a_request_that_drafted_nothing_teaches_nothing():
     assert again.strategy == MODEL_WITH_LOOKUPS and "1.03" not in again.reason
 
 
-def test_a_handful_of_tokens_measured_slow_is_measured_again_at_the_next_request():
+def test_a_handful_of_tokens_measured_slow_does_not_outweigh_the_costs_prediction():
     router = Router(model=True, mtp=False)
     _route(router)
-    router.model.record(router.requests, drafted=6, accepted=3, rounds=2, speed=1.0)
+    router.model.record(router.requests, drafted=2, accepted=2, rounds=1, speed=0.15)  # a first request's
     est = router.model.estimate()
     assert est is not None and not est.pays and est.unsure  # one standard error reaches paying
-    retry = _route(router)
-    assert retry.strategy == MODEL_WITH_LOOKUPS and "tried again" in retry.reason
+    again = _route(router)
+    assert (
+        again.strategy == MODEL_WITH_LOOKUPS and "2 drafted tokens in 1 rounds over 1 request" in again.reason
+    )
+
+
+def test_a_handful_of_tokens_measured_slow_is_measured_again_at_the_next_request():
+    router = Router(model=False, mtp=True)  # no prediction to weigh it against
+    _route(router, None)
+    router.mtp.record(router.requests, drafted=6, accepted=3, rounds=2, speed=0.6)
+    est = router.mtp.estimate()
+    assert est is not None and not est.pays and est.unsure
+    retry = _route(router, None)
+    assert retry.strategy == MTP_WITH_LOOKUPS and "tried again" in retry.reason
     assert "6 drafted tokens in 2 rounds over 1 request" in retry.reason  # says what it measured, on what
-    router.model.record(router.requests, drafted=300, accepted=270, rounds=80, speed=1.6)
-    est = router.model.estimate()
+    router.mtp.record(router.requests, drafted=300, accepted=270, rounds=80, speed=1.6)
+    est = router.mtp.estimate()
     assert est is not None and est.pays and est.speed > 1.5  # weighed by tokens: the 6 barely count
-    after = _route(router)
-    assert after.strategy == MODEL_WITH_LOOKUPS and after.reason.endswith("over 2 requests: it pays")
+    after = _route(router, None)
+    assert after.strategy == MTP_WITH_LOOKUPS and after.reason.endswith("over 2 requests: it pays")
 
 
 def test_a_drafter_surely_not_paying_is_tried_again_after_waits_that_double():
@@ -93,7 +105,7 @@ def test_a_prediction_that_disagrees_with_the_measurement_brings_the_retry_forwa
     assert router.model.wait > RETRY_FIRST
     routes = [_route(router, CHEAP) for _ in range(RETRY_FIRST)]
     assert [r.strategy for r in routes[:-1]] == [LOOKUPS_ONLY] * (RETRY_FIRST - 1)
-    assert "the costs predict" in routes[0].reason
+    assert "with the costs' prediction" in routes[0].reason
     assert routes[-1].strategy == MODEL_WITH_LOOKUPS and "tried again" in routes[-1].reason
 
 

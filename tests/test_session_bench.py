@@ -69,6 +69,7 @@ def _row(config, strategy, ups, speeds, acceptance=0.5, peer=False):
     return {
         "config": config,
         "strategy": strategy,
+        "target_alone": strategy == "none",
         "peer": peer,
         "acceptance": acceptance,
         "speedups_generation": ups,

@@ -11,7 +11,8 @@ pipeline's requests, and decides from it:
   (from acceptance per draft position, the draft calls and verify widths its rounds really took, and their
   measured seconds), averaged with each request weighted by the tokens it drafted, older requests fading.
   An :class:`Estimate` carries its uncertainty, one standard error of ``SPREAD / sqrt(tokens)``: a request
-  that drafted nothing teaches nothing, and one that drafted a handful of tokens teaches little.
+  that drafted nothing teaches nothing, and one that drafted a handful of tokens teaches little. For a draft
+  model the prediction below (at the measured acceptance) weighs in like ``PREDICTION_TOKENS`` tokens.
 - Predicted, for a draft model not measured yet: the formula of the one model of speed
   (:mod:`localspec.decoding.speed`) on the machine's measured costs, at the acceptance measured so far
   (else a prior), with draft length ``k`` chosen for the most expected tokens per unit of time:
@@ -56,8 +57,12 @@ PRIOR_TOKENS = 8
 #: The model must promise at least this speedup over the target alone to be worth its memory and risk.
 MIN_GAIN = 1.05
 #: One standard error of a measured speed is this over the square root of the drafted tokens it was measured
-#: on: the acceptance of n tokens is known to about 0.5/sqrt(n), and a speed moves 2-3 times as much as it.
-SPREAD = 1.0
+#: on: the acceptance of n tokens is known to about 0.5/sqrt(n) and a speed moves 2-3 times as much as it,
+#: and the first rounds' timings (a cold draft call, one verify width) add as much again.
+SPREAD = 2.0
+#: Where the machine's costs predict a draft model's speed, the prediction weighs like this many drafted
+#: tokens against the measured ones: a handful of tokens measured slow does not outweigh it.
+PREDICTION_TOKENS = 16
 #: Each new request's measurement weighs the earlier ones down by this factor, so the estimate follows a
 #: machine whose load changes.
 FADE = 0.8
@@ -276,12 +281,16 @@ class Router:
         c = costs() if r is self.model else None  # the MTP layers' costs are not in the machine's
         ratio = c.draft_ratio if c is not None else None
         if est is not None:
-            predicted = model_speed(c, r.acceptance(), n_max)[0] if c is not None and ratio else 0.0
-            pays = predicted >= MIN_GAIN and not est.pays
-            why = f"{r.what}: {est}"
-            if pays:
-                why += f" (the costs predict {predicted:.2f}x at its acceptance {r.acceptance():.2f})"
-            return _Weighed(r, est.speed, why, measured=True, predicted_pays=pays)
+            if c is None or ratio is None:
+                return _Weighed(r, est.speed, f"{r.what}: {est}", measured=True)
+            predicted = model_speed(c, r.acceptance(), n_max)[0]
+            both = (predicted * PREDICTION_TOKENS + est.speed * r.weight) / (PREDICTION_TOKENS + r.weight)
+            why = (
+                f"{r.what}: {est}; with the costs' prediction at its acceptance {r.acceptance():.2f} "
+                f"({predicted:.2f}x): {both:.2f}x"
+            )
+            pays = predicted >= MIN_GAIN and both < MIN_GAIN  # the two disagree: measure again soon
+            return _Weighed(r, both, why, measured=True, predicted_pays=pays)
         if c is None or ratio is None:
             return _Weighed(r, None, f"{'costs ' if r is self.model else ''}not measured yet", measured=False)
         a = r.acceptance()
