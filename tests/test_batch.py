@@ -13,10 +13,12 @@ from _lossless import NEAR_TIE
 import localspec
 from localspec import constants
 from localspec.decoding.draft import Draft
-from localspec.decoding.engine import Engine, PassCosts
+from localspec.decoding.engine import Engine
+from localspec.decoding.pass_costs import PassCosts
 from localspec.decoding.speed import batch_lengths
 from localspec.errors import LocalspecError, SettingsError
-from localspec.llama.runtime import Model, check_sequences
+from localspec.llama.loading import check_sequences
+from localspec.llama.runtime import Model
 from localspec.llama.sampling import SamplingParams
 from localspec.pipeline import models as pipeline_module
 from localspec.settings import DraftSettings

@@ -112,7 +112,7 @@ def test_checkpoint_rollback_and_its_cost_are_counted(models):
     target, other = models["qwen3next"]
     with localspec.load(target, other, n_ctx=256, n_threads=2, n_max=4, suffix_store=False) as pipe:
         model = pipe.target
-        assert model.n_rs_seq == 0 and model.recurrent_state_bytes() > 0
+        assert model.n_rs_seq == 0 and model.seq0.state_bytes() > 0
         ids, _, stats = _run(pipe, "model", adaptive=False, p_min=0.0)
         assert model.rollback.saves > 0 and model.rollback.restores > 0
         assert stats.rollback_seconds > 0 and stats.replayed_tokens > 0
@@ -200,7 +200,7 @@ def test_auto_measures_what_a_rollback_costs(models):
 def test_the_memory_line_counts_recurrent_states_and_their_snapshots(models):
     """A hybrid's context memory is llama.cpp's own (KV cache + recurrent states), snapshots included,
     not the formula that counts every layer as attention."""
-    from localspec.llama.runtime import cache_bytes_logged
+    from localspec.llama.logs import cache_bytes_logged
 
     assert cache_bytes_logged(["llama_kv_cache:        CPU KV buffer size =    56.00 MiB"]) == 56 * 2**20
     both = ["x: CPU KV buffer size = 1.50 MiB", "y: CPU RS buffer size = 0.50 MiB"]

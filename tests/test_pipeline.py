@@ -18,7 +18,8 @@ from localspec.decoding.draft import Draft
 from localspec.decoding.engine import MAX_CONTROLLERS, Engine
 from localspec.decoding.stats import GenerationStats
 from localspec.errors import ContextOverflowError, SettingsError
-from localspec.llama.runtime import Model, default_gpu_layers, placement
+from localspec.llama.loading import default_gpu_layers, placement
+from localspec.llama.runtime import Model
 from localspec.llama.sampling import SamplingParams
 from localspec.settings import MTP_STRATEGIES, STRATEGIES, DraftSettings
 
@@ -475,7 +476,7 @@ def test_gpu_layers_default_to_all_only_when_llama_cpp_can_offload():
 
 
 def test_the_pipeline_says_where_each_model_runs(embedded_pipe, monkeypatch):
-    from localspec.llama.runtime import supports_gpu_offload
+    from localspec.llama.loading import supports_gpu_offload
 
     offload = supports_gpu_offload()  # (llama.cpp's own answer is yes for any build with RPC: test_rpc.py)
     expected = "GPU (all layers)" if offload else "CPU"

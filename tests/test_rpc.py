@@ -24,7 +24,7 @@ import localspec
 from localspec.bench.rpc_local import DelayProxy, free_port, local_servers
 from localspec.errors import RpcError, SettingsError
 from localspec.llama import rpc
-from localspec.llama.runtime import rpc_placement, supports_gpu_offload
+from localspec.llama.loading import rpc_placement, supports_gpu_offload
 from localspec.serve.exposure import ExposureError, check_rpc_exposure
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -94,7 +94,7 @@ def _written(preset: Preset) -> float:
 def pair_costs_key(target: Path, draft: Path | None, threads: int) -> str:
     """The key a run of the pair at ``threads``, offloading as it does by default, keeps its costs under
     (:func:`localspec.decoding.costs.costs_key`; the files must exist)."""
-    from localspec.llama.runtime import default_gpu_layers, supports_gpu_offload
+    from localspec.llama.loading import default_gpu_layers, supports_gpu_offload
 
     layers = default_gpu_layers(None, offload=supports_gpu_offload())
     return costs_key(

@@ -377,7 +377,7 @@ def measure(
     if target.memory_kind != "attention":  # recurrent memory: what a rollback past its snapshots costs
         target.reset()
         target.decode(base)
-        save, restore = zip(*(target.time_rollback() for _ in range(5)), strict=True)
+        save, restore = zip(*(target.seq0.time_rollback() for _ in range(5)), strict=True)
         details["rollback"] = {
             "snapshots": target.n_rs_seq,
             "save": typical(list(save)) / one,

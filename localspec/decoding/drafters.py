@@ -169,7 +169,7 @@ class MtpDrafter:
 
     def use_sequence(self, seq_id: int) -> None:
         """Nothing to choose: the MTP layers draft for a target of one sequence
-        (:func:`~localspec.llama.runtime.check_sequences`)."""
+        (:func:`~localspec.llama.loading.check_sequences`)."""
 
     def begin(self, context: list[int]) -> None:
         """The head follows the target from here; positions of ``context`` (the target's cache) it did not

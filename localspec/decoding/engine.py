@@ -1,41 +1,46 @@
 """The speculative loop: draft, verify in one batched target pass, keep what the target agrees with.
 
-Invariant between rounds: ``ctx`` is the prompt plus every emitted token; the target's KV cache
-holds ``ctx[:-1]`` and the last token is *pending* (its logits are not computed yet). A round
-decodes ``[pending] + drafts`` in one batch, asking llama.cpp for output rows at exactly those
-positions, accepts the longest agreeing prefix (greedy: equal to the target's argmax; sampling:
-the rejection rule in :mod:`localspec.llama.sampling`), emits one more token from the target's own row
-at the first disagreement (or after the last draft), and removes the rejected drafts from the KV
-cache. With no drafter the same loop is the target alone, one token per pass: the baseline.
+Invariant between rounds, per generation: ``ctx`` is the prompt plus every emitted token; the generation's
+sequence of the target (:class:`~localspec.llama.sequence.Sequence`) holds ``ctx[:-1]`` and the last token is
+*pending* (its logits are not computed yet). A round decodes ``[pending] + drafts`` in one batch, asking
+llama.cpp for output rows at exactly those positions, accepts the longest agreeing prefix (greedy: equal to
+the target's argmax; sampling: the rejection rule in :mod:`localspec.llama.sampling`), emits one more token
+from the target's own row at the first disagreement (or after the last draft), and removes the rejected
+drafts from its sequence. With no drafter the same loop is the target alone, one token per pass: the
+baseline.
+
+A step (:meth:`Engine.step`) runs the rounds of several generations, each on its own sequence, in ONE pass:
+the rows of every round (and chunks of prompts still going in) share one ``llama_decode``, and each
+generation accepts or takes back its own drafts. Each sequence's logits rows are still exactly its verified
+positions', so the invariant holds for each; one generation alone is a step of one (there is one loop).
 
 A target with recurrent memory (a hybrid such as Qwen3.5, or a Mamba) takes drafts back through state
-snapshots or a checkpoint saved before the pass (:meth:`Model.checkpoint`, :mod:`localspec.llama.recurrent`);
-after a checkpoint restore the accepted tokens are *owed*: the cache holds ``ctx[:-1]`` in name, and the next
-verify pass evaluates the owed tokens in front of the pending one. Its logits rows are still exactly the
-verified positions', so the invariant holds as stated.
+snapshots or a checkpoint saved before the pass (:meth:`Model.checkpoint`, :mod:`localspec.llama.recurrent`),
+per sequence; after a checkpoint restore the accepted tokens are *owed*: the sequence holds ``ctx[:-1]`` in
+name, and its next verify pass evaluates the owed tokens in front of the pending one.
 
 A round drafts at most :attr:`Model.max_draft` tokens (one llama.cpp batch holds the pending token and
-the drafts: every logits row of a verify pass comes from one decode) and never past the context.
+the drafts: every logits row of a verify pass comes from one decode), within its share of a shared pass,
+and never past the context.
 
 Sharing: one :class:`Engine` (one :class:`~localspec.pipeline.api.Pipeline`) may run any number of
-generations,
-from several threads or interleaved in one thread (a stream suspended while another runs). Each round
-runs under the engine's lock and never yields while holding it. The owner marker says whose context the
-target's KV cache holds: a round that finds another generation ran in between re-syncs the cache to its
-own context first (the longest common prefix stays). Drafter state is per generation (the pipeline builds
-a fresh drafter for each call, so n-gram tables are never shared), and the draft model's cache re-syncs
-to the given context on every draft call. So whatever the interleaving, every output is what that
-generation gives alone. Scheduling: a round from another thread waits while the owning generation is
-running (its last round ended less than :data:`HANDOVER_SECONDS` ago), so threads take turns per
-generation rather than re-syncing each round; a suspended or abandoned stream holds nothing beyond that
-grace, and a stream of the same thread never waits (its other streams cannot be running). This is
-simpler to make airtight than holding the lock for a whole stream: an abandoned, unclosed stream can
+generations, from several threads or interleaved in one thread (a stream suspended while another runs).
+Each step runs under the engine's lock and never yields while holding it. A generation is placed on a free
+sequence (the one holding the longest part of its prompt); with more generations than sequences they share
+one by turns. Each sequence's owner marker says whose context it holds: a round that finds another
+generation ran on it in between re-syncs it to its own context first (the longest common prefix stays).
+Drafter state is per generation (n-gram tables are never shared; a draft model drafts on the generation's
+own sequence of it and re-syncs that sequence on every draft call). So whatever the interleaving, every
+output is what that generation gives alone. Scheduling: a round from another thread waits while the
+sequence's owner is running (its last round ended less than :data:`HANDOVER_SECONDS` ago), so threads take
+turns per generation rather than re-syncing each round; a suspended or abandoned stream holds nothing
+beyond that grace, and a stream of the same thread never waits (its other streams cannot be running). This
+is simpler to make airtight than holding the lock for a whole stream: an abandoned, unclosed stream can
 never hang the other callers, and same-thread interleaving cannot deadlock.
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import dataclasses
 import threading
@@ -52,8 +57,10 @@ from localspec.decoding import accept
 from localspec.decoding.adaptive import AdaptiveLength
 from localspec.decoding.drafters import Draft, Drafter
 from localspec.decoding.model_draft import joint_drafting
-from localspec.decoding.speed import Verify, batch_lengths
+from localspec.decoding.pass_costs import PassCosts
+from localspec.decoding.speed import batch_lengths
 from localspec.decoding.stats import GenerationStats
+from localspec.decoding.text_stream import TextStream
 from localspec.errors import LocalspecError, SettingsError
 from localspec.llama.runtime import Model
 from localspec.llama.sampling import SamplingParams
@@ -153,7 +160,7 @@ class Engine:
             settings=settings,
             stats=stats,
             constraint=self._constraint(grammar),
-            text=_TextStream(self.target, stop),
+            text=TextStream(self.target, stop),
             rng=np.random.default_rng(params.seed),
         )
 
@@ -581,7 +588,7 @@ class Generation:
     settings: DraftSettings
     stats: GenerationStats
     constraint: Constraint | None
-    text: _TextStream
+    text: TextStream
     rng: np.random.Generator
     controller: AdaptiveLength | None = None
     seq: Sequence | None = None  # the target's sequence it runs on (placed at its first step)
@@ -642,59 +649,6 @@ class _Owner:
     round_end: float = 0.0
 
 
-class PassCosts:
-    """What a pass of each width cost on this machine, from the passes the engine ran (a running mean per
-    width): the cost curve a shared pass's draft lengths are chosen by."""
-
-    def __init__(self) -> None:
-        self._seconds: dict[int, float] = {}
-        self._counts: dict[int, int] = {}
-
-    def add(self, width: int, seconds: float) -> None:
-        """One pass of ``width`` rows took ``seconds``."""
-        if width <= 0 or seconds <= 0:
-            return
-        n = self._counts.get(width, 0)
-        old = self._seconds.get(width, seconds)
-        weight = 1.0 / min(n + 1, 16)  # a mean at first, then a moving one (the machine's load changes)
-        self._seconds[width] = old + weight * (seconds - old)
-        self._counts[width] = n + 1
-
-    def curve(self) -> Verify | None:
-        """Seconds of a pass of ``b`` rows: measured where that width ran, else on the line fitted through
-        the widths that ran; None before two widths have."""
-        if len(self._seconds) < 2:
-            return None
-        points = [(float(b), s, float(min(self._counts[b], 16))) for b, s in self._seconds.items()]
-        line = _SecondsLine.fit(points)
-        measured = dict(self._seconds)
-
-        def verify(b: int) -> float:
-            return measured.get(b) or line(b)
-
-        return verify
-
-
-@dataclass(frozen=True)
-class _SecondsLine:
-    """The least-squares line through (width, seconds, weight) points, never decreasing with the width."""
-
-    at0: float
-    slope: float
-
-    def __call__(self, b: float) -> float:
-        return max(1e-9, self.at0 + self.slope * b)
-
-    @classmethod
-    def fit(cls, points: list[tuple[float, float, float]]) -> _SecondsLine:
-        sw = sum(w for _, _, w in points)
-        mb = sum(w * b for b, _, w in points) / sw
-        ms = sum(w * s for _, s, w in points) / sw
-        den = sum(w * (b - mb) ** 2 for b, _, w in points)
-        slope = max(0.0, sum(w * (b - mb) * (s - ms) for b, s, w in points) / den) if den > 0 else 0.0
-        return cls(ms - slope * mb, slope)
-
-
 @dataclass(frozen=True)
 class _Cost:
     """What a round's target side cost: the verify pass (with the ``replayed`` tokens an earlier rollback
@@ -713,38 +667,3 @@ class _Verdict:
     emitted: list[int]
     accepted: int
     complete: bool
-
-
-class _TextStream:
-    """Bytes to text, token by token: holds back partial UTF-8 and text that may start a stop string."""
-
-    def __init__(self, model: Model, stop: list[str] | None) -> None:
-        self.model = model
-        self.stop = [s for s in (stop or []) if s]
-        self.hold = max((len(s) for s in self.stop), default=1) - 1
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.pending = ""
-        self.done = False
-
-    def push(self, token: int) -> tuple[str, bool]:
-        self.pending += self.decoder.decode(self.model.piece(token))
-        if self.stop:
-            cut = min((i for i in (self.pending.find(s) for s in self.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                out, self.pending = self.pending[:cut], ""
-                self.done = True
-                return out, True
-        if self.hold and len(self.pending) > self.hold:
-            out, self.pending = self.pending[: -self.hold], self.pending[-self.hold :]
-            return out, False
-        if self.hold:
-            return "", False
-        out, self.pending = self.pending, ""
-        return out, False
-
-    def flush(self) -> str:
-        if self.done:
-            return ""
-        out = self.pending + self.decoder.decode(b"", final=True)
-        self.pending = ""
-        return out

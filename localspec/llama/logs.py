@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -107,3 +108,20 @@ def llama_said() -> Iterator[Said]:
                 errors.append(piece)
             previous = previous if level == _LOG_CONT else level
         said.errors.extend(line.strip() for line in "".join(errors)[:65536].splitlines() if line.strip())
+
+
+_CACHE_BUFFER = re.compile(r"\b(?:KV|RS) buffer size =\s*([0-9.]+) MiB")
+
+
+def cache_bytes_logged(said_lines: list[str]) -> int | None:
+    """The bytes of every KV-cache and recurrent-state buffer a model's load log names
+    (``llama_kv_cache:        CPU KV buffer size =    56.00 MiB``), or None when it names none.
+
+    Args:
+        said_lines: the load's log lines (:class:`Said`).
+
+    Returns:
+        Their sum in bytes, or None.
+    """
+    sizes = [float(m.group(1)) for line in said_lines for m in _CACHE_BUFFER.finditer(line)]
+    return round(sum(sizes) * 1024 * 1024) if sizes else None

@@ -39,8 +39,9 @@ import llama_cpp
 import llama_cpp._internals as llama_internals
 import numpy as np
 
-from localspec.errors import LocalspecError
+from localspec.errors import GGUFError, LocalspecError
 from localspec.llama.load_hooks import replaced
+from localspec.llama.logs import cache_bytes_logged, quiet_stderr
 
 #: Target hidden rows kept per position (a ring): the row before the first token of any later pass. A pass
 #: that starts further back than this (a new request on an old prefix) pairs its first token with a zero
@@ -358,3 +359,52 @@ def assistant_head(
             hint="give it as an ordinary draft model, or use the assistant published with the target",
         )
     return head
+
+
+def start_head(
+    model: Any,
+    ctx: Any,
+    *,
+    what: str,
+    assistant: str | None,
+    n_gpu_layers: int,
+    n_ctx: int,
+    n_batch: int,
+    n_threads: int,
+) -> tuple[MtpHead, int | None]:
+    """The MTP head of a loaded model: of its own MTP layers (a quant may have dropped them), or of an
+    ``assistant`` file that reads the model's KV cache (:func:`assistant_head`).
+
+    Args:
+        model: the loaded ``llama_model`` pointer.
+        ctx: its context.
+        what: the model file, for errors.
+        assistant: an assistant file to draft with instead of MTP layers of its own.
+        n_gpu_layers: the model's layers on a GPU (an assistant's follow them).
+        n_ctx: the context each sequence has.
+        n_batch: the model's batch.
+        n_threads: CPU threads.
+
+    Returns:
+        The head, and the KV cache its context allocated as llama.cpp logged it (0 for an assistant, which
+        reads the model's; None when the log was not captured).
+
+    Raises:
+        GGUFError: the file has no MTP layers.
+    """
+    if assistant is not None:
+        with quiet_stderr():
+            head = assistant_head(
+                assistant, ctx, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads
+            )
+        return head, 0
+    if layer_count(model) == 0:
+        raise GGUFError(
+            what,
+            "this file has no MTP layers (the model family may have none, or this quant dropped them)",
+            hint="use a quant that keeps them (often named MTP), or draft with a small model of the same "
+            "family (--draft PATH) or ngram",
+        )
+    with quiet_stderr() as said:
+        head = MtpHead(model, ctx, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+    return head, cache_bytes_logged(said.lines)

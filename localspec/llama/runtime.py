@@ -20,10 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import re
-import signal
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,84 +29,26 @@ from typing import Any, TypeVar
 import llama_cpp
 import numpy as np
 
-from localspec import constants
 from localspec.errors import (
-    ContextOverflowError,
-    GGUFError,
     LocalspecError,
     ModelNotFoundError,
     RpcError,
     SettingsError,
 )
 from localspec.llama import mtp as mtp_layers
-from localspec.llama import recurrent, rpc
-from localspec.llama.build import check_amx
-from localspec.llama.logs import Said, quiet_stderr
-from localspec.llama.sequence import ContextHandle, Sequence, sequences_asked
-from localspec.settings import N_CTX_RANGE, max_threads
-
-
-def check_load_settings(*, n_ctx: int, n_threads: int, n_gpu_layers: int, what: str = "model") -> None:
-    """Refuse values llama.cpp would crash on or spend without bound, before anything loads."""
-    low, high = N_CTX_RANGE
-    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not low <= n_ctx <= high:
-        raise SettingsError(
-            f"n_ctx {n_ctx!r} is out of range for the {what}",
-            hint=f"use a whole number from {low} to the model's trained context (4096 is usual)",
-        )
-    top = max_threads()
-    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or not 1 <= n_threads <= top:
-        raise SettingsError(
-            f"threads {n_threads!r} is out of range for the {what}",
-            hint=f"use 1 to {top} on this machine ({os.cpu_count()} logical cores); "
-            "the physical core count is usually fastest",
-        )
-    if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int) or n_gpu_layers < -1:
-        raise SettingsError(
-            f"GPU layers {n_gpu_layers!r} is not valid for the {what}",
-            hint="use -1 (all layers), 0 (CPU only) or a number of layers",
-        )
-
-
-def supports_gpu_offload() -> bool:
-    """True when this llama-cpp-python build can offload layers to a GPU here (CUDA, Metal, Vulkan...).
-
-    llama.cpp's own ``llama_supports_gpu_offload`` is also true for a CPU build with the RPC backend, whose
-    offloaded layers can only go to rpc-servers: then a local GPU device is looked for in ggml's registry.
-    """
-    if not llama_cpp.llama_supports_gpu_offload():
-        return False
-    return not rpc.supported() or rpc.has_local_gpu()
-
-
-def default_gpu_layers(requested: int | None, *, offload: bool) -> int:
-    """Layers to offload: an explicit ``requested`` value wins; otherwise all (-1) when the build can
-    offload (``offload``), else none (0). Pure, so the decision is tested without a GPU."""
-    if requested is not None:
-        return requested
-    return -1 if offload else 0
-
-
-def check_sequences(n_seq: int, *, mtp: bool, what: str = "model") -> None:
-    """Refuse a number of sequences llama.cpp cannot hold, or MTP layers asked to draft for several.
-
-    Args:
-        n_seq: sequences the context is to hold.
-        mtp: whether MTP layers (or an MTP assistant) are loaded with it.
-        what: the model, for the message.
-    """
-    top = int(llama_cpp.llama_max_parallel_sequences())
-    if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= top:
-        raise SettingsError(
-            f"parallel {n_seq!r} is out of range for the {what}",
-            hint=f"use 1 to {top} sequences at once",
-        )
-    if mtp and n_seq > 1:
-        raise SettingsError(
-            f"the MTP layers of {what} draft for one sequence at a time, and {n_seq} were asked for",
-            hint="use parallel 1 with MTP, or draft with ngram, suffix or a draft model to run requests "
-            "at once",
-        )
+from localspec.llama import recurrent, rpc, token_sets
+from localspec.llama.loading import (
+    LoadAsk,
+    check_load_settings,
+    check_sequences,
+    load_llama,
+    place_layers,
+    placement,
+    rpc_placement,
+    supports_gpu_offload,
+)
+from localspec.llama.logs import Said, cache_bytes_logged
+from localspec.llama.sequence import ContextHandle, Sequence
 
 
 @dataclass(frozen=True)
@@ -121,64 +60,29 @@ class _Part:
     outputs: int
 
 
+def _check_outputs(model: Model, outputs: int) -> None:
+    """Refuse a pass of more logits rows than one llama.cpp batch holds (it would abort the process)."""
+    if outputs > model.n_batch:
+        raise SettingsError(
+            f"{model.path.name}: a pass of {outputs} logits rows exceeds llama.cpp's batch of "
+            f"{model.n_batch}",
+            hint=f"draft at most {model.max_draft} tokens per round (n_max), or load with a larger n_ctx",
+        )
+
+
+def _new_batch(n: int) -> Any:
+    """A llama.cpp batch of ``n`` tokens, each of one sequence (set per token when filled)."""
+    batch = llama_cpp.llama_batch_init(n, 0, 1)
+    for i in range(n):
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = 0
+    return batch
+
+
 T = TypeVar("T")
 #: llama.cpp objects of models whose RPC server was lost: never freed (that would talk to the dead server
 #: again, on whichever thread collected them), kept here so the garbage collector never tries.
 _LOST: list[Any] = []
-
-
-def rpc_placement(said_lines: list[str], names: dict[str, str], n_layer: int) -> str:
-    """Where llama.cpp put each repeating layer of an RPC-backed model, from its load log
-    (``layer 3 assigned to device RPC1``): ``RPC 127.0.0.1:50052 14/28 layers, ...; CPU 0/28``.
-
-    Args:
-        said_lines: the load's log lines (:class:`Said`).
-        names: ggml device name -> what to call it (``RPC0`` -> ``127.0.0.1:50052``).
-        n_layer: the model's repeating layers (the output layer, numbered ``n_layer``, is not counted).
-
-    Returns:
-        The summary; ``RPC over ...`` without counts when the log was not captured (LOCALSPEC_VERBOSE).
-    """
-    counts: dict[str, int] = {}
-    for line in said_lines:
-        head, sep, device = line.partition(" assigned to device ")
-        words = head.split()
-        if sep and len(words) >= 2 and words[-2] == "layer" and words[-1].isdigit():
-            if int(words[-1]) < n_layer:
-                name = device.split(",")[0].strip()
-                counts[name] = counts.get(name, 0) + 1
-    if not counts:
-        return "RPC over " + ", ".join(names.values())
-    parts = [f"{names.get(name, name)} {n}/{n_layer}" for name, n in counts.items() if name in names]
-    local = sum(n for name, n in counts.items() if name not in names)
-    text = "RPC " + ", ".join(parts) + " layers"
-    return text + (f"; this machine {local}/{n_layer}" if local else "")
-
-
-_CACHE_BUFFER = re.compile(r"\b(?:KV|RS) buffer size =\s*([0-9.]+) MiB")
-
-
-def cache_bytes_logged(said_lines: list[str]) -> int | None:
-    """The bytes of every KV-cache and recurrent-state buffer a model's load log names
-    (``llama_kv_cache:        CPU KV buffer size =    56.00 MiB``), or None when it names none.
-
-    Args:
-        said_lines: the load's log lines (:class:`Said`).
-
-    Returns:
-        Their sum in bytes, or None.
-    """
-    sizes = [float(m.group(1)) for line in said_lines for m in _CACHE_BUFFER.finditer(line)]
-    return round(sum(sizes) * 1024 * 1024) if sizes else None
-
-
-def placement(n_gpu_layers: int, n_layer: int, *, offload: bool) -> str:
-    """Where a model runs, for people: ``CPU``, ``GPU (all layers)`` or ``GPU 10/28 layers, rest CPU``."""
-    if not offload or n_gpu_layers == 0:
-        return "CPU"
-    if n_gpu_layers < 0 or n_gpu_layers >= n_layer:
-        return "GPU (all layers)"
-    return f"GPU {n_gpu_layers}/{n_layer} layers, rest CPU"
 
 
 class Model:
@@ -245,104 +149,38 @@ class Model:
                 f"{self.path}: no such model file",
                 hint="check the path, or run `localspec scan` to list the models on this machine",
             )
-        devices, labels = self._place(
-            n_threads=n_threads, n_gpu_layers=n_gpu_layers, tensor_split=tensor_split
+        mtp_layers_too = mtp and not mtp_assistant
+        ask = LoadAsk(
+            n_ctx * n_seq,
+            n_batch,
+            n_threads,
+            n_gpu_layers,
+            tensor_split,
+            rollback_depth,
+            mtp_layers_too,
+            n_seq,
         )
-        said = self._load(
-            devices,
-            n_ctx=n_ctx * n_seq,
-            n_seq=n_seq,
-            n_batch=n_batch,
-            n_threads=n_threads,
-            n_gpu_layers=n_gpu_layers,
-            tensor_split=tensor_split,
-            rollback_depth=rollback_depth,
-            mtp=mtp and mtp_assistant is None,
-        )
+        said, devices, labels = self._load(ask)
         self._read_back(said, devices, labels, n_gpu_layers=n_gpu_layers)
-        if mtp_assistant is not None:
-            self._start_mtp(n_threads, assistant=Path(mtp_assistant))
-        elif mtp:
-            self._start_mtp(n_threads)
+        if mtp or mtp_assistant is not None:
+            self._start_mtp(n_threads, assistant=Path(mtp_assistant) if mtp_assistant else None)
 
-    def _place(
-        self, *, n_threads: int, n_gpu_layers: int, tensor_split: Seq[float] | None
-    ) -> tuple[Any, dict[str, str]]:
-        """Where the layers go: the rpc-servers' devices and their labels (``RPC0`` -> ``host:port``), the
-        split checked and the model's :class:`rpc.Guard` made; else (None, {}) after the AMX check of a
-        local load."""
-        devices, labels = None, {}
-        if self.rpc_servers:  # the layers on the servers: the local CPU's AMX kernels are not the question
-            devices = rpc.devices(self.rpc_servers)
-            servers = map(str, self._device_servers(devices))
-            labels = dict(zip(rpc.device_names(devices), servers, strict=True))  # RPC0 -> host:port
-            if tensor_split:
-                rpc.check_tensor_split(list(tensor_split), [f"{n} {e}" for n, e in labels.items()])
+    def _load(self, ask: LoadAsk) -> tuple[Said, Any, dict[str, str]]:
+        """The layers placed (rpc-servers get a guard) and llama.cpp's load (a Ctrl-C in it raised after)."""
+        devices, labels = place_layers(
+            self.path,
+            self.rpc_servers,
+            n_threads=ask.n_threads,
+            n_gpu_layers=ask.n_gpu_layers,
+            tensor_split=ask.tensor_split,
+        )
+        if self.rpc_servers:  # every llama.cpp call of the model runs on the guard's thread
             self._guard = rpc.Guard(self.rpc_servers, self.path.name)
-        else:
-            check_amx(self.path, n_threads=n_threads, n_gpu_layers=n_gpu_layers)  # a crash there kills us
-        return devices, labels
-
-    def _load(
-        self,
-        devices: Any,
-        *,
-        n_ctx: int,
-        n_batch: int,
-        n_threads: int,
-        n_gpu_layers: int,
-        tensor_split: Seq[float] | None,
-        rollback_depth: int,
-        mtp: bool,
-        n_seq: int,
-    ) -> Said:
-        """llama.cpp loads the file (its load log kept quiet and returned); its refusal becomes a
-        :class:`GGUFError` with llama.cpp's own reason, and a Ctrl-C during the load is honoured after it."""
-        said = Said()
-
-        def load() -> llama_cpp.Llama:
-            return llama_cpp.Llama(
-                model_path=str(self.path),
-                n_ctx=n_ctx,
-                n_batch=n_batch,
-                n_ubatch=n_batch,
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
-                n_gpu_layers=n_gpu_layers,
-                tensor_split=list(tensor_split) if tensor_split else None,
-                logits_all=False,
-                verbose=constants.verbose(),  # LOCALSPEC_VERBOSE: its load log, on stderr
-            )
-
-        try:
-            with (
-                _interrupt_after() as interrupted,
-                quiet_stderr() as said,
-                rpc.load_devices(devices),
-                recurrent.snapshots_asked(rollback_depth),
-                sequences_asked(n_seq),
-                mtp_layers.layers_asked(mtp),
-            ):
-                self._llama = self._call(load)
-        except (ValueError, RuntimeError, OSError) as exc:
-            if isinstance(exc, LocalspecError):  # an RpcError: already says which server and what to do
-                raise
-            # llama.cpp's own reason (an architecture this build does not know, a tensor out of bounds)
-            why = next((e for e in reversed(said.errors) if "error loading model" in e), None)
-            why = why or (said.errors[-1] if said.errors else str(exc))
-            hint = None
-            if "unknown model architecture" in why:
-                hint = (
-                    f"llama-cpp-python {llama_cpp.__version__} does not run this architecture: a newer "
-                    "release may (pip install -U llama-cpp-python), or pick a model of another family"
-                )
-            raise GGUFError(
-                str(self.path), f"llama.cpp could not load this model: {why[:300]}", hint=hint
-            ) from None
+        self._llama, said, interrupted = load_llama(self.path, devices, ask, self._call)
         if interrupted:  # Ctrl-C while llama.cpp loaded: honoured now that it is done
             self.close()
             raise KeyboardInterrupt
-        return said
+        return said, devices, labels
 
     def _read_back(self, said: Said, devices: Any, labels: dict[str, str], *, n_gpu_layers: int) -> None:
         """What llama.cpp made of the load: its context, vocabulary and sizes, and this model's KV
@@ -373,61 +211,31 @@ class Model:
         #: the sequences this context holds, by llama.cpp's sequence id
         self.sequences = [Sequence(handle, i) for i in range(n_seq)]
         self.seq0 = self.sequences[0]
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        for i in range(self.n_batch):
-            self._batch.n_seq_id[i] = 1
-            self._batch.seq_id[i][0] = 0
+        self._batch = _new_batch(self.n_batch)
         self._piece_buf = ctypes.create_string_buffer(64)
         self._textless: np.ndarray | None = None
         self._space: np.ndarray | None = None
-        self.eog_ids = frozenset(
-            t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)
-        )
+        self.eog_ids = token_sets.eog_ids(self.vocab, self.n_vocab)
 
     def _start_mtp(self, n_threads: int, assistant: Path | None = None) -> None:
-        """Make the MTP context: of this file's MTP layers (a quant may have dropped them), or of an
-        ``assistant`` file that reads this model's memory."""
-        if assistant is not None:
-            self._start_assistant(n_threads, assistant)
-            return
-        if mtp_layers.layer_count(self.model) == 0:
-            self.close()
-            raise GGUFError(
-                str(self.path),
-                "this file has no MTP layers (the model family may have none, or this quant dropped them)",
-                hint="use a quant that keeps them (often named MTP), or draft with a small model of the same "
-                "family (--draft PATH) or ngram",
+        """Make the MTP head: of this file's MTP layers, or of an ``assistant`` file that reads this model's
+        memory (:func:`localspec.llama.mtp.start_head`); a failure frees the model."""
+        try:
+            self.mtp, self._mtp_cache_bytes = self._call(
+                lambda: mtp_layers.start_head(
+                    self.model,
+                    self.ctx,
+                    what=str(self.path),
+                    assistant=str(assistant) if assistant else None,
+                    n_gpu_layers=self.n_gpu_layers,
+                    n_ctx=self.n_ctx,
+                    n_batch=self.n_batch,
+                    n_threads=n_threads,
+                )
             )
-        with quiet_stderr() as said:
-            try:
-                self.mtp = self._call(
-                    lambda: mtp_layers.MtpHead(
-                        self.model, self.ctx, n_ctx=self.n_ctx, n_batch=self.n_batch, n_threads=n_threads
-                    )
-                )
-            except LocalspecError:
-                self.close()
-                raise
-        self._mtp_cache_bytes = cache_bytes_logged(said.lines)
-
-    def _start_assistant(self, n_threads: int, assistant: Path) -> None:
-        """The MTP head of an assistant file; it reads this model's KV cache, so it adds none."""
-        with quiet_stderr():
-            try:
-                self.mtp = self._call(
-                    lambda: mtp_layers.assistant_head(
-                        str(assistant),
-                        self.ctx,
-                        n_gpu_layers=self.n_gpu_layers,
-                        n_ctx=self.n_ctx,
-                        n_batch=self.n_batch,
-                        n_threads=n_threads,
-                    )
-                )
-            except LocalspecError:
-                self.close()
-                raise
-        self._mtp_cache_bytes = 0
+        except LocalspecError:
+            self.close()
+            raise
 
     def follow_mtp(self, on: bool) -> None:
         """Whether this model's passes feed its MTP head (nothing without one): off, they cost nothing more
@@ -445,6 +253,10 @@ class Model:
             return 0
         if self._mtp_cache_bytes is not None:
             return self._mtp_cache_bytes
+        return self._kv_estimate(self.mtp.n_layers)
+
+    def _kv_estimate(self, n_layers: int) -> int:
+        """The f16 KV cache of ``n_layers`` attention layers over the whole context, from the header."""
         meta = self.metadata
         arch = meta.get("general.architecture", "")
         n_head = max(1, llama_cpp.llama_model_n_head(self.model))
@@ -452,22 +264,11 @@ class Model:
         k_len = int(meta.get(f"{arch}.attention.key_length", n_embd // n_head))
         v_len = int(meta.get(f"{arch}.attention.value_length", n_embd // n_head))
         n_head_kv = llama_cpp.llama_model_n_head_kv(self.model)
-        return self.n_ctx * self.mtp.n_layers * n_head_kv * (k_len + v_len) * 2
-
-    def _device_servers(self, devices: list[int]) -> list[rpc.Endpoint]:
-        """The server of each device (an rpc-server may offer several)."""
-        out: list[rpc.Endpoint] = []
-        for server in self.rpc_servers:
-            out += [server] * len(rpc.devices([server]))
-        return out[: len(devices)]
+        return self.n_ctx * len(self.sequences) * n_layers * n_head_kv * (k_len + v_len) * 2
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn()`` where this model's llama.cpp calls run: on the RPC guard's thread for a model with layers
         on rpc-servers, else here (for a part that works on this model's contexts, as its MTP head)."""
-        return self._call(fn)
-
-    def _call(self, fn: Callable[[], T]) -> T:
-        """``fn()``: on the RPC guard's thread for a model with layers on rpc-servers, else here."""
         if self._guard is None:
             return fn()
         try:
@@ -476,6 +277,8 @@ class Model:
             if self._guard.broken and self._llama is not None:
                 _LOST.append(self._llama)  # never collected: freeing it would talk to the lost server
             raise
+
+    _call = call
 
     # Facts ------------------------------------------------------------------------------------
     @property
@@ -517,15 +320,7 @@ class Model:
         head sizes (f16: 2 bytes), which counts every layer of a hybrid as attention."""
         if self._cache_bytes is not None:
             return self._cache_bytes
-        meta = self.metadata
-        arch = meta.get("general.architecture", "")
-        n_layer = llama_cpp.llama_model_n_layer(self.model)
-        n_head = max(1, llama_cpp.llama_model_n_head(self.model))
-        n_head_kv = llama_cpp.llama_model_n_head_kv(self.model)
-        n_embd = llama_cpp.llama_model_n_embd(self.model)
-        k_len = int(meta.get(f"{arch}.attention.key_length", n_embd // n_head))
-        v_len = int(meta.get(f"{arch}.attention.value_length", n_embd // n_head))
-        return self.n_ctx * n_layer * n_head_kv * (k_len + v_len) * 2
+        return self._kv_estimate(int(llama_cpp.llama_model_n_layer(self.model)))
 
     # Tokens -----------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool = True, special: bool = True) -> list[int]:
@@ -541,30 +336,16 @@ class Model:
         return self._piece_buf.raw[:n]
 
     def textless_ids(self) -> np.ndarray:
-        """Ids that render as no text and do not end a generation (control tokens): computed once, with a
-        buffer of its own (callers need not hold the engine's lock, unlike :meth:`piece`)."""
+        """Ids that render as no text and do not end a generation (control tokens), computed once
+        (:func:`localspec.llama.token_sets.textless_ids`)."""
         if self._textless is None:
-            buf = ctypes.create_string_buffer(8)
-            to_piece, vocab, eog = llama_cpp.llama_token_to_piece, self.vocab, self.eog_ids
-            # a piece longer than the buffer answers its length, negated: not empty either way
-            ids = [
-                t for t in range(self.n_vocab) if t not in eog and to_piece(vocab, t, buf, 8, 0, False) == 0
-            ]
-            self._textless = np.array(ids, dtype=np.int64)
+            self._textless = token_sets.textless_ids(self.vocab, self.n_vocab, self.eog_ids)
         return self._textless
 
     def space_ids(self) -> np.ndarray:
-        """Ids whose text is whitespace only (a space, newlines, indentation): computed once, with a buffer
-        of its own (like :meth:`textless_ids`)."""
+        """Ids whose text is whitespace only, computed once (:func:`localspec.llama.token_sets.space_ids`)."""
         if self._space is None:
-            buf = ctypes.create_string_buffer(128)
-            to_piece, vocab = llama_cpp.llama_token_to_piece, self.vocab
-            ids = []
-            for t in range(self.n_vocab):
-                n = to_piece(vocab, t, buf, 128, 0, False)
-                if 0 < n and buf.raw[:n].isspace():
-                    ids.append(t)
-            self._space = np.array(ids, dtype=np.int64)
+            self._space = token_sets.space_ids(self.vocab, self.n_vocab)
         return self._space
 
     # Sequences --------------------------------------------------------------------------------
@@ -582,16 +363,6 @@ class Model:
     def owed(self) -> int:
         """Tokens sequence 0 holds in name only (after a checkpoint restore): see :attr:`Sequence.owed`."""
         return self.seq0.owed
-
-    def recurrent_state_bytes(self) -> int:
-        """Bytes of sequence 0's recurrent state as it stands (0 for a transformer): what a checkpoint copies,
-        and what each of the :attr:`n_rs_seq` snapshots costs again."""
-        return self.seq0.state_bytes()
-
-    def time_rollback(self) -> tuple[float, float]:
-        """Seconds to copy sequence 0's recurrent state out and back, timed once now
-        (:meth:`Sequence.time_rollback`)."""
-        return self.seq0.time_rollback()
 
     def checkpoint(self, ahead: int, seq: Sequence | None = None) -> None:
         """Before a pass that appends up to ``ahead`` tokens to ``seq`` (default sequence 0) which may be
@@ -623,10 +394,7 @@ class Model:
         Returns:
             The tokens of ``context`` that still need evaluating.
         """
-        seq = seq or self.seq0
-        n = seq.common_prefix(context, keep_last)
-        seq.truncate(n)
-        return context[n:]
+        return (seq or self.seq0).sync(context, keep_last)
 
     def decode(self, tokens: list[int], seq: Sequence | None = None) -> None:
         """Evaluate ``tokens`` after the ones ``seq`` (default sequence 0) holds, without any logits rows
@@ -635,7 +403,7 @@ class Model:
         Goes in chunks of the real batch, so any length that fits the context is safe.
         """
         seq = seq or self.seq0
-        self._check_room(tokens, seq)
+        seq.check_room(len(tokens), self.n_ctx)
         tokens = seq.take_owed(tokens)
         for start in range(0, len(tokens), self.n_batch):
             self._decode_parts([_Part(seq, tokens[start : start + self.n_batch], 0)])
@@ -652,9 +420,9 @@ class Model:
         """
         if not tokens or not 1 <= outputs <= len(tokens):
             raise ValueError(f"need 1 <= outputs <= {len(tokens)} tokens, got outputs={outputs}")
-        self._check_outputs(outputs)
+        _check_outputs(self, outputs)
         seq = seq or self.seq0
-        self._check_room(tokens, seq)
+        seq.check_room(len(tokens), self.n_ctx)
         tokens = seq.take_owed(tokens)
         head = tokens[: max(0, len(tokens) - self.n_batch)]  # the last chunk is a full batch: all rows in it
         for start in range(0, len(head), self.n_batch):
@@ -678,35 +446,19 @@ class Model:
         for seq, tokens, outputs in parts:
             if not 0 <= outputs <= len(tokens):
                 raise ValueError(f"need 0 <= outputs <= {len(tokens)} tokens, got outputs={outputs}")
-            self._check_room(tokens, seq)
+            seq.check_room(len(tokens), self.n_ctx)
         if sum(self.batch_width(seq, tokens) for seq, tokens, _ in parts) > self.n_batch:
             raise SettingsError(
                 f"{self.path.name}: a pass of {sum(len(t) for _, t, _ in parts)} tokens over "
                 f"{len(parts)} sequences exceeds llama.cpp's batch of {self.n_batch}",
                 hint="this is a bug in the caller's sizing of the pass: report it",
             )
-        self._check_outputs(sum(outputs for _, _, outputs in parts))
+        _check_outputs(self, sum(outputs for _, _, outputs in parts))
         return self._decode_parts([_Part(seq, seq.take_owed(tokens), out) for seq, tokens, out in parts])
 
     def batch_width(self, seq: Sequence, tokens: list[int]) -> int:
         """The rows ``tokens`` take in a pass for ``seq``: its owed tokens go in front of them."""
         return seq.owed + len(tokens)
-
-    def _check_outputs(self, outputs: int) -> None:
-        if outputs > self.n_batch:
-            raise SettingsError(
-                f"{self.path.name}: a pass of {outputs} logits rows exceeds llama.cpp's batch of "
-                f"{self.n_batch}",
-                hint=f"draft at most {self.max_draft} tokens per round (n_max), or load with a larger n_ctx",
-            )
-
-    def _check_room(self, tokens: list[int], seq: Sequence) -> None:
-        if len(seq.tokens) + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.path.name}: {len(seq.tokens) + len(tokens)} tokens do not fit the context of "
-                f"{self.n_ctx}",
-                hint="use a shorter prompt, a smaller max_tokens, or a larger n_ctx",
-            )
 
     def _decode_parts(self, parts: list[_Part]) -> list[np.ndarray]:
         parts = [p for p in parts if p.tokens]
@@ -781,25 +533,3 @@ class Model:
             self._call(llama.close)
         except RpcError:
             _LOST.append(llama)
-
-
-@contextlib.contextmanager
-def _interrupt_after() -> Iterator[list[int]]:
-    """Hold Ctrl-C while llama.cpp loads a model, for the caller to raise it after (the list is non-empty
-    when it came). Python runs its SIGINT handler at the next bytecode, and during a load that is inside
-    llama-cpp-python's log callback, called from C: a KeyboardInterrupt raised there is printed as
-    ignored and lost, so a Ctrl-C in the load (0.3-0.7 s for a 1.5B Q4 model from the page cache, seconds
-    from a cold disk) let the whole generation run. Only in the main thread with Python's own handler in
-    place (a server's or a UI's handler is theirs to keep)."""
-    caught: list[int] = []
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield caught
-        return
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield caught
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import llama_cpp
 import llama_cpp._internals as llama_internals
 
-from localspec.errors import LocalspecError
+from localspec.errors import ContextOverflowError, LocalspecError
 from localspec.llama import recurrent
 from localspec.llama.load_hooks import replaced
 
@@ -169,6 +169,24 @@ class Sequence:
         while n < top and mine[n] == context[n]:
             n += 1
         return n
+
+    def sync(self, context: list[int], keep_last: int = 0) -> list[int]:
+        """Trim to the longest common prefix with ``context`` minus its last ``keep_last`` tokens.
+
+        Returns:
+            The tokens of ``context`` that still need evaluating.
+        """
+        n = self.common_prefix(context, keep_last)
+        self.truncate(n)
+        return context[n:]
+
+    def check_room(self, n: int, n_ctx: int) -> None:
+        """Refuse ``n`` more tokens past a room of ``n_ctx`` with a :class:`ContextOverflowError`."""
+        if len(self.tokens) + n > n_ctx:
+            raise ContextOverflowError(
+                f"{self.handle.name}: {len(self.tokens) + n} tokens do not fit the context of {n_ctx}",
+                hint="use a shorter prompt, a smaller max_tokens, or a larger n_ctx",
+            )
 
     def truncate(self, n: int) -> None:
         """Forget every cached token from position ``n`` on.

@@ -13,15 +13,15 @@ from localspec.gguf.meta import read_metadata
 from localspec.gguf.pairing import PairInfo
 from localspec.gguf.sizes import kv_bytes_per_sequence
 from localspec.gguf.vocab import mtp_layers, mtp_weights_bytes
-from localspec.llama.recurrent import MAX_SNAPSHOTS
-from localspec.llama.rpc import Endpoint, parse_endpoints
-from localspec.llama.runtime import (
-    Model,
+from localspec.llama.loading import (
     check_load_settings,
     check_sequences,
     default_gpu_layers,
     supports_gpu_offload,
 )
+from localspec.llama.recurrent import MAX_SNAPSHOTS
+from localspec.llama.rpc import Endpoint, parse_endpoints
+from localspec.llama.runtime import Model
 from localspec.settings import DraftSettings
 from localspec.units import format_bytes
 
@@ -257,3 +257,11 @@ def check_parallel_fits(info: PairInfo, *, n_ctx: int, parallel: int) -> None:
         f"this machine has {format_bytes(max(0, free))} free beside the weights",
         hint=f"use parallel {most} or less, or a smaller n_ctx" if most >= 1 else "use a smaller n_ctx",
     )
+
+
+def for_pair(info: PairInfo, settings: DraftSettings) -> DraftSettings:
+    """``settings`` as this pair runs them: with an MTP assistant for the draft, a draft model strategy drafts
+    with it as the target's MTP layers (``model+suffix`` runs ``mtp+suffix``)."""
+    if info.assistant:
+        return settings.with_overrides(strategy=settings.strategy.mtp_counterpart)
+    return settings
