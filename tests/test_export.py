@@ -190,3 +190,9 @@ def test_export_md_names_every_flag_the_export_emits_for_each_strategy():
     )
     kinds = chained.argv[chained.argv.index("--spec-type") + 1]
     assert f"`--spec-type {kinds}`" in rows["`model+ngram`, `model+suffix`"]
+
+
+def test_costs_measured_on_a_busy_machine_are_said_so():
+    busy = replace(_costs(0.05), details={"steady": False})
+    out = export_setting(AUTO, origin="o", draft=Path("d.gguf"), costs=busy)
+    assert "on a busy machine" in out.source and "cache clear --costs" in out.source

@@ -177,6 +177,8 @@ def _predicted(settings: DraftSettings, costs: MachineCosts, n_max: int) -> tupl
     speed, k = model_speed(costs, PRIOR_ACCEPTANCE, n_max)
     ratio = costs.draft_ratio
     measured = f", measured {costs.measured[:10]}" if costs.measured else ""
+    if not costs.steady:  # as auto says it: a busy machine's figures may mis-size the draft
+        measured += " on a busy machine (`localspec cache clear --costs` measures again)"
     if ratio is None:
         return 0, 1.0, "the draft model's cost is not in this machine's measured costs"
     line = (
