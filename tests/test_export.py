@@ -166,7 +166,7 @@ def test_a_model_strategy_over_a_suffix_presets_cap_does_not_draft_the_cap():
     over = AUTO.with_overrides(strategy="model+suffix")
     out = export_setting(over, origin="o", draft=Path("d.gguf"), costs=None)
     assert out.settings.n_max == DraftSettings().n_max and out.lookup_max == LOOKUP_N_MAX
-    assert "cap on lookups" in out.source
+    assert "not measured yet" in out.source and f"adaptive ceiling {LOOKUP_N_MAX}" in out.source
     predicted = export_setting(over, origin="o", draft=Path("d.gguf"), costs=_costs(0.05))
     assert "should give" in predicted.source
 
@@ -190,3 +190,9 @@ def test_export_md_names_every_flag_the_export_emits_for_each_strategy():
     )
     kinds = chained.argv[chained.argv.index("--spec-type") + 1]
     assert f"`--spec-type {kinds}`" in rows["`model+ngram`, `model+suffix`"]
+
+
+def test_costs_measured_on_a_busy_machine_are_said_so():
+    busy = replace(_costs(0.05), details={"steady": False})
+    out = export_setting(AUTO, origin="o", draft=Path("d.gguf"), costs=busy)
+    assert "on a busy machine" in out.source and "cache clear --costs" in out.source

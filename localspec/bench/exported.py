@@ -142,39 +142,34 @@ def export_setting(
     if kind.routed:
         return _routed(settings, origin=origin, draft=draft, costs=costs, length_given=length_given)
     lookup_max = settings.n_max if kind.combined else None
-    unmeasured = costs is None or costs.draft_ratio is None
-    if kind.model and settings.adaptive and unmeasured and settings.n_max > ROUTED_MODEL_N_MAX:
-        k = DraftSettings().n_max  # a lookup cap (a suffix-cache preset's 32) is no draft model's length
+    if not ((kind.model or kind.mtp) and settings.adaptive) or length_given:
+        line = f"{origin} {settings.label}" + (", at the length given" if length_given else "")
+        return ExportSetting(settings, lookup_max, line)
+    fixed = min(settings.n_max, DraftSettings().n_max)
+    if fixed == settings.n_max:
+        default = f"the draft drafts its adaptive ceiling, {fixed} tokens"
+    else:
+        default = (
+            f"the draft drafts the fixed {fixed} tokens a named pair drafts by default, not its adaptive "
+            f"ceiling {settings.n_max}"
+        )
+    if kind.mtp:
+        why = f"the MTP layers' costs are measured per request, not ahead, so {default}"
+    elif costs is None or costs.draft_ratio is None:
         why = (
-            f"{origin} {settings.label}: this machine's costs for the pair are not measured yet and "
-            f"{settings.n_max} is a cap on lookups, so the draft model drafts the fixed {k} tokens a named "
-            "pair drafts by default (a run of the pair measures the costs once; export again then)"
+            f"this machine's costs for the pair are not measured yet, so {default} (a run of the pair "
+            "measures them once; export again then)"
         )
-        return ExportSetting(settings.with_overrides(n_max=k), lookup_max, why)
-    if not (kind.model and settings.adaptive) or length_given or costs is None:
-        why = _fixed_why(settings, origin, costs, length_given)
-        return ExportSetting(settings, lookup_max, why)
-    k, speed, why = _predicted(settings, costs, settings.n_max)
-    if k == 0:
-        k = settings.n_max
-        why += f": the preset's length {k} is kept"
-    return ExportSetting(settings.with_overrides(n_max=k), lookup_max, f"{origin} {settings.label}; {why}")
-
-
-def _fixed_why(settings: DraftSettings, origin: str, costs: MachineCosts | None, given: bool) -> str:
-    if given:
-        return f"{origin} {settings.label}, at the length given"
-    if settings.adaptive and settings.strategy.model and costs is None:
-        return (
-            f"{origin} {settings.label}: this machine's costs for the pair are not measured yet, so the "
-            "adaptive length's ceiling is carried (a run of the pair measures them once; export again then)"
-        )
-    if settings.adaptive and settings.strategy.mtp:
-        return (
-            f"{origin} {settings.label}: the MTP layers' length is measured per request, so its ceiling is "
-            "carried"
-        )
-    return f"{origin} {settings.label}"
+    else:
+        k, _, why = _predicted(settings, costs, settings.n_max)
+        if k:
+            return ExportSetting(
+                settings.with_overrides(n_max=k), lookup_max, f"{origin} {settings.label}; {why}"
+            )
+        why += f": the draft model does not pay here; {default}"
+    return ExportSetting(
+        settings.with_overrides(n_max=fixed), lookup_max, f"{origin} {settings.label}: {why}"
+    )
 
 
 def _predicted(settings: DraftSettings, costs: MachineCosts, n_max: int) -> tuple[int, float, str]:
@@ -182,6 +177,8 @@ def _predicted(settings: DraftSettings, costs: MachineCosts, n_max: int) -> tupl
     speed, k = model_speed(costs, PRIOR_ACCEPTANCE, n_max)
     ratio = costs.draft_ratio
     measured = f", measured {costs.measured[:10]}" if costs.measured else ""
+    if not costs.steady:  # as auto says it: a busy machine's figures may mis-size the draft
+        measured += " on a busy machine (`localspec cache clear --costs` measures again)"
     if ratio is None:
         return 0, 1.0, "the draft model's cost is not in this machine's measured costs"
     line = (
