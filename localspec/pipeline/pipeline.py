@@ -22,7 +22,7 @@ from localspec.errors import SettingsError
 from localspec.gguf.pairing import PairInfo
 from localspec.llama.runtime import Model
 from localspec.llama.sampling import SamplingParams
-from localspec.pipeline.calls import Calls
+from localspec.pipeline.call_setup import CallSetup
 from localspec.pipeline.chat_format import ChatFormat
 from localspec.pipeline.chatting import Chatting
 from localspec.pipeline.checks import checked_text
@@ -53,7 +53,7 @@ def _settings_for(info: PairInfo, settings: DraftSettings | None) -> DraftSettin
     return settings
 
 
-class Pipeline(Calls, Chatting, SuffixAndCosts):
+class Pipeline(CallSetup, Chatting, SuffixAndCosts):
     """A loaded target (and draft). Reuse it: models stay loaded, KV caches are reused across calls.
 
     ``settings`` is what every call runs unless it says otherwise (each call may override strategy,

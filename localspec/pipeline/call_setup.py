@@ -1,6 +1,6 @@
 """What one call of a pipeline runs: its arguments checked, its settings (``auto`` routed for the request),
 its drafter and its stats, as a generation ready to run; and, when it is done, what its model drafter
-measured told to the router (:class:`Calls`, a part of :class:`~localspec.pipeline.pipeline.Pipeline`)."""
+measured told to the router (:class:`CallSetup`, a part of :class:`~localspec.pipeline.pipeline.Pipeline`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from localspec.settings import TARGET_ALONE, DraftSettings, Strategy
 from localspec.suffix.drafter import SuffixDrafter
 
 
-class Calls:
+class CallSetup:
     """The calls' set-up of a pipeline (mixed into :class:`~localspec.pipeline.pipeline.Pipeline`, which
     provides what is declared here)."""
 
