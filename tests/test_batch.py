@@ -54,28 +54,53 @@ def _traced_alone(pipe, prompt, **kw):
 
 
 def _assert_same_as_alone(alone, alone_trace, many, many_trace, what):
+    """Token lists: identical, or diverging only at a near-tie the traces show."""
     for tok, _, argmax, _ in many_trace:
         assert tok == argmax, f"{what}: every emitted token must be its verifying pass's argmax"
-    for i, (a, b) in enumerate(zip(alone.tokens, many.tokens, strict=False)):
+    for i, (a, b) in enumerate(zip(alone, many, strict=False)):
         if a != b:  # a batched pass may differ in the last bits: only a near-tie may flip
             margin = min(alone_trace[i][3], many_trace[i][3])
             assert margin < NEAR_TIE, f"{what}: diverged at token {i} with a clear margin {margin:.3f}"
             return
-    assert alone.tokens == many.tokens, what
+    assert alone == many, what
+
+
+def _batched(pipe, prompts, *, fit, **kw):
+    """``prompts`` run together in one batch: each one's tokens and trace rows."""
+    batch = pipe.batch(fit=fit)
+    gens = [pipe.start_tokens(pipe.tokenize(p), **kw) for p in prompts]
+    tokens: dict[int, list[int]] = {id(g): [] for g in gens}
+    for gen in gens:
+        gen.trace = []
+        batch.add(gen)
+    while not batch.idle:
+        for event in batch.step():
+            assert event.error is None
+            tokens[id(event.gen)] += [r.token for r in event.tokens]
+    return [(tokens[id(g)], g.trace, g.stats) for g in gens]
 
 
 @pytest.mark.parametrize("strategy", ["none", "ngram", "model", "model+suffix"])
 def test_each_request_of_a_batch_is_what_it_gives_alone(pipe3, strategy):
     """Five prompts on three sequences (two wait for a free one), greedy: each text is the one its prompt
-    gives alone, and every token is the argmax of the pass that verified it."""
+    gives alone, and every token is the argmax of the pass that verified it; with every draft verified
+    (drafts taken back at different positions in one pass) and with drafts cut to what pays."""
     kw = {"max_tokens": 32, "strategy": strategy}
-    many, many_trace = _traced_many(pipe3, PROMPTS, **kw)
+    alone = [_traced_alone(pipe3, p, **kw) for p in PROMPTS]
+    for fit in (False, True):
+        many = _batched(pipe3, PROMPTS, fit=fit, **kw)
+        for prompt, (a, a_trace), (tokens, trace, _) in zip(PROMPTS, alone, many, strict=True):
+            _assert_same_as_alone(a.tokens, a_trace, tokens, trace, f"{strategy} fit={fit} {prompt!r}")
+        if strategy != "none" and not fit:
+            assert sum(stats.drafted for _, _, stats in many) > 0
+
+
+def test_generate_many_gives_each_prompts_text_in_order(pipe3):
+    many, many_trace = _traced_many(pipe3, PROMPTS, max_tokens=16, strategy="ngram")
     assert len(many) == len(PROMPTS)
     for prompt, result, rows in zip(PROMPTS, many, many_trace, strict=True):
-        alone, alone_trace = _traced_alone(pipe3, prompt, **kw)
-        _assert_same_as_alone(alone, alone_trace, result, rows, f"{strategy} {prompt!r}")
-    if strategy != "none":
-        assert sum(r.stats.drafted for r in many) > 0
+        alone, alone_trace = _traced_alone(pipe3, prompt, max_tokens=16, strategy="ngram")
+        _assert_same_as_alone(alone.tokens, alone_trace, result.tokens, rows, repr(prompt))
 
 
 def test_tokens_stream_to_the_callback_in_order(pipe3):
