@@ -3,12 +3,13 @@ concurrent streaming clients.
 
 Each setting is one server started fresh: ``localspec serve`` (a child process, as a user runs it) or
 llama.cpp's ``llama-server --parallel N`` with one of its speculative modes (built from the llama.cpp that
-llama-cpp-python vendors, :mod:`localspec.llama.programs`). After one uncounted warm-up request, every
-client count sends the same requests (the prompts cycled to ``requests``), greedy, each client taking the
-next request when its last one finished. A level's throughput is the completion tokens of all its requests
-over its wall-clock seconds; a request's latency runs from sending it to its last token, its time to first
-token to its first streamed text. Settings alternate repeat after repeat (:func:`run_clients_bench`);
-:mod:`localspec.bench.clients_report` turns the runs into rows, tables and the result file.
+llama-cpp-python vendors, :mod:`localspec.llama.programs`). After an uncounted warm-up (a short request
+per client of the largest count, all at once), every client count sends the same requests (the prompts
+cycled to ``requests``), greedy, each client taking the next request when its last one finished. A
+level's throughput is the completion tokens of all its requests over its wall-clock seconds; a request's
+latency runs from sending it to its last token, its time to first token to its first streamed text.
+Settings alternate repeat after repeat (:func:`run_clients_bench`); :mod:`localspec.bench.clients_report`
+turns the runs into rows, tables and the result file.
 """
 
 from __future__ import annotations
@@ -347,8 +348,9 @@ def run_clients_bench(
         for setting in plan.settings:
             log(f"repeat {repeat + 1}/{plan.repeats}: starting {setting.label}")
             with _start(setting, peer_files, log_dir) as server:
-                if plan.warmup:
-                    stream_one(server.url, server.model, plan.work[0], min(8, plan.max_tokens))
+                if plan.warmup:  # every slot once, uncounted: the batched path warm too
+                    burst = plan.work[: max(plan.clients)]
+                    run_level(server, len(burst), burst, min(8, plan.max_tokens))
                 for c in plan.clients:
                     wall, replies = run_level(server, c, plan.work, plan.max_tokens)
                     runs.append(LevelRun(setting.label, setting.engine, c, repeat, wall, tuple(replies)))

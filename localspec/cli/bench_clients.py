@@ -25,8 +25,9 @@ def bench_clients(o: BenchOptions) -> None:
     from localspec.bench.clients_report import markdown, new_result, write_result
     from localspec.bench.workloads import load_workloads
 
+    counts = list(o.clients or ())  # (this mode runs with --clients given)
     threads = o.threads or constants.default_threads()
-    parallel = list(o.parallel or [max(o.clients)])
+    parallel = list(o.parallel or [max(counts)])
     prompts = [
         p for w in load_workloads(split_names(o.workloads) or None, o.prompts, o.limit) for p in w.prompts
     ]
@@ -37,7 +38,7 @@ def bench_clients(o: BenchOptions) -> None:
     if o.peer:
         files = _peer_files(o, threads)
         settings += cb.peer_settings(_peer_modes(o, files), parallel)
-    plan = cb.ClientsPlan(tuple(settings), tuple(o.clients), work, o.max_tokens, o.repeats, not o.no_warmup)
+    plan = cb.ClientsPlan(tuple(settings), tuple(counts), work, o.max_tokens, o.repeats, not o.no_warmup)
     log = o.progress() or (lambda line: None)
     runs = cb.run_clients_bench(plan, peer_files=files, log_dir=Path(o.out_dir) / "servers", log=log)
     setup: dict[str, Any] = {
@@ -47,7 +48,7 @@ def bench_clients(o: BenchOptions) -> None:
         "threads": threads,
         "n_ctx": o.n_ctx,
         "peer_n_ctx_per_slot": files.n_ctx if files else None,
-        "clients": list(o.clients),
+        "clients": counts,
         "parallel": parallel,
         "requests": o.requests,
         "max_tokens": o.max_tokens,

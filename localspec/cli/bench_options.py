@@ -196,9 +196,9 @@ def check_together(ctx: click.Context) -> None:
     o = ctx.params
     if o["target"] and o["preset"]:
         raise click.UsageError("give either --target or --preset, not both")
-    chosen = [m for m in MODES if o[m]]
-    if len(chosen) > 1:
-        raise click.UsageError(f"--{chosen[0]} and --{chosen[1]} are two benches: run them one at a time")
+    chosen = [m for m in MODES if o[m]]  # --sessions with --tune: the session bench refuses --tune below
+    if o["clients"] and len(chosen) > 1:
+        raise click.UsageError(f"--{chosen[0]} and --clients are two benches: run them one at a time")
     if o["save_preset"] and not o["tune"]:
         raise click.UsageError("--save-preset needs --tune")
     if o["peer"] and o["tune"]:
