@@ -25,9 +25,11 @@ from localspec.cli.bench_options import (
     parse_counts,
     parse_lengths,
     parse_p_min,
+    parse_rtts,
     say_build_note,
     usage_line,
 )
+from localspec.cli.bench_rpc import bench_rpc_rtt, print_rpc_file
 from localspec.cli.bench_sessions import bench_sessions
 from localspec.cli.options import COUNT, MAX_TOKENS, TEMPERATURE, shared_options
 from localspec.errors import LocalspecError
@@ -208,6 +210,14 @@ _DEFAULT_SESSION_ROWS = _SESSION_ROWS[:8]
     help="With --clients: the servers' slots (serve --parallel, llama-server --parallel), comma-separated "
     "(default: the largest client count); serve also runs one at a time and the target alone.",
 )
+@click.option(
+    "--rpc-rtt",
+    type=SweepList("round trips", parse_rtts),
+    metavar="MS",
+    help="Time the target over two local rpc-servers at these added round trips in ms instead, "
+    "comma-separated (e.g. 0,5,20,50), against the pair local: tokens/s and speedup per strategy. Writes "
+    "rpc.json and rpc.md (default prompts: 3 each of code, edit).",
+)
 @click.option("--no-warmup", is_flag=True, help="Skip the uncounted warm-up runs.")
 @click.option(
     "--from-json",
@@ -250,6 +260,9 @@ def bench(**options: Any) -> None:
         return
     if o.clients:
         bench_clients(o)
+        return
+    if o.rpc_rtt:
+        bench_rpc_rtt(o)
         return
     if o.wide_target:
         o = _on_wide_target(o)
@@ -336,9 +349,12 @@ def _print_earlier(path: str, *, as_json: bool) -> None:
     except (OSError, ValueError):
         data = None  # the bench.json reader names what is wrong with it
     from localspec.bench.clients_report import is_clients_file
+    from localspec.bench.rpc_rtt import is_rtt_file
 
     if is_clients_file(data):
         print_clients_file(data, path, as_json=as_json)
+    elif is_rtt_file(data):
+        print_rpc_file(data, path, as_json=as_json)
     else:
         _print_report(_read_report(path), files=None, as_json=as_json)
 

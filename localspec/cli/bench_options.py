@@ -173,10 +173,25 @@ NOT_READ: dict[str, dict[str, str]] = {
         "peer_p_min": "llama.cpp runs its modes (--peer-modes), not a draft-simple grid",
         "wide_target": "it runs the pair as it is; a big target's regime is measured on single prompts",
     },
+    "rpc_rtt": {
+        "temperature": "it is greedy, so every text over RPC is compared with the local run's",
+        "strategies": "it runs the target alone, the draft model and n-gram lookup",
+        "n_max": "it runs the pair's own draft length",
+        "p_min": "it runs the pair's own p_min",
+        "adaptive": "it runs the pair's own draft length",
+        "repeats": "it runs each prompt once per pipeline and strategy (more prompts: --limit)",
+        "no_warmup": "it always warms up each pipeline before it times",
+        "rpc": "it starts its own rpc-servers on 127.0.0.1",
+        "tensor_split": "it shares the target's layers evenly between its two rpc-servers",
+        "peer": "it compares localspec local and over RPC",
+        "peer_n_max": "it compares localspec local and over RPC",
+        "peer_p_min": "it compares localspec local and over RPC",
+        "wide_target": "it runs the pair as it is",
+    },
 }
 
 #: The modes of ``bench`` that run instead of the single-prompt one, by parameter name.
-MODES = ("sessions", "tune", "clients")
+MODES = ("sessions", "tune", "clients", "rpc_rtt")
 #: llama.cpp's modes a session bench runs (the clients bench also runs ``draft-mtp``).
 SESSION_PEER_MODES = ("none", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache", "draft-simple")
 CLIENT_PEER_MODES = (*SESSION_PEER_MODES, "draft-mtp")
@@ -188,7 +203,11 @@ def _refuse_unread(ctx: click.Context, mode: str) -> None:
         if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
             param = next(p for p in ctx.command.params if p.name == name)
             flag = max(param.opts, key=len)
-            raise click.UsageError(f"{flag} does not apply with --{mode}: {why}; drop it")
+            raise click.UsageError(f"{flag} does not apply with {_flag(mode)}: {why}; drop it")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def check_together(ctx: click.Context) -> None:
@@ -197,22 +216,25 @@ def check_together(ctx: click.Context) -> None:
     if o["target"] and o["preset"]:
         raise click.UsageError("give either --target or --preset, not both")
     chosen = [m for m in MODES if o[m]]  # --sessions with --tune: the session bench refuses --tune below
-    if o["clients"] and len(chosen) > 1:
-        raise click.UsageError(f"--{chosen[0]} and --clients are two benches: run them one at a time")
+    if len(chosen) > 1 and chosen[:2] != ["sessions", "tune"]:
+        first, second = (_flag(m) for m in chosen[:2])
+        raise click.UsageError(f"{first} and {second} are two benches: run them one at a time")
     if o["save_preset"] and not o["tune"]:
         raise click.UsageError("--save-preset needs --tune")
     if o["peer"] and o["tune"]:
         raise click.UsageError("--peer compares fixed settings; run it without --tune")
-    if o["rpc"] and (o["peer"] or o["tune"] or o["wide_target"]):
+    if o["rpc"] and (o["peer"] or o["tune"] or o["wide_target"]) and not o["rpc_rtt"]:
         raise click.UsageError(
             "--rpc measures localspec's strategies over the servers; run it without --peer, --tune and "
             "--wide-target (an rpc-server serves one client at a time)"
         )
-    if o["tensor_split"] and not o["rpc"]:
+    if o["tensor_split"] and not (o["rpc"] or o["clients"] or o["rpc_rtt"]):  # (those two: refused below)
         raise click.UsageError("--tensor-split shares the target's layers among --rpc servers: add --rpc")
     if (
-        o["wide_target"] and not (o["sessions"] or o["clients"]) and not (o["target"] or o["preset"])
-    ):  # (sessions, clients: refused below)
+        o["wide_target"]
+        and not (o["sessions"] or o["clients"] or o["rpc_rtt"])
+        and not (o["target"] or o["preset"])
+    ):  # (the other benches: refused below)
         raise click.UsageError(
             "--wide-target needs --target FILE or --preset NAME (the embedded pair is a toy)"
         )
@@ -261,6 +283,26 @@ def _check_peer_modes(ctx: click.Context) -> None:
         raise click.UsageError(
             f"--peer-modes {wrong[0]} does not run with {mode}; choose from {', '.join(known)}"
         )
+
+
+def parse_rtts(text: str) -> list[float]:
+    """``--rpc-rtt``: comma-separated round trips in ms, each 0 to 1000, ascending, each once.
+
+    Raises:
+        BenchError: a value that is no number of ms or out of range.
+    """
+    out: set[float] = set()
+    for item in text.split(","):
+        try:
+            value = float(item)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value <= 1000:
+            raise BenchError(
+                f"{item.strip()!r} is not a round trip from 0 to 1000 ms", hint="give e.g. 0,5,20,50"
+            )
+        out.add(value)
+    return sorted(out)
 
 
 def parse_counts(text: str) -> list[int]:
@@ -327,6 +369,7 @@ class BenchOptions:
     clients: list[int] | None
     requests: int
     parallel: list[int] | None
+    rpc_rtt: list[float] | None
     no_warmup: bool
     from_json: str | None
     out_dir: str
