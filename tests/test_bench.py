@@ -1229,6 +1229,7 @@ def test_the_reference_lists_the_options_each_mode_refuses():
         ("sessions", "The options a session run does not read"),
         ("tune", "an option the tuner"),
         ("clients", "The options the clients bench does not read"),
+        ("rpc_rtt", "The options the RPC bench does not read"),
     ):
         said = text[text.index(start) :].split(")", 1)[0]
         named = set(re.findall(r"`(--[\w-]+)`", said))

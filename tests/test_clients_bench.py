@@ -129,3 +129,25 @@ def test_the_clients_bench_runs_serve_end_to_end_and_renders_its_file_again(tmp_
     again = CliRunner().invoke(main, ["bench", "--from-json", str(out / "clients.json")])
     assert again.exit_code == 0, again.output
     assert again.output.strip() == (out / "clients.md").read_text().strip()
+
+
+@pytest.mark.slow
+def test_the_clients_bench_drives_llama_server_beside_serve(tmp_path):
+    """With --peer, llama.cpp's llama-server (built from the vendored source) answers the same streamed
+    requests: its completion tokens and drafts are read from its own stream."""
+    from _peer_cache import peer_build_cache
+
+    from localspec.llama import programs
+
+    out = tmp_path / "out"
+    args = ["bench", "-q", "--clients", "2", "--requests", "2", "-n", "4", "--out", str(out)]
+    with peer_build_cache():
+        if programs.server_binary() is None:
+            pytest.skip("llama-server is not built (the first `localspec bench --peer` builds it)")
+        res = CliRunner().invoke(main, [*args, "--peer", "--peer-modes", "none,draft-simple"])
+    assert res.exit_code == 0, res.output
+    rows = {r["setting"]: r for r in json.loads((out / "clients.json").read_text())["rows"]}
+    for mode in ("none", "draft-simple"):
+        row = rows[f"llama-server --parallel 2 {mode}"]
+        assert row["requests"] == 2 and row["errors"] == 0 and row["throughput"] > 0, row
+    assert rows["llama-server --parallel 2 none"]["acceptance"] is None
