@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,11 +29,12 @@ def bench_clients(o: BenchOptions) -> None:
     counts = list(o.clients or ())  # (this mode runs with --clients given)
     threads = o.threads or constants.default_threads()
     parallel = list(o.parallel or [max(counts)])
-    prompts = [
-        p for w in load_workloads(split_names(o.workloads) or None, o.prompts, o.limit) for p in w.prompts
-    ]
-    work = tuple(prompts[i % len(prompts)] for i in range(o.requests))
-    model_args = [*_pick(o), "--threads", str(threads), *(["--n-ctx", str(o.n_ctx)] if o.n_ctx else [])]
+    workloads = load_workloads(split_names(o.workloads) or None, o.prompts, o.limit)
+    mixed = [p for row in itertools.zip_longest(*(w.prompts for w in workloads)) for p in row if p]
+    work = tuple(mixed[i % len(mixed)] for i in range(o.requests))  # the workloads taken in turn
+    # the user's suffix store is never read or written by a bench (--no-store)
+    model_args = [*_pick(o), "--threads", str(threads), "--no-store"]
+    model_args += ["--n-ctx", str(o.n_ctx)] if o.n_ctx else []
     settings = cb.serve_settings(model_args, o.draft, parallel)
     files = None
     if o.peer:
