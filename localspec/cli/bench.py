@@ -247,6 +247,9 @@ def bench(**options: Any) -> None:
     Runs the target alone and each strategy interleaved on the same prompts, in one process, and reports
     acceptance, tokens/s, speedup (median over prompts), the theoretical ceiling, efficiency and the
     draft's memory overhead. Writes bench.json, bench.md and bench.png into --out.
+
+    Other benches instead: --sessions (multi-request workloads), --tune (the best setting), --clients
+    (`serve` under concurrent clients), --rpc-rtt (the target over rpc-servers).
     """
     o = BenchOptions(**options)  # checked together as they were parsed (BenchCommand)
     if o.from_json:
