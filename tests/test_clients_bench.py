@@ -62,6 +62,68 @@ def test_the_settings_are_the_pair_at_each_parallel_one_at_a_time_and_the_target
     assert [(s.slots, s.mode) for s in peers] == [(4, "none"), (4, "ngram-mod")]
 
 
+def _sse_server(chunks: list[dict]):
+    """A one-endpoint HTTP server that streams ``chunks`` as server-sent events, then ``[DONE]``."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for chunk in [*map(json.dumps, chunks), "[DONE]"]:
+                self.wfile.write(f"data: {chunk}\n\n".encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(
+    "last, drafted",
+    [
+        ({"localspec": {"drafted": 6, "accepted": 4}}, (6, 4)),  # localspec serve's own field
+        ({"timings": {"draft_n": 5, "draft_n_accepted": 2}}, (5, 2)),  # llama-server's timings
+        ({}, (0, 0)),
+    ],
+)
+def test_a_stream_is_read_for_its_first_text_usage_and_drafts(last, drafted):
+    from localspec.bench.clients import stream_one
+    from localspec.bench.workloads import Prompt
+
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},  # no text yet
+        {"choices": [{"index": 0, "delta": {"content": "def"}}]},
+        {"choices": [], "usage": {"completion_tokens": 7}, **last},
+    ]
+    server = _sse_server(chunks)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        got = stream_one(url, "m", Prompt("p", "hi", chat=True), 8)
+    finally:
+        server.shutdown()
+    assert got.error is None and got.tokens == 7 and (got.drafted, got.accepted) == drafted
+    assert got.first is not None and got.sent <= got.first <= got.done
+
+
+def test_a_refused_request_is_a_failed_reply_not_an_exception():
+    from localspec.bench.clients import stream_one
+    from localspec.bench.workloads import Prompt
+
+    server = _sse_server([])
+    server.RequestHandlerClass.do_POST = lambda self: self.send_error(429, "queue full")
+    try:
+        got = stream_one(f"http://127.0.0.1:{server.server_address[1]}/v1", "m", Prompt("p", "x", False), 4)
+    finally:
+        server.shutdown()
+    assert got.error is not None and "429" in got.error and got.tokens == 0
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
