@@ -1153,8 +1153,10 @@ def test_no_saved_run_beats_its_ceiling(path):
 
 def test_llama_cpp_runs_its_draft_simple_over_a_grid_with_its_defaults():
     from localspec.bench import peer
+    from localspec.bench.clients import CLIENT_MODES
     from localspec.bench.session_run import DEFAULT_SESSION_ROWS, SESSION_ROWS
     from localspec.cli import bench as cli_bench
+    from localspec.cli import bench_options
 
     ours = [DraftSettings("model", 4, p_min=0.75), DraftSettings("ngram", 4), DraftSettings("suffix", 8)]
     got = [c.label for c in peer.peer_configs(ours, [2, 4], [0.5])]
@@ -1166,7 +1168,8 @@ def test_llama_cpp_runs_its_draft_simple_over_a_grid_with_its_defaults():
     assert tune.parse_p_min_list(cli_bench._PEER_P_MIN) == list(peer.PEER_P_MIN)
     assert cli_bench._SESSION_ROWS == tuple(SESSION_ROWS)
     assert cli_bench._DEFAULT_SESSION_ROWS == DEFAULT_SESSION_ROWS
-    assert cli_bench._SESSION_MODES == peer.SESSION_MODES
+    assert bench_options.SESSION_PEER_MODES == peer.SESSION_MODES
+    assert bench_options.CLIENT_PEER_MODES == CLIENT_MODES
 
 
 @pytest.mark.parametrize(
@@ -1174,7 +1177,8 @@ def test_llama_cpp_runs_its_draft_simple_over_a_grid_with_its_defaults():
     [
         (["--peer-n-max", "2-4"], "--peer-n-max needs --peer"),
         (["--session-rows", "ngram-4"], "--session-rows needs --sessions"),
-        (["--sessions", "agent", "--peer-modes", "none"], "--peer-modes needs --sessions and --peer"),
+        (["--sessions", "agent", "--peer-modes", "none"], "--peer-modes needs --peer with --sessions or"),
+        (["--sessions", "agent", "--peer", "--peer-modes", "draft-mtp"], "draft-mtp does not run with"),
         (
             ["--sessions", "agent", "--peer", "--peer-p-min", "0"],
             "--peer-p-min does not apply with --sessions",
@@ -1216,13 +1220,16 @@ def test_a_combinations_lookup_time_is_told_apart_from_its_models():
 def test_the_reference_lists_the_options_each_mode_refuses():
     """docs/reference/bench.md names what `--sessions` and `--tune` refuse: the same options the code refuses
     (`--wide-target` with `--sessions` was once accepted and silently left out)."""
-    from localspec.cli.bench import NOT_READ, bench
+    from localspec.cli.bench import bench
+    from localspec.cli.bench_options import NOT_READ
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "reference" / "bench.md").read_text()
     flags = {p.name: max(p.opts, key=len) for p in bench.params}
     for mode, start in (
         ("sessions", "The options a session run does not read"),
         ("tune", "an option the tuner"),
+        ("clients", "The options the clients bench does not read"),
+        ("rpc_rtt", "The options the RPC bench does not read"),
     ):
         said = text[text.index(start) :].split(")", 1)[0]
         named = set(re.findall(r"`(--[\w-]+)`", said))

@@ -627,3 +627,49 @@ def test_export_command_prints_one_command_line(tmp_path):
     result = CliRunner().invoke(main, ["export", "tiny-embedded", "--to", "vllm", "--json"])
     assert result.exit_code == 0, result.output
     assert '"num_speculative_tokens"' in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--rpc-rtt", "0,-5"], "'-5' is not a round trip from 0 to 1000 ms"),
+        (["--rpc-rtt", "5", "--strategy", "ngram"], "--strategy does not apply with --rpc-rtt"),
+        (["--rpc-rtt", "5", "--peer"], "--peer does not apply with --rpc-rtt"),
+        (["--rpc-rtt", "5", "--tensor-split", "1,1"], "--tensor-split does not apply with --rpc-rtt"),
+        (["--rpc-rtt", "5", "--tune"], "--tune and --rpc-rtt are two benches"),
+    ],
+)
+def test_the_rpc_bench_refuses_what_it_does_not_read_before_anything_starts(
+    tmp_path, monkeypatch, args, says
+):
+    from localspec.bench import rpc_rtt
+    from localspec.cli import main
+
+    monkeypatch.setattr(rpc_rtt, "run_rtt_bench", lambda *a, **k: pytest.fail("ran for an invalid option"))
+    res = CliRunner().invoke(main, ["bench", "-q", "--out", str(tmp_path / "out"), *args])
+    assert res.exit_code == 2, res.output
+    assert says in " ".join(res.output.split()), res.output
+
+
+@pytest.mark.slow
+def test_the_rpc_bench_runs_the_pair_local_and_over_rpc_and_renders_its_file_again(rpc_binary, tmp_path):
+    """The embedded pair local and at +2 ms: every strategy on every pipeline, the texts as local, the file
+    dated and naming the CPU, and --from-json prints the same table."""
+    from _peer_cache import peer_build_cache
+
+    from localspec.cli import main
+
+    out = tmp_path / "out"
+    args = ["bench", "-q", "--rpc-rtt", "2", "--limit", "1", "-w", "code", "-n", "6", "--out", str(out)]
+    with peer_build_cache():
+        res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "rpc.json").read_text())
+    assert data["kind"] == "localspec-rpc-bench" and data["date"][:4].isdigit() and data["cpu"]
+    rows = {(r["where"], r["strategy"]): r for r in data["summary"]}
+    assert set(rows) == {(w, s) for w in ("local", "rpc 2 ms") for s in ("none", "model", "ngram")}
+    assert all(r["same_text"] == "1/1" and r["tok_s"] > 0 for r in rows.values())
+    assert data["placement"]["rpc 2 ms"] != data["placement"]["local"]
+    again = CliRunner().invoke(main, ["bench", "--from-json", str(out / "rpc.json")])
+    assert again.exit_code == 0, again.output
+    assert again.output.strip() == (out / "rpc.md").read_text().strip()

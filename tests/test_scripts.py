@@ -25,7 +25,7 @@ def test_the_comparisons_are_bench_options_not_scripts():
     from localspec.cli.bench import bench
 
     names = {p.name for p in SCRIPTS}
-    assert not names & {"bench_big_target.py", "bench_sessions.py"}
+    assert not names & {"bench_big_target.py", "bench_sessions.py", "bench_serve.py", "bench_rpc.py"}
     said = CliRunner().invoke(bench, ["--help"]).output
     for option in (
         "--wide-target",
@@ -34,5 +34,9 @@ def test_the_comparisons_are_bench_options_not_scripts():
         "--sessions",
         "--session-rows",
         "--from-json",
+        "--clients",
+        "--parallel",
+        "--requests",
+        "--rpc-rtt",
     ):
         assert option in said, option

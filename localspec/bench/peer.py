@@ -73,10 +73,12 @@ def session_mode_args(
     threads: int,
     n_ctx: int,
     lookup_static: Path | None = None,
+    slots: int = 1,
 ) -> list[str]:
-    """llama-server flags for one llama.cpp mode of :data:`SESSION_MODES` (one slot, prompt cache on)."""
+    """llama-server flags for one llama.cpp mode of :data:`SESSION_MODES`, or ``draft-mtp`` (the target's
+    MTP layers), with ``slots`` slots sharing ``n_ctx`` tokens of context, prompt cache on."""
     args = ["--model", str(target), "--threads", str(threads), "--threads-batch", str(threads)]
-    args += ["-c", str(n_ctx), "-np", "1", "--no-webui", "--host", "127.0.0.1"]
+    args += ["-c", str(n_ctx), "-np", str(slots), "--no-webui", "--host", "127.0.0.1"]
     if mode == "none":
         return args
     args += ["--spec-type", mode]
@@ -97,8 +99,20 @@ def session_mode_args(
         args += ["--model-draft", str(draft), "--spec-draft-n-max", str(d.n_max), "--spec-draft-n-min", "0"]
         args += ["--spec-draft-p-min", f"{d.p_min:g}"]
         args += ["--spec-draft-threads", str(threads), "--spec-draft-threads-batch", str(threads)]
+    elif mode == "draft-mtp":
+        d = DraftSettings(strategy="mtp")
+        args += [
+            "--spec-draft-n-max",
+            str(d.n_max),
+            "--spec-draft-n-min",
+            "0",
+            "--spec-draft-p-min",
+            f"{d.p_min:g}",
+        ]
     else:
-        raise BenchError(f"unknown llama.cpp mode {mode!r}", hint=f"choose from {', '.join(SESSION_MODES)}")
+        raise BenchError(
+            f"unknown llama.cpp mode {mode!r}", hint=f"choose from {', '.join((*SESSION_MODES, 'draft-mtp'))}"
+        )
     return args
 
 

@@ -1,5 +1,5 @@
 """llama.cpp rpc-servers on this machine, and a TCP proxy on loopback that delays what passes through it:
-what ``scripts/bench_rpc.py`` and the RPC tests measure a target over RPC with.
+what ``localspec bench --rpc-rtt`` and the RPC tests measure a target over RPC with.
 
 :class:`RpcServer` runs the ``rpc-server`` built from the vendored llama.cpp
 (:func:`localspec.llama.programs.rpc_server_binary`) on ``127.0.0.1`` and waits for its handshake.
