@@ -111,7 +111,7 @@ def llama_server(
     spec: list[str] = []
     chained = method in ("model", "mtp") and _chained(settings)
     lookup = ["ngram-mod"] if chained else []
-    if chained and settings.strategy.lookup == "suffix":
+    if chained and settings.uses_suffix:
         notes.append("llama-server has no suffix cache: ngram-mod, a lookup in the context, goes first")
     elif chained:
         notes.append("ngram-mod, llama-server's lookup in the context, goes first, as localspec's lookups do")
