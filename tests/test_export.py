@@ -28,7 +28,7 @@ def _costs(draft_ratio: float, slope: float = 0.1) -> MachineCosts:
 
 def test_auto_where_the_draft_model_pays_carries_the_predicted_length_not_the_lookup_cap():
     out = export_setting(AUTO, origin="preset p's setting", draft=Path("d.gguf"), costs=_costs(0.05))
-    assert out.settings.strategy == "model+suffix"
+    assert out.settings.strategy.name == "model+suffix"
     assert 1 <= out.settings.n_max <= ROUTED_MODEL_N_MAX < LOOKUP_N_MAX
     assert out.lookup_max == LOOKUP_N_MAX
     assert f"drafting {out.settings.n_max} tokens should give" in out.source
@@ -37,7 +37,7 @@ def test_auto_where_the_draft_model_pays_carries_the_predicted_length_not_the_lo
 
 def test_auto_where_the_draft_model_does_not_pay_carries_lookups_alone():
     out = export_setting(AUTO, origin="preset p's setting", draft=Path("d.gguf"), costs=_costs(0.6, 0.42))
-    assert out.settings.strategy == "suffix" and out.lookup_max is None
+    assert out.settings.strategy.name == "suffix" and out.lookup_max is None
     assert "would not pay" in out.source
     flags = llama_server(out.settings, Path("t.gguf"), Path("d.gguf"), n_ctx=4096, threads=2).argv
     assert "--model-draft" not in flags and flags[flags.index("--spec-type") + 1] == "ngram-mod"
@@ -45,7 +45,7 @@ def test_auto_where_the_draft_model_does_not_pay_carries_lookups_alone():
 
 def test_auto_without_measured_costs_says_so_and_drafts_the_default_length():
     out = export_setting(AUTO, origin="preset p's setting", draft=Path("d.gguf"), costs=None)
-    assert out.settings.strategy == "model+suffix"
+    assert out.settings.strategy.name == "model+suffix"
     assert out.settings.n_max == DraftSettings().n_max
     assert "not measured yet" in out.source and "the fixed 4 tokens" in out.source
 
@@ -53,7 +53,7 @@ def test_auto_without_measured_costs_says_so_and_drafts_the_default_length():
 def test_an_adaptive_model_strategy_carries_the_predicted_length_and_a_fixed_one_its_own():
     adaptive = DraftSettings(strategy="model+ngram", n_max=8, adaptive=True)
     out = export_setting(adaptive, origin="o", draft=Path("d.gguf"), costs=_costs(0.05))
-    assert out.settings.strategy == "model+ngram" and out.lookup_max == 8
+    assert out.settings.strategy.name == "model+ngram" and out.lookup_max == 8
     assert "should give" in out.source
     fixed = DraftSettings(strategy="model", n_max=6)
     kept = export_setting(fixed, origin="o", draft=Path("d.gguf"), costs=_costs(0.05))

@@ -124,7 +124,7 @@ def test_export_maps_mtp_to_llama_server_and_vllm(files):
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["speculative"] == {"method": "mtp", "num_speculative_tokens": 4}
-    assert any("MTP layers alone" in note for note in out["notes"])
+    assert any("the MTP layers are kept" in note for note in out["notes"])
 
 
 def test_run_with_mtp_from_the_command_line(files):

@@ -217,7 +217,8 @@ def _routed(
     k, speed, why = _predicted(settings, costs, min(cap, ROUTED_MODEL_N_MAX))
     if k == 0 or speed < MIN_GAIN:  # as auto routes a request it has measured nothing for
         lookups = settings.with_overrides(strategy=LOOKUPS_ONLY)
-        return ExportSetting(lookups, None, f"{origin} auto -> {LOOKUPS_ONLY.name}; {why}: lookups alone")
+        line = f"{origin} auto -> {LOOKUPS_ONLY.name}; {why}: the draft model would not pay, so lookups alone"
+        return ExportSetting(lookups, None, line)
     with_model = settings.with_overrides(strategy=MODEL_WITH_LOOKUPS)
     if length_given:
         return ExportSetting(with_model, cap, f"{origin} auto -> {MODEL_WITH_LOOKUPS.name}; the length given")

@@ -170,11 +170,11 @@ def vllm(
     if method == "model":
         config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
         if _chained(settings):
-            notes.append(f"{settings.strategy}: vLLM takes one method; the draft model is kept")
+            notes.append(f"{settings.strategy.name}: vLLM takes one method; the draft model is kept")
     elif method == "mtp":
         config = {"method": "mtp", "num_speculative_tokens": k}
         if _chained(settings):
-            notes.append(f"{settings.strategy}: vLLM takes one method; the MTP layers are kept")
+            notes.append(f"{settings.strategy.name}: vLLM takes one method; the MTP layers are kept")
         if draft is not None and is_mtp_assistant(draft):
             notes.append(
                 "an MTP assistant file: vLLM's support for it is not checked here; serve the original "
