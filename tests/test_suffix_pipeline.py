@@ -241,3 +241,15 @@ def test_a_model_alone_is_one_drafter_counted_per_round(home):
     model = stats.by_drafter["model"]
     assert model.drafted == stats.drafted and model.accepted == stats.accepted
     assert 0 < model.rounds <= model.calls and model.seconds == pytest.approx(stats.draft_seconds, abs=1e-3)
+
+
+def test_auto_keeps_the_draft_model_after_a_tiny_first_request_where_the_costs_say_it_pays(home):
+    """A 4-token first request (a warm-up) drafts a token or two and its controller's figure from one round
+    is noise (0.15x was seen): it must not shut the draft model out of the requests after it."""
+    with localspec.load(n_threads=2, n_ctx=1024, strategy="auto", suffix_store=False) as pipe:
+        pipe._costs = MachineCosts(1.0, {1: 1.0, 2: 1.05, 8: 1.3, 32: 2.0}, 0.05)  # a big target's curve
+        first = _argmax_law(pipe, CODE, max_tokens=4).stats
+        assert first.strategy.name == "model+suffix" and first.drafted_by_source.get("model", 0) <= 4
+        for _ in range(2):
+            later = _argmax_law(pipe, CODE, max_tokens=8).stats
+            assert later.strategy.name == "model+suffix", later.route
