@@ -345,3 +345,16 @@ def test_a_json_schema_request_stays_valid_beside_free_text(pipe3):
             texts[id(event.gen)] = texts.get(id(event.gen), "") + "".join(r.text for r in event.tokens)
     assert constrained.finish == "stop"
     assert json.loads(texts[id(constrained)])["n"] <= 9
+
+
+def test_the_published_clients_table_is_its_result_file():
+    """docs/batching.md prints the table `localspec bench --clients` rendered from its committed result."""
+    import json
+    from pathlib import Path
+
+    from localspec.bench.clients_report import markdown, read_result
+
+    root = Path(__file__).resolve().parent.parent
+    result = root / "docs" / "results" / "clients.json"
+    table = markdown(read_result(json.loads(result.read_text(encoding="utf-8")), str(result)))
+    assert table in (root / "docs" / "batching.md").read_text(encoding="utf-8")

@@ -21,6 +21,10 @@ MAX_PAGE_BYTES = 12 * 1024
 
 # page -> (the result file it is rendered from, the test that renders it again and compares)
 RENDERED = {
+    "docs/batching.md": (
+        "docs/results/clients.json",
+        "tests/test_batch.py::test_the_published_clients_table_is_its_result_file",
+    ),
     "docs/hybrid-models.md": (
         "docs/results/hybrid-rollback.json",
         "tests/test_hybrid.py::test_the_published_rollback_table_is_its_result_file",
