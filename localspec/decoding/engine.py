@@ -275,7 +275,7 @@ class Engine:
             return [[] for _ in gens]
         chunks = self._chunks(filling, rounds)
         used = sum(target.batch_width(_seq(g), c) for g, c in chunks)
-        plans = self._plans(rounds, target.n_batch - used)
+        plans = self._plans(rounds, target.n_batch - used, self._model_caps(rounds, used) if fit else {})
         if fit and len(plans) > 1:
             self._fit(plans, base=used)
         for p in plans:
@@ -344,8 +344,23 @@ class Engine:
         gen.begun = True
         gen.t_start = time.perf_counter()
 
-    def _plans(self, rounds: list[Generation], free: int) -> list[_Plan]:
-        """Each round's proposal, within the context left and its share of the batch's ``free`` rows."""
+    def _model_caps(self, rounds: list[Generation], used: int) -> dict[int, int]:
+        """Before a shared pass, the most each model drafter (whose drafting costs passes, unlike a lookup's)
+        may draft: what :func:`batch_lengths` keeps of ``n_max`` drafts at the generation's acceptance so far,
+        so that drafting a model's tokens the shared pass would cut is not paid for (empty before two pass
+        widths were measured, or with one round)."""
+        verify = self.pass_costs.curve()
+        models = [g for g in rounds if g.drafter is not None and not g.drafter.free]
+        if verify is None or len(rounds) < 2 or not models:
+            return {}
+        reaches = [g.reach(Draft(tokens=[0] * g.settings.n_max)) for g in models]
+        base = used + sum(1 + _seq(g).owed for g in rounds)
+        ks = batch_lengths(reaches, [g.settings.n_max for g in models], base=base, verify=verify)
+        return {id(g): k for g, k in zip(models, ks, strict=True)}
+
+    def _plans(self, rounds: list[Generation], free: int, caps: dict[int, int]) -> list[_Plan]:
+        """Each round's proposal, within the context left, its share of the batch's ``free`` rows and its cap
+        from :meth:`_model_caps`."""
         target, out = self.target, []
         share = free // max(1, len(rounds))
         joint = joint_drafting() if len(rounds) > 1 else contextlib.nullcontext()
@@ -359,7 +374,7 @@ class Engine:
                     continue
                 if gen.seq.owed + 1 > share:  # owed tokens that do not fit beside the others: first alone
                     target.decode([], seq=gen.seq)
-                cap = min(room - 1, target.max_draft, share - 1 - gen.seq.owed)
+                cap = min(room - 1, target.max_draft, share - 1 - gen.seq.owed, caps.get(id(gen), room))
                 try:
                     out.append(self._propose(gen, cap=max(0, cap)))
                 except Exception as exc:  # this generation's drafter failed: it ends alone
