@@ -175,6 +175,7 @@ def test_the_clients_bench_runs_serve_end_to_end_and_renders_its_file_again(tmp_
     assert res.exit_code == 0, res.output
     data = json.loads((out / "clients.json").read_text())
     assert data["kind"] == "localspec-clients-bench" and data["date"][:4].isdigit() and data["cpu"]
+    assert data["setup"]["target"] == "tiny-target.gguf", "a published result names files, not folders"
     rows = data["rows"]
     assert [(r["setting"], r["clients"]) for r in rows] == [
         (s, c)

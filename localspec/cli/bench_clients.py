@@ -44,8 +44,9 @@ def bench_clients(o: BenchOptions) -> None:
     log = o.progress() or (lambda line: None)
     runs = cb.run_clients_bench(plan, peer_files=files, log_dir=Path(o.out_dir) / "servers", log=log)
     setup: dict[str, Any] = {
-        "target": o.target or (None if o.preset else str(constants.EMBEDDED_TARGET)),
-        "draft": o.draft,
+        # file names only: a result file is published and says nothing of the user's folders
+        "target": _file_name(o.target or (None if o.preset else str(constants.EMBEDDED_TARGET))),
+        "draft": _file_name(o.draft),
         "preset": o.preset,
         "threads": threads,
         "n_ctx": o.n_ctx,
@@ -120,3 +121,9 @@ def _peer_modes(o: BenchOptions, files: PeerFiles) -> list[str]:
         return given
     optional = {"draft-simple": files.draft is not None, "draft-mtp": has_mtp}
     return [m for m in ("none", "ngram-mod", "draft-simple", "draft-mtp") if optional.get(m, True)]
+
+
+def _file_name(path: str | None) -> str | None:
+    """A model's file name (``ngram``/``none`` as they are), for a result file that may be published."""
+    return Path(path).name if path else None
+
