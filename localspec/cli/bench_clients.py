@@ -126,4 +126,3 @@ def _peer_modes(o: BenchOptions, files: PeerFiles) -> list[str]:
 def _file_name(path: str | None) -> str | None:
     """A model's file name (``ngram``/``none`` as they are), for a result file that may be published."""
     return Path(path).name if path else None
-

@@ -6,19 +6,18 @@ browser or not, what ``--auth`` means) are pure functions so they are tested wit
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import click
 
 from localspec.cli.options import shared_options
 from localspec.cli.window import check_window_possible, open_window
+from localspec.llama.processes import stop_on_sigterm
 from localspec.serve.exposure import check_exposure
 
 DEFAULT_PORT = 7860
@@ -186,7 +185,9 @@ def ui(
     click.echo(f"localspec UI on {url}  (Ctrl+C to stop)")
     if not open_browser:
         click.echo(f"(not opening a browser: {why_not})")
-    with _sigterm_as_ctrl_c():
+    # SIGTERM stops the page as Ctrl-C does, with exit status 0 (as serve): Gradio installs no handler of its
+    # own with ssr_mode=False, so the process died of the signal (status 143)
+    with stop_on_sigterm():
         launch(
             host=host,
             port=port,
@@ -201,22 +202,6 @@ def ui(
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
     click.echo("localspec ui stopped.")
-
-
-@contextlib.contextmanager
-def _sigterm_as_ctrl_c() -> Iterator[None]:
-    """SIGTERM stops the page as Ctrl-C does, with exit status 0 (as ``localspec serve``): Gradio's blocking
-    loop closes the server on a KeyboardInterrupt, and installs no SIGTERM handler of its own with
-    ``ssr_mode=False`` (the process died of the signal, status 143)."""
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _local_url(host: str, port: int) -> str:
