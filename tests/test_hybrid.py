@@ -12,7 +12,13 @@ import re
 
 import numpy as np
 import pytest
-from _arch_models import RECURRENT_FIXTURES, unrendered_tables, vendored_arch_source, write_model
+from _arch_models import (
+    RECURRENT_FIXTURES,
+    archs_program,
+    unrendered_tables,
+    vendored_arch_source,
+    write_model,
+)
 from _chi2 import second_token_pvalue
 from _dummy_runs import MAX_TOKENS, PROMPT
 
@@ -44,10 +50,24 @@ def test_recurrent_lists_match_vendored_llama_cpp():
     ):
         theirs = {names[case] for case in _switch_cases(source, function)}
         assert theirs == set(ours), f"{function}: llama.cpp has {sorted(theirs ^ set(ours))} different"
-    # the drafter-only and assistant architectures (and their targets') are llama.cpp's names
+    # the drafter files' architectures (and an assistant's target's) are llama.cpp's names
     assistants = vocab.MTP_ASSISTANT_ARCHS
-    for arch in (*vocab.DRAFTER_ONLY_ARCHS, *assistants, *assistants.values()):
+    for arch in (*vocab.DRAFTER_FILES, *assistants.values()):
         assert f'"{arch}"' in source, arch
+    # the targets that hand out their layers' rows (EAGLE-3 and DFlash read them): the models whose graph
+    # sets them, by the architectures whose model class it is
+    src = archs_program().parents[2] / "src" / "src"  # the vendored source, beside the build folder
+    classes = set()
+    for model in (src / "models").glob("*.cpp"):
+        text = model.read_text(encoding="utf-8")
+        if "t_layer_inp[" in text:
+            classes |= set(re.findall(r"(llama_model_\w+)::", text))
+    made = (src / "llama-model.cpp").read_text(encoding="utf-8")
+    built = re.findall(r"((?:case LLM_ARCH_\w+:\s*)+)return new (llama_model_\w+)", made)
+    rows = {names[a] for cases, cls in built if cls in classes for a in re.findall(r"LLM_ARCH_\w+", cases)}
+    assert rows == set(vocab.LAYER_ROWS_ARCHS), (
+        f"llama.cpp has {sorted(rows ^ vocab.LAYER_ROWS_ARCHS)} different"
+    )
 
 
 def _run(pipe, strategy, **kw):

@@ -122,7 +122,7 @@ def test_pairing_says_what_an_assistant_is_and_what_it_fits(files, tmp_path):
     assert not info.usable and "give it as the draft of its target" in (info.unusable_reason or "")
     ranked = find_drafts(files["target"], [files["target"].parent])
     assert ranked[0].fits and ranked[0].model.path in {str(files["random"]), str(files["token"])}
-    assert "MTP assistant made for this architecture" in ranked[0].why
+    assert "an MTP assistant fitting this target" in ranked[0].why
     assert not [r for r in find_drafts(other, [files["target"].parent]) if r.fits and "assistant" in r.why]
 
 

@@ -13,7 +13,7 @@ from localspec.errors import GGUFError
 from localspec.gguf import scan as scanmod
 from localspec.gguf.pairing import file_size_warning
 from localspec.gguf.scan import ModelInfo, RankedDraft, format_params
-from localspec.gguf.vocab import MTP_ASSISTANT_ARCHS
+from localspec.gguf.vocab import DRAFTER_FILES
 from localspec.units import format_bytes
 
 
@@ -244,8 +244,9 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> bool:
     if d.error:
         raise _unreadable(d, "draft")
     verdict = scanmod.verdict_for(t, d).as_dict()
-    assistant = (d.architecture or "") in MTP_ASSISTANT_ARCHS
-    misfit = scanmod.assistant_misfit_for(t, d) if assistant else None
+    drafter = DRAFTER_FILES.get(d.architecture or "")
+    assistant = drafter is not None
+    misfit = scanmod.drafter_misfit_for(t, d) if assistant else None
     if misfit:  # drafting would read the target's memory as something it is not
         verdict["verdict"], verdict["reasons"] = "incompatible", [misfit, *verdict["reasons"]]
     fits = verdict["verdict"] != "incompatible"
@@ -262,7 +263,8 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> bool:
             "draft": _side(d),
             "target_usable": t.usable,
             "draft_usable": d_usable,
-            "draft_is_mtp_assistant": assistant,
+            "draft_is_mtp_assistant": drafter is not None and drafter.reads == "memory",
+            "draft_is_drafter_file": drafter.spec_type if drafter else None,
         }
         _json(out)
         return fits
@@ -273,8 +275,9 @@ def _pair_two(t: ModelInfo, d: ModelInfo, as_json: bool) -> bool:
         f"{d.n_vocab or 0:,} tokens | fingerprint {d.fingerprint_short or '-'}"
     )
     _print_notes(d)
-    if assistant and not misfit:
-        _echo("  an MTP assistant: it drafts as the target's MTP layers, reading the target's KV cache")
+    if drafter is not None and not misfit:
+        reads = "KV cache" if drafter.reads == "memory" else f"layer rows ({drafter.spec_type} in llama.cpp)"
+        _echo(f"  {drafter.what}: it drafts as the target's MTP layers do, reading the target's {reads}")
     elif not d_usable:
         _echo(f"  cannot run as a draft: {misfit or d.unusable_reason}")
     _echo(f"\nVerdict: {verdict['verdict']}")

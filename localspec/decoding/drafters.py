@@ -200,7 +200,8 @@ class MtpDrafter:
             if chosen is None:
                 return None, False
             out.add(chosen, self.target.n_vocab, "mtp")
-            return chosen.token, stop is None or stop.go_on()
+            # a block drafter's next token is already paid for: only keeping it costs (a wider verify)
+            return chosen.token, stop is None or self.head.block or stop.go_on()
 
         made = self.target.call(lambda: self.head.draft(context[-1], len(context) - 1, n, choose))
         out.evals, out.first_seconds, out.fed = made.evals, made.first_seconds, 1

@@ -24,8 +24,9 @@ class PairInfo:
     n_ctx_train: int | None = None  # the target's trained context (its header), when it says
     #: Things about the pair worth a word that do not refuse it (see :func:`size_warning`).
     warnings: list[str] = field(default_factory=list)
-    #: the draft is an MTP assistant (Gemma 4's): it drafts as the target's MTP layers, reading the target's
-    #: KV cache, instead of running as a model of its own (:data:`localspec.gguf.vocab.MTP_ASSISTANT_ARCHS`)
+    #: the draft is a drafter file (:data:`localspec.gguf.vocab.DRAFTER_FILES`): an MTP assistant (Gemma 4's),
+    #: an EAGLE-3 or a DFlash drafter. It drafts as the target's MTP layers do (``--strategy mtp``), reading
+    #: the target's KV cache or layer rows, instead of running as a model of its own.
     assistant: bool = False
 
 
@@ -123,31 +124,33 @@ def check_pair(target: Path, draft: Path | None, *, label: str = "") -> PairInfo
     return info
 
 
-def is_mtp_assistant(path: Path) -> bool:
-    """Whether ``path`` is an MTP assistant (:data:`localspec.gguf.vocab.MTP_ASSISTANT_ARCHS`) by its header
-    (False for a file whose header cannot be read: :func:`check_pair` says why)."""
+def drafter_file_kind(path: Path) -> str | None:
+    """The architecture of ``path`` when it is a drafter file (:data:`localspec.gguf.vocab.DRAFTER_FILES`:
+    ``gemma4-assistant``, ``eagle3``, ``dflash``) by its header; None for any other file, and for one whose
+    header cannot be read (:func:`check_pair` says why)."""
     from localspec.gguf.meta import read_metadata
-    from localspec.gguf.vocab import MTP_ASSISTANT_ARCHS
+    from localspec.gguf.vocab import DRAFTER_FILES
 
     try:
-        return (read_metadata(path, merges=False).architecture or "") in MTP_ASSISTANT_ARCHS
+        arch = read_metadata(path, merges=False).architecture or ""
     except LocalspecError:
-        return False
+        return None
+    return arch if arch in DRAFTER_FILES else None
 
 
 def _check_assistant(t_meta, d_meta, draft: Path, label: str) -> bool:
-    """Whether the draft is an MTP assistant (:data:`localspec.gguf.vocab.MTP_ASSISTANT_ARCHS`); one that
-    does not fit the target is refused (:func:`localspec.gguf.vocab.assistant_misfit`)."""
-    from localspec.gguf.vocab import MTP_ASSISTANT_ARCHS, assistant_misfit
+    """Whether the draft is a drafter file (:data:`localspec.gguf.vocab.DRAFTER_FILES`); one that does not
+    fit the target is refused (:func:`localspec.gguf.vocab.drafter_misfit`)."""
+    from localspec.gguf.vocab import DRAFTER_FILES, drafter_misfit
 
-    if (d_meta.architecture or "") not in MTP_ASSISTANT_ARCHS:
+    if (d_meta.architecture or "") not in DRAFTER_FILES:
         return False
-    problem = assistant_misfit(t_meta, d_meta)
+    problem = drafter_misfit(t_meta, d_meta)
     if problem:
         target = t_meta.name or "this target"
         raise IncompatiblePairError(
             f"{label + ': ' if label else ''}draft {draft.name} does not fit target {target}: {problem}",
-            hint="use the assistant published with this target model, or a small model of its family",
+            hint="use the drafter published with this target model, or a small model of its family",
         )
     return True
 

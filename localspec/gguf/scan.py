@@ -29,13 +29,14 @@ from localspec import constants
 from localspec.errors import GGUFError
 from localspec.gguf.meta import is_gguf_file, model_file_stem, read_metadata
 from localspec.gguf.vocab import (
+    DRAFTER_FILES,
     MAX_MASK_FRACTION,
     MTP_ASSISTANT_ARCHS,
     VOCAB_TYPES,
     PairVerdict,
     VocabInfo,
-    assistant_misfit,
     compare,
+    drafter_misfit,
     fingerprint,
     memory_note,
     mtp_layers,
@@ -328,12 +329,12 @@ def rank_drafts(target: ModelInfo, candidates: Iterable[ModelInfo]) -> list[Rank
         if c.error:
             rejected.append(RankedDraft(c, None, False, f"unreadable: {c.error}"))
             continue
-        assistant_for = MTP_ASSISTANT_ARCHS.get(c.architecture or "")
-        misfit = assistant_for and assistant_misfit_for(target, c)
+        drafter = DRAFTER_FILES.get(c.architecture or "")
+        misfit = drafter and drafter_misfit_for(target, c)
         if misfit:
             rejected.append(RankedDraft(c, None, False, misfit))
             continue
-        if not c.usable and not assistant_for:
+        if not c.usable and not drafter:
             rejected.append(RankedDraft(c, None, False, f"cannot run: {c.unusable_reason}"))
             continue
         if target.n_params and c.n_params and c.n_params >= target.n_params:
@@ -371,21 +372,22 @@ def rank_drafts(target: ModelInfo, candidates: Iterable[ModelInfo]) -> list[Rank
             "compatible-with-mask": f"compatible with {len(v.masked_ids):,} masked ids",
         }[v.verdict]
         family_why = f"same family ({c.family})" if same_family else "different family"
-        if assistant_for:  # made for this target: drafts as its MTP layers, reading its KV cache
-            family_why, size_why = "MTP assistant made for this architecture (drafts reading its memory)", ""
-        # an assistant first: it was trained on the target's own hidden rows
-        rank = (0 if assistant_for else 1, _VERDICT_RANK[v.verdict], 0 if same_family else 1)
+        if drafter:  # made for this target: drafts from its own rows, as its MTP layers do
+            family_why = f"{drafter.what} fitting this target (drafts reading its {drafter.reads})"
+            size_why = ""
+        # a drafter file first: it was trained on the target's own hidden rows
+        rank = (0 if drafter else 1, _VERDICT_RANK[v.verdict], 0 if same_family else 1)
         why = "; ".join(w for w in (verdict_why, family_why, size_why) if w)
         fits.append(RankedDraft(c, v, True, why, (*rank, round(distance, 3), c.size_bytes)))
     fits.sort(key=lambda r: r.score)
     return fits + rejected
 
 
-def assistant_misfit_for(target: ModelInfo, assistant: ModelInfo) -> str | None:
-    """Why the MTP assistant cannot draft for ``target`` (:func:`assistant_misfit` on the two headers; None:
+def drafter_misfit_for(target: ModelInfo, drafter: ModelInfo) -> str | None:
+    """Why the drafter file cannot draft for ``target`` (:func:`drafter_misfit` on the two headers; None:
     it can)."""
     try:
-        return assistant_misfit(read_metadata(target.path), read_metadata(assistant.path))
+        return drafter_misfit(read_metadata(target.path), read_metadata(drafter.path))
     except GGUFError as exc:
         return f"unreadable: {exc.message}"
 

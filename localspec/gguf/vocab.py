@@ -413,38 +413,80 @@ def type_mismatch(target_model: str | None, draft_model: str | None) -> PairVerd
     )
 
 
-#: Drafter-only architectures: they run inside their target's context (llama.cpp's --spec-type draft-eagle3,
-#: draft-dflash), never as a model of their own.
-DRAFTER_ONLY_ARCHS = {
-    "eagle3": "an EAGLE-3 drafter (llama.cpp's --spec-type draft-eagle3)",
-    "dflash": "a DFlash drafter (llama.cpp's --spec-type draft-dflash)",
+@dataclass(frozen=True)
+class DrafterFile:
+    """A drafter file that runs only beside its target, in a context linked to the target's."""
+
+    what: str  # for people: "an EAGLE-3 drafter"
+    spec_type: str  # llama.cpp's --spec-type for it
+    target_arch: str | None  # the one target architecture it drafts for (None: any width-matched target)
+    reads: str  # what it reads of the target: "memory" (its KV cache) or "layers" (layers' input rows)
+
+
+#: Drafter files by ``general.architecture``: they draft for a target (given as its ``--draft``), never as a
+#: model of their own. An MTP assistant drafts as the target's MTP layers, reading its KV cache
+#: (llama.cpp's draft-mtp with shared memory); EAGLE-3 and DFlash drafters read the input rows of a few
+#: target layers (draft-eagle3, draft-dflash).
+DRAFTER_FILES = {
+    "gemma4-assistant": DrafterFile("an MTP assistant", "draft-mtp", "gemma4", "memory"),
+    "eagle3": DrafterFile("an EAGLE-3 drafter", "draft-eagle3", None, "layers"),
+    "dflash": DrafterFile("a DFlash drafter", "draft-dflash", None, "layers"),
 }
 
-#: MTP assistants: drafter files that run as their target's MTP layers, reading the target's KV cache
-#: (llama.cpp's draft-mtp with shared memory), by architecture: the target architecture they draft for.
-MTP_ASSISTANT_ARCHS = {"gemma4-assistant": "gemma4"}
+#: MTP assistants (their blocks are all MTP layers), by architecture: the target architecture they draft for.
+MTP_ASSISTANT_ARCHS = {a: f.target_arch for a, f in DRAFTER_FILES.items() if f.reads == "memory"}
+
+#: Target architectures whose llama.cpp graph hands out its layers' input rows (what EAGLE-3 and DFlash
+#: drafters read), in the llama.cpp llama-cpp-python 0.3.36 vendors (``src/models/*.cpp`` setting
+#: ``t_layer_inp``). Any other target would abort llama.cpp, so it is refused before loading.
+LAYER_ROWS_ARCHS = frozenset(
+    {
+        "bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2",
+        "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35",
+        "qwen35moe", "qwen3moe", "qwen3next", "qwen4exp",
+    }
+)  # fmt: skip
 
 
-def assistant_misfit(target: GGUFMetadata, assistant: GGUFMetadata) -> str | None:
-    """Why the MTP assistant ``assistant`` cannot draft for ``target`` (None: it can): one made for another
-    architecture, or for a target of another width, would read the target's memory as something it is not.
+def drafter_misfit(target: GGUFMetadata, drafter: GGUFMetadata) -> str | None:
+    """Why the drafter file ``drafter`` (:data:`DRAFTER_FILES`) cannot draft for ``target`` (None: it can):
+    one made for another architecture or width, or reading layers the target lacks, would read the target
+    as something it is not.
 
     Args:
         target: the target's header.
-        assistant: the header of a file of an :data:`MTP_ASSISTANT_ARCHS` architecture.
+        drafter: the drafter file's header.
 
     Returns:
         The reason, or None.
     """
-    arch, t_arch = assistant.architecture or "", target.architecture or ""
-    wants = MTP_ASSISTANT_ARCHS.get(arch)
-    if wants is None:
-        return f"{arch or 'this file'} is not an MTP assistant"
-    if t_arch != wants:
-        return f"an MTP assistant for {wants} targets, and this target is {t_arch or 'of an unknown kind'}"
-    width, t_width = assistant.get(f"{arch}.embedding_length_out"), target.get(f"{t_arch}.embedding_length")
+    arch, t_arch = drafter.architecture or "", target.architecture or ""
+    kind = DRAFTER_FILES.get(arch)
+    if kind is None:
+        return f"{arch or 'this file'} is not a drafter file (an MTP assistant, EAGLE-3 or DFlash drafter)"
+    t_width = target.get(f"{t_arch}.embedding_length")
+    if kind.reads == "memory":
+        if t_arch != kind.target_arch:
+            other = t_arch or "of an unknown kind"
+            return f"{kind.what} for {kind.target_arch} targets, and this target is {other}"
+        width = drafter.get(f"{arch}.embedding_length_out")
+        if width != t_width:
+            return f"{kind.what} reading hidden rows {width} wide, and this target's are {t_width} wide"
+        return None
+    if t_arch not in LAYER_ROWS_ARCHS:
+        return (
+            f"{kind.what} reads the target's layer rows, which llama.cpp does not hand out for "
+            f"{t_arch or 'this'} models"
+        )
+    width = drafter.get(f"{arch}.target_hidden_size" if arch == "eagle3" else f"{arch}.embedding_length")
     if width != t_width:
-        return f"an MTP assistant reading hidden rows {width} wide, and this target's are {t_width} wide"
+        return f"{kind.what} for targets {width} wide, and this target is {t_width} wide"
+    layers = drafter.get(f"{arch}.target_layers")
+    n_layer = target.get(f"{t_arch}.block_count")
+    if not isinstance(layers, list) or not layers or not all(_is_int(i) for i in layers):
+        return f"{kind.what} without the target layers it reads ({arch}.target_layers) in its header"
+    if _is_int(n_layer) and any(not 0 <= i < n_layer for i in layers):
+        return f"{kind.what} reading target layers {layers}, and this target has {n_layer}"
     return None
 
 
@@ -453,8 +495,8 @@ def usability(meta: GGUFMetadata, *, role: str = "model") -> tuple[bool, str | N
 
     Args:
         meta: the file's header.
-        role: ``"draft"`` also accepts an MTP assistant (:data:`MTP_ASSISTANT_ARCHS`), which drafts for its
-            target; as a target or a model of its own (``"model"``, ``"target"``) it is refused.
+        role: ``"draft"`` also accepts a drafter file (:data:`DRAFTER_FILES`), which drafts for its target;
+            as a target or a model of its own (``"model"``, ``"target"``) it is refused.
     """
     kv = meta.kv
     arch = meta.architecture or ""
@@ -463,16 +505,11 @@ def usability(meta: GGUFMetadata, *, role: str = "model") -> tuple[bool, str | N
         return False, "a vision projector (mmproj), not a language model: load it next to its model"
     if gtype == "adapter" or any(k.startswith("adapter.") for k in kv):
         return False, "a LoRA adapter, not a full model"
-    if arch in DRAFTER_ONLY_ARCHS:
+    if arch in DRAFTER_FILES and role != "draft":
+        kind = DRAFTER_FILES[arch]
         return False, (
-            f"{DRAFTER_ONLY_ARCHS[arch]}: it runs only inside its target's context, which localspec does not "
-            "drive; draft with a small model of the target's family, the target's MTP layers (--strategy "
-            "mtp) where it has them, or ngram"
-        )
-    if arch in MTP_ASSISTANT_ARCHS and role != "draft":
-        return False, (
-            f"an MTP assistant (drafts for a {MTP_ASSISTANT_ARCHS[arch]} target, reading its memory), not a "
-            "model of its own: give it as the draft of its target (--draft PATH)"
+            f"{kind.what} (drafts for a {kind.target_arch or 'width-matched'} target, reading its "
+            f"{kind.reads}), not a model of its own: give it as the draft of its target (--draft PATH)"
         )
     split_no = kv.get("split.no")
     if _is_int(split_no) and split_no > 0:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localspec.errors import SettingsError
-from localspec.gguf.pairing import is_mtp_assistant
+from localspec.gguf.pairing import drafter_file_kind
+from localspec.gguf.vocab import DRAFTER_FILES
 from localspec.settings import DraftSettings
 
 ENGINES = ("llama-server", "vllm")
@@ -47,8 +48,10 @@ def _method(settings: DraftSettings, draft: Path | None, notes: list[str]) -> st
     kind = settings.strategy
     if not kind.drafts:
         return "none"
-    if draft is not None and (kind.model or kind.routed) and is_mtp_assistant(draft):
-        notes.append(f"{draft.name} is an MTP assistant: it drafts as the target's MTP layers (draft-mtp)")
+    drafter = drafter_file_kind(draft) if draft is not None else None
+    if draft is not None and drafter and (kind.model or kind.routed or kind.mtp):
+        what = DRAFTER_FILES[drafter]
+        notes.append(f"{draft.name} is {what.what}: it drafts from the target's own rows ({what.spec_type})")
         return "mtp"
     if kind.routed:
         notes.append(
@@ -125,8 +128,10 @@ def llama_server(
             spec += ["--spec-draft-ngl", "0"]
             notes.append("--spec-draft-ngl 0 keeps the draft on this machine's CPU, as localspec does")
     elif method == "mtp":
-        spec += ["--spec-type", ",".join([*lookup, "draft-mtp"]), "--spec-draft-n-max", str(k)]
-        if draft is not None and is_mtp_assistant(draft):  # Gemma 4's: a file of its own
+        drafter = drafter_file_kind(draft) if draft is not None else None
+        spec_type = DRAFTER_FILES[drafter].spec_type if drafter else "draft-mtp"
+        spec += ["--spec-type", ",".join([*lookup, spec_type]), "--spec-draft-n-max", str(k)]
+        if drafter:  # a file of its own: a Gemma 4 assistant, an EAGLE-3 or DFlash drafter
             spec += ["--model-draft", str(draft)]
         spec += ["--spec-draft-n-min", str(settings.n_min), "--spec-draft-p-min", f"{settings.p_min:g}"]
     elif method == "suffix":
@@ -175,10 +180,11 @@ def vllm(
         config = {"method": "mtp", "num_speculative_tokens": k}
         if _chained(settings):
             notes.append(f"{settings.strategy.name}: vLLM takes one method; the MTP layers are kept")
-        if draft is not None and is_mtp_assistant(draft):
+        drafter = drafter_file_kind(draft) if draft is not None else None
+        if drafter:
             notes.append(
-                "an MTP assistant file: vLLM's support for it is not checked here; serve the original "
-                "checkpoint with its assistant as vLLM's documentation for the family says"
+                f"{DRAFTER_FILES[drafter].what} file: vLLM's support for it is not checked here; serve the "
+                "original checkpoint with its drafter as vLLM's documentation for the family says"
             )
         notes.append(
             'vLLM runs the MTP layers of the original checkpoint; releases before "mtp" took a method per '

@@ -23,7 +23,9 @@ memory (Gemma 4's assistant, a file of its own): the assistant's attention reads
 last sliding-window and last full layer), so nothing follows the target's passes but its hidden rows, and
 every draft step runs at the pending token's position, fed the token just drafted and the row the step
 before made (as llama.cpp's ``is_mem_shared``). The calls are llama.cpp's staging API
-(``llama_cpp.llama_cpp_ext``), bound by llama-cpp-python 0.3.36.
+(``llama_cpp.llama_cpp_ext``), bound by llama-cpp-python 0.3.36. :mod:`localspec.llama.heads` starts the
+head of a model: its MTP layers, or a drafter file (an assistant, or EAGLE-3 and DFlash drafters:
+:mod:`localspec.llama.feature_heads`).
 """
 
 from __future__ import annotations
@@ -39,9 +41,8 @@ import llama_cpp
 import llama_cpp._internals as llama_internals
 import numpy as np
 
-from localspec.errors import GGUFError, LocalspecError
+from localspec.errors import LocalspecError
 from localspec.llama.load_hooks import replaced
-from localspec.llama.logs import cache_bytes_logged, quiet_stderr
 
 #: Target hidden rows kept per position (a ring): the row before the first token of any later pass. A pass
 #: that starts further back than this (a new request on an old prefix) pairs its first token with a zero
@@ -124,6 +125,7 @@ class MtpHead:
         self.n_embd = int(llama_cpp.llama_model_n_embd_out(model))
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
         self.target_ctx = target_ctx
+        self.block = False  # one MTP pass per drafted token
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch
         params.n_threads = params.n_threads_batch = n_threads
@@ -321,90 +323,3 @@ class MtpHead:
         if self.owned_model:
             llama_cpp.llama_model_free(self.owned_model)
             self.owned_model = None
-
-
-def assistant_head(
-    path: str, target_ctx: Any, *, n_gpu_layers: int, n_ctx: int, n_batch: int, n_threads: int
-) -> MtpHead:
-    """The MTP head of an assistant file (Gemma 4's): its model loaded, its context reading the target's
-    memory (llama.cpp links them through ``ctx_other``, as ``common_speculative_init_result`` does).
-
-    Args:
-        path: the assistant GGUF.
-        target_ctx: the target's ``llama_context``.
-        n_gpu_layers: layers on the GPU (-1: all), as the target's.
-        n_ctx, n_batch, n_threads: as :class:`MtpHead` takes them.
-
-    Returns:
-        The head (it frees the assistant's model when closed).
-
-    Raises:
-        LocalspecError: llama.cpp could not load the file or make its context, or the file does not read the
-            target's memory (it is not an assistant).
-    """
-    params = llama_cpp.llama_model_default_params()
-    params.n_gpu_layers = n_gpu_layers
-    model = llama_cpp.llama_model_load_from_file(path.encode(), params)
-    if not model:
-        raise LocalspecError(
-            f"llama.cpp could not load the MTP assistant {path}",
-            hint="check the file (`localspec pair TARGET ASSISTANT`), or draft with a small model of the "
-            "target's family",
-        )
-    head = MtpHead(model, target_ctx, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, owns_model=True)
-    if not head.shared:
-        head.close()
-        raise LocalspecError(
-            f"{path} does not read its target's memory: it is not an MTP assistant",
-            hint="give it as an ordinary draft model, or use the assistant published with the target",
-        )
-    return head
-
-
-def start_head(
-    model: Any,
-    ctx: Any,
-    *,
-    what: str,
-    assistant: str | None,
-    n_gpu_layers: int,
-    n_ctx: int,
-    n_batch: int,
-    n_threads: int,
-) -> tuple[MtpHead, int | None]:
-    """The MTP head of a loaded model: of its own MTP layers (a quant may have dropped them), or of an
-    ``assistant`` file that reads the model's KV cache (:func:`assistant_head`).
-
-    Args:
-        model: the loaded ``llama_model`` pointer.
-        ctx: its context.
-        what: the model file, for errors.
-        assistant: an assistant file to draft with instead of MTP layers of its own.
-        n_gpu_layers: the model's layers on a GPU (an assistant's follow them).
-        n_ctx: the context each sequence has.
-        n_batch: the model's batch.
-        n_threads: CPU threads.
-
-    Returns:
-        The head, and the KV cache its context allocated as llama.cpp logged it (0 for an assistant, which
-        reads the model's; None when the log was not captured).
-
-    Raises:
-        GGUFError: the file has no MTP layers.
-    """
-    if assistant is not None:
-        with quiet_stderr():
-            head = assistant_head(
-                assistant, ctx, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads
-            )
-        return head, 0
-    if layer_count(model) == 0:
-        raise GGUFError(
-            what,
-            "this file has no MTP layers (the model family may have none, or this quant dropped them)",
-            hint="use a quant that keeps them (often named MTP), or draft with a small model of the same "
-            "family (--draft PATH) or ngram",
-        )
-    with quiet_stderr() as said:
-        head = MtpHead(model, ctx, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
-    return head, cache_bytes_logged(said.lines)

@@ -35,8 +35,7 @@ from localspec.errors import (
     RpcError,
     SettingsError,
 )
-from localspec.llama import mtp as mtp_layers
-from localspec.llama import recurrent, rpc, token_sets
+from localspec.llama import heads, recurrent, rpc, token_sets
 from localspec.llama.loading import (
     LoadAsk,
     check_load_settings,
@@ -125,8 +124,9 @@ class Model:
                 ignored for a transformer and for architectures llama.cpp keeps no snapshots for.
             mtp: load the file's MTP (NextN) layers and make their context (:attr:`mtp`), which follows every
                 pass of this model (:mod:`localspec.llama.mtp`).
-            mtp_assistant: an MTP assistant file (Gemma 4's) to draft for this model instead of MTP layers of
-                its own: its head reads this model's KV cache (:func:`localspec.llama.mtp.assistant_head`).
+            mtp_assistant: a drafter file to draft for this model instead of MTP layers of its own: an MTP
+                assistant (Gemma 4's; it reads this model's KV cache), an EAGLE-3 or a DFlash drafter (they
+                read a few of this model's layer rows): :func:`localspec.llama.heads.file_head`.
             n_seq: sequences held at once (each with ``n_ctx`` tokens of room, in one unified KV cache); the
                 MTP layers draft for one sequence only.
 
@@ -138,8 +138,9 @@ class Model:
         check_sequences(n_seq, mtp=mtp or mtp_assistant is not None, what=self.path.name)
         self._batch: Any = None
         self._llama: llama_cpp.Llama | None = None
-        #: the MTP head drafting for this model (None unless loaded with ``mtp``)
-        self.mtp: mtp_layers.MtpHead | None = None
+        #: the head drafting for this model from its own rows: its MTP layers or a drafter file (None unless
+        #: loaded with ``mtp``)
+        self.mtp: heads.Head | None = None
         self._mtp_cache_bytes: int | None = None
         self.rpc_servers = list(rpc_servers)
         self._guard: rpc.Guard | None = None
@@ -219,10 +220,10 @@ class Model:
 
     def _start_mtp(self, n_threads: int, assistant: Path | None = None) -> None:
         """Make the MTP head: of this file's MTP layers, or of an ``assistant`` file that reads this model's
-        memory (:func:`localspec.llama.mtp.start_head`); a failure frees the model."""
+        memory (:func:`localspec.llama.heads.start_head`); a failure frees the model."""
         try:
             self.mtp, self._mtp_cache_bytes = self._call(
-                lambda: mtp_layers.start_head(
+                lambda: heads.start_head(
                     self.model,
                     self.ctx,
                     what=str(self.path),

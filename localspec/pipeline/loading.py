@@ -17,7 +17,7 @@ from typing import Any, overload
 
 from localspec import constants
 from localspec.errors import LocalspecError, ModelNotFoundError, SettingsError
-from localspec.gguf.pairing import check_pair, is_mtp_assistant
+from localspec.gguf.pairing import check_pair, drafter_file_kind
 from localspec.pipeline.models import DEFAULT_PARALLEL
 from localspec.pipeline.pipeline import Pipeline
 from localspec.pipeline.results import GenerationResult
@@ -269,7 +269,8 @@ def _plan_settings(plan: _LoadPlan, *, strategy: str | None, n_max: int | None, 
     """The explicit arguments over the settings so far; a draft model the result does not use is dropped
     (a strategy without the draft model must not pay for loading it)."""
     plan.settings = plan.settings.switched_to(strategy, n_max=n_max, **overrides)
-    keeps_assistant = plan.settings.uses_mtp and plan.draft is not None and is_mtp_assistant(plan.draft)
+    drafter_file = plan.draft is not None and drafter_file_kind(plan.draft) is not None
+    keeps_assistant = plan.settings.uses_mtp and drafter_file
     if not plan.settings.may_use_model and plan.draft is not None and not keeps_assistant:
         plan.note += f" (strategy {plan.settings.strategy}: draft model not loaded)"
         plan.draft = None

@@ -175,8 +175,9 @@ def _load_target(
     mem.rss_after_target_bytes = rss_bytes()
     mem.target_weights_bytes = target.weights_bytes
     mem.target_kv_bytes = target.kv_bytes()
-    if target.mtp is not None and info.assistant:  # its weights only: it reads the target's KV cache
+    if target.mtp is not None and info.assistant:  # a drafter file: its weights, and its own KV cache
         mem.draft_weights_bytes = target.mtp.weights_bytes
+        mem.draft_kv_bytes = target.mtp_bytes()  # 0 for an MTP assistant: it reads the target's
     elif target.mtp is not None:  # the MTP layers are the drafter: their memory is the draft's
         mem.draft_weights_bytes = mtp_weights_bytes(read_metadata(info.target_path))
         mem.target_weights_bytes -= mem.draft_weights_bytes
