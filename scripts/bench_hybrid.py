@@ -14,17 +14,23 @@ target: tests/_mtp_model.py), against llama.cpp's ``--spec-type draft-mtp`` on t
 With ``--assistant``: Gemma 4's shared-memory MTP instead: a tiny gemma4 target and gemma4-assistant drafters
 (random, and fitted to the target: tests/_gemma4_model.py), against llama.cpp's ``--spec-type draft-mtp -md``.
 
+With ``--eagle3`` or ``--dflash``: EAGLE-3 or DFlash drafter files (random, and fitted to the target:
+tests/_feature_drafters.py) for a llama target, against llama.cpp's ``--spec-type draft-eagle3`` /
+``draft-dflash -md``; ``--n-max`` is the draft length (a DFlash block holds at most ``block_size - 1``).
+
 With ``--wide``: the target is made as costly per token as a real model (tests/_arch_models.py ``widen``:
 FFN width 16384 and 16 layers, about 830 MB of F32, tens of ms a token on two cores) while computing the
 same function, so that the loops' own overhead no longer decides the ratio; the drafts stay tiny (seed 2:
 other weights; seed 1: the narrow twin, whose tokens are the target's). qwen35 (snapshots) and
 granitehybrid (checkpoints); with ``--mtp``, qwen35 with the MTP block on the wide file; with ``--assistant``,
-a gemma4 of FFN width 16384 and 32 layers (about 810 MB of F32).
+a gemma4 of FFN width 16384 and 32 layers (about 810 MB of F32); with ``--eagle3`` / ``--dflash``, the llama
+target widened the same way.
 
     python scripts/bench_hybrid.py --peer /path/to/llama-speculative-simple --json out.json
     python scripts/bench_hybrid.py --mtp --peer /path/to/llama-speculative-simple --json mtp.json
     python scripts/bench_hybrid.py --wide --peer /path/to/llama-speculative-simple --json wide.json
     python scripts/bench_hybrid.py --assistant --wide --peer /path/to/llama-speculative-simple
+    python scripts/bench_hybrid.py --dflash --wide --n-max 7 --peer /path/to/llama-speculative-simple
     python scripts/bench_hybrid.py --from-json docs/results/hybrid-rollback.json   (the table again)
 """
 
@@ -73,14 +79,15 @@ def write(folder: Path, arch: str, seed: int) -> Path:
 
 
 #: A case: the arch label, the target, the draft's label, the draft file (None: the target's MTP layers), and
-#: whether it drafts through MTP (the target's layers, or an MTP assistant file).
-Case = tuple[str, Path, str, Path | None, bool]
+#: llama.cpp's speculative type for it (draft-simple: a draft model; draft-mtp: the target's MTP layers or an
+#: MTP assistant; draft-eagle3, draft-dflash: those drafter files).
+Case = tuple[str, Path, str, Path | None, str]
 
 
-def ours(target: Path, draft: Path | None, mtp: bool, n_max: int, tokens: int, threads: int) -> dict:
+def ours(target: Path, draft: Path | None, spec: str, n_max: int, tokens: int, threads: int) -> dict:
     """One localspec run: tokens/s, rollback seconds per drafting round, replayed tokens, acceptance.
-    ``mtp``: drafting through MTP (``draft`` None: the target's MTP layers; else an MTP assistant)."""
-    strategy = "mtp" if mtp else "model"
+    ``spec``: llama.cpp's type for the drafter (a draft model runs as ``model``, the rest as ``mtp``)."""
+    strategy = "model" if spec == "draft-simple" else "mtp"
     with localspec.load(
         target,
         draft or "none",
@@ -105,14 +112,25 @@ def ours(target: Path, draft: Path | None, mtp: bool, n_max: int, tokens: int, t
         }
 
 
+def alone(target: Path, tokens: int, threads: int) -> float:
+    """localspec's tokens/s with the target alone (no drafting), for the speed-up a drafter gives."""
+    kw = {"strategy": "none", "n_ctx": 512, "n_threads": threads, "suffix_store": False}
+    with localspec.load(target, "none", **kw) as pipe:
+        ids = pipe.tokenize(PROMPT)
+        list(pipe.stream_tokens(ids, max_tokens=8, strategy="none"))  # warm-up
+        out = list(pipe.stream_tokens(ids, max_tokens=tokens, strategy="none"))
+        s = out[-1].stats
+        return s.generated_tokens / (s.total_seconds or 1e-9)
+
+
 def theirs(
-    binary: Path, target: Path, draft: Path | None, mtp: bool, n_max: int, tokens: int, threads: int
+    binary: Path, target: Path, draft: Path | None, spec: str, n_max: int, tokens: int, threads: int
 ) -> dict:
-    """llama.cpp's own speculative loop on the same files: its decode speed and acceptance (``mtp``:
-    ``--spec-type draft-mtp``, with ``-md`` for an assistant)."""
-    spec = ["--spec-type", "draft-mtp" if mtp else "draft-simple"] + (["-md", str(draft)] if draft else [])
+    """llama.cpp's own speculative loop on the same files: its decode speed and acceptance
+    (``--spec-type SPEC``, with ``-md`` for a drafter file)."""
+    kind = ["--spec-type", spec] + (["-md", str(draft)] if draft else [])
     cmd = [
-        str(binary), "-m", str(target), "-p", PROMPT, *spec,
+        str(binary), "-m", str(target), "-p", PROMPT, *kind,
         "-n", str(tokens), "-t", str(threads), "--temp", "0",
         "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0", "--draft-p-min", "0",
         "-c", "512", "--seed", "1",
@@ -143,26 +161,29 @@ def cpu_name() -> str:
 
 
 def table(rows: list[dict], machine: str, measured: str | None = None) -> str:
-    """The Markdown table of a run (with llama.cpp's acceptance when the run recorded it), under a line that
-    says what it ran on and when (``measured``: the run's date, YYYY-MM-DD)."""
+    """The Markdown table of a run (with llama.cpp's acceptance when the run recorded it, and the speed-up
+    over the target alone when it measured that), under a line that says what it ran on and when
+    (``measured``: the run's date, YYYY-MM-DD)."""
     theirs_accepted = any("llama_cpp_acceptance" in r for r in rows)
-    extra = " llama.cpp accepted |" if theirs_accepted else ""
+    alone = any("vs_alone" in r for r in rows)
+    extra = (" llama.cpp accepted |" if theirs_accepted else "") + (" vs target alone |" if alone else "")
     lines = [
         f"{machine}; measured {measured}" if measured else machine,
         "",
         "| arch | draft | accepted | rollback ms | replayed | round ms | tok/s | llama.cpp |"
         + extra
         + " ratio |",
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if theirs_accepted else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" * (theirs_accepted + alone)),
     ]
     for r in rows:
         theirs_s = f"{r['llama_cpp_tok_s']:.0f}" if "ratio" in r else "-"
         ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
         accepted = f" {r['llama_cpp_acceptance']:.0%} |" if "llama_cpp_acceptance" in r else " - |"
+        speedup = f" {r['vs_alone']:.2f}x |" if "vs_alone" in r else " - |"
         lines.append(
             f"| {r['arch']} | {r['draft']} | {r['acceptance']:.0%} | {r['rollback_ms_per_round']:.3f} | "
             f"{r['replayed_per_round']:.2f} | {r['round_ms']:.2f} | {r['tok_s']:.0f} | {theirs_s} |"
-            f"{accepted if theirs_accepted else ''} {ratio} |"
+            f"{accepted if theirs_accepted else ''}{speedup if alone else ''} {ratio} |"
         )
     return "\n".join(lines)
 
@@ -178,6 +199,20 @@ def cases(folder: Path, args: argparse.Namespace) -> list[Case]:
         out = folder / f"{arch}-wide.gguf"
         return widen(write(folder, arch, 1), out, n_ff=WIDE_FF, copies=WIDE_COPIES)
 
+    if args.eagle3 or args.dflash:
+        from _feature_drafters import dflash_drafter, eagle3_drafter
+
+        target = wide("llama") if args.wide else write(folder, "llama", 1)
+        label = "wide llama" if args.wide else "llama"
+        if args.eagle3:
+            return [
+                (label, target, f"EAGLE-3 ({kind})", eagle3_drafter(folder, target, kind), "draft-eagle3")
+                for kind in ("random", "token")
+            ]
+        return [
+            (label, target, f"DFlash ({kind})", dflash_drafter(folder, target, kind), "draft-dflash")
+            for kind in ("random", "fitted")
+        ]
     if args.assistant:
         from _gemma4_model import gemma4_assistant, gemma4_target
 
@@ -185,7 +220,7 @@ def cases(folder: Path, args: argparse.Namespace) -> list[Case]:
         target = gemma4_target(folder, **shape)
         label = "wide gemma4" if args.wide else "gemma4"
         return [
-            (label, target, f"assistant ({kind})", gemma4_assistant(folder, target, kind), True)
+            (label, target, f"assistant ({kind})", gemma4_assistant(folder, target, kind), "draft-mtp")
             for kind in ("random", "token")
         ]
     if args.mtp:
@@ -194,7 +229,7 @@ def cases(folder: Path, args: argparse.Namespace) -> list[Case]:
         base = wide("qwen35") if args.wide else None
         label = "wide qwen35" if args.wide else "qwen35"
         return [
-            (label, mtp_model(folder, kind, base=base), f"MTP head ({kind})", None, True)
+            (label, mtp_model(folder, kind, base=base), f"MTP head ({kind})", None, "draft-mtp")
             for kind in ("random", "token")
         ]
     out: list[Case] = []
@@ -203,13 +238,16 @@ def cases(folder: Path, args: argparse.Namespace) -> list[Case]:
         for arch in archs:
             target, other, twin = wide(arch), write(folder, arch, 2), write(folder, arch, 1)
             out += [
-                (f"wide {arch}", target, "other weights", other, False),
-                (f"wide {arch}", target, "narrow twin", twin, False),
+                (f"wide {arch}", target, "other weights", other, "draft-simple"),
+                (f"wide {arch}", target, "narrow twin", twin, "draft-simple"),
             ]
         return out
     for arch in args.archs.split(","):
         target, other = write(folder, arch, 1), write(folder, arch, 2)
-        out += [(arch, target, "other weights", other, False), (arch, target, "itself", target, False)]
+        out += [
+            (arch, target, "other weights", other, "draft-simple"),
+            (arch, target, "itself", target, "draft-simple"),
+        ]
     return out
 
 
@@ -227,6 +265,8 @@ def main() -> int:
     ap.add_argument(
         "--assistant", action="store_true", help="Gemma 4's shared-memory MTP: gemma4 + assistant files"
     )
+    ap.add_argument("--eagle3", action="store_true", help="EAGLE-3 drafter files for a llama target")
+    ap.add_argument("--dflash", action="store_true", help="DFlash drafter files for a llama target")
     ap.add_argument(
         "--wide", action="store_true", help="targets widened to a real model's cost per token (see above)"
     )
@@ -239,16 +279,21 @@ def main() -> int:
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for arch, target, label, draft, mtp in cases(Path(tmp), args):
-            runs: dict[str, list[dict]] = {"ours": [], "theirs": []}
+        for arch, target, label, draft, spec in cases(Path(tmp), args):
+            runs: dict[str, list[dict]] = {"ours": [], "theirs": [], "alone": []}
             for _ in range(args.repeats):  # interleaved: a slow spell touches both alike
-                runs["ours"].append(ours(target, draft, mtp, args.n_max, args.tokens, args.threads))
+                runs["ours"].append(ours(target, draft, spec, args.n_max, args.tokens, args.threads))
+                if args.eagle3 or args.dflash:  # the speed-up over the target alone, measured beside
+                    runs["alone"].append({"tok_s": alone(target, args.tokens, args.threads)})
                 if args.peer:
-                    peer_run = theirs(args.peer, target, draft, mtp, args.n_max, args.tokens, args.threads)
+                    peer_run = theirs(args.peer, target, draft, spec, args.n_max, args.tokens, args.threads)
                     runs["theirs"].append(peer_run)
             row: dict[str, object] = {"arch": arch, "draft": label}
             for key in ("tok_s", "rollback_ms_per_round", "replayed_per_round", "round_ms", "acceptance"):
                 row[key] = statistics.median(r[key] for r in runs["ours"])
+            if runs["alone"]:
+                pairs = zip(runs["ours"], runs["alone"], strict=True)
+                row["vs_alone"] = statistics.median(a["tok_s"] / b["tok_s"] for a, b in pairs)
             if runs["theirs"]:
                 theirs_tok_s = statistics.median(r["tok_s"] for r in runs["theirs"])
                 row["llama_cpp_tok_s"] = theirs_tok_s

@@ -67,6 +67,7 @@ def vendored_arch_source() -> str:
 #: Per architecture, the projections through which a block writes into the residual stream: zeroed, a
 #: block adds nothing to its input (and llama.cpp still computes it in full).
 RESIDUAL_WRITES = {
+    "llama": ("attn_output.weight", "ffn_down.weight"),
     "qwen35": ("attn_output.weight", "ssm_out.weight", "ffn_down.weight"),
     "granitehybrid": (
         "attn_output.weight",

@@ -343,7 +343,7 @@ class DFlashHead(FeatureHead):
         for i in range(n + 1):
             idx = llama_cpp.llama_batch_ext_add_token(b, 0, last if i == 0 else self.mask_token)
             self._set_pos(idx, pos0 + i)
-            llama_cpp.llama_batch_ext_set_output_logits(b, idx, i > 0)
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)  # as llama.cpp: rows index entries
         try:
             self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, "draft")
             out.first_seconds, out.evals = time.perf_counter() - t, 1
