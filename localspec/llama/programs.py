@@ -38,6 +38,8 @@ QUANTIZE = "llama-quantize"
 RPC_SERVER = "ggml-rpc-server"
 #: llama.cpp's test program that writes tiny random models of any architecture (the test suite's fixtures).
 ARCHS = "test-llama-archs"
+#: llama.cpp's example speculative decoding loop (``examples/speculative-simple``: one target, one draft).
+SPECULATIVE_SIMPLE = "llama-speculative-simple"
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",  # what scikit-build-core uses for llama-cpp-python
     "-DBUILD_SHARED_LIBS=ON",
@@ -217,6 +219,14 @@ def archs_binary(*, jobs: int = 2, log: Say | None = None) -> Path:
     ``-a ARCH -s SEED -o DIR``) in the programs' build folder, once; the test suite's recurrent and hybrid
     fixtures come from it."""
     return _program(ARCHS, ["-DLLAMA_BUILD_TESTS=ON"], jobs=jobs, log=log)
+
+
+def speculative_simple_binary(*, jobs: int = 2, log: Say | None = None) -> Path:
+    """Build llama.cpp's ``llama-speculative-simple`` (``examples/``: its own speculative decoding loop over
+    a target and a draft, ``--spec-type`` draft-simple, draft-eagle3, draft-dflash, ...; it logs how many
+    tokens were drafted and accepted) in the programs' build folder, once; the test suite checks its
+    EAGLE-3 and DFlash drafter fixtures against it."""
+    return _program(SPECULATIVE_SIMPLE, ["-DLLAMA_BUILD_EXAMPLES=ON"], jobs=jobs, log=log)
 
 
 def _program(name: str, configure: list[str], *, jobs: int, log: Say | None) -> Path:
