@@ -107,11 +107,10 @@ def _llama_cpp_drafts(binary, target, drafter, spec, prompt: str, n: int) -> tup
 def test_the_drafts_are_llama_cpps_own_round_by_round(files, arch, drafter):
     """The same random drafter proposes, every round, exactly the tokens it proposes in llama.cpp's loop:
     the rows it reads, their pairing with tokens and positions, and the block layout are llama.cpp's."""
-    from _feature_drafters import speculative_simple
+    from _feature_drafters import speculative_program
 
-    binary = speculative_simple()
+    binary = speculative_program()
     path = files[arch, drafter, "random"]
-    rounds, _ = _llama_cpp_drafts(binary, files[arch], path, f"draft-{drafter}", "hello world", 24)
     with _load(files, arch, drafter, "random") as pipe:
         head, got = pipe.target.mtp, []
         draft = head.draft
@@ -125,7 +124,12 @@ def test_the_drafts_are_llama_cpps_own_round_by_round(files, arch, drafter):
         ids = pipe.target.tokenize("hello world")
         list(pipe.stream_tokens(ids, max_tokens=24, strategy="mtp", adaptive=False, p_min=0.0))
     full = [g for g in got if len(g) == 4]  # the last rounds are cut to the tokens still wanted
-    assert len(full) >= 10 and full == rounds[: len(full)]
+    for _ in range(3):  # llama.cpp's log is written by a thread: an exit now and then loses lines of it
+        rounds, _ = _llama_cpp_drafts(binary, files[arch], path, f"draft-{drafter}", "hello world", 24)
+        n = min(len(full), len(rounds))
+        if n >= 10 and full[:n] == rounds[:n]:
+            return
+    pytest.fail(f"llama.cpp drafted {rounds}, localspec {full}")
 
 
 def test_sampling_keeps_the_target_distribution(files):
@@ -158,7 +162,7 @@ def test_pairing_says_what_the_file_is_and_what_it_fits(files, tmp_path):
             check_pair(path, None)  # as a model of its own
         info = inspect(path)
         assert not info.usable and "give it as the draft of its target" in (info.unusable_reason or "")
-    ranked = find_drafts(files["llama"], [files["llama"].parent])
+    ranked = find_drafts(files["llama"], [files["llama"].parent.parent])  # the folder the drafters are in
     assert ranked[0].fits and "drafter fitting this target" in ranked[0].why
     # a target of another width: refused before anything loads, saying why
     wide = write_model(tmp_path, "qwen3", 1)
@@ -197,9 +201,9 @@ def test_pair_and_export_from_the_command_line(files):
 
 def test_run_from_the_command_line(files):
     target, path = str(files["llama"]), str(files["llama", "eagle3", "token"])
-    res = CliRunner().invoke(main, ["run", "-t", target, "-d", path, "--max-tokens", "16", "--stats", "hello"])
+    res = CliRunner().invoke(main, ["run", "-t", target, "-d", path, "-n", "16", "--threads", "2", "hello"])
     assert res.exit_code == 0, res.output
-    assert "mtp" in res.output
+    assert "mtp" in res.output and "draft memory +" in res.output
 
 
 def test_a_drafter_file_with_parallel_sequences_is_refused_with_what_to_do(files):

@@ -204,7 +204,7 @@ class MtpDrafter:
             return chosen.token, stop is None or self.head.block or stop.go_on()
 
         made = self.target.call(lambda: self.head.draft(context[-1], len(context) - 1, n, choose))
-        out.evals, out.first_seconds, out.fed = made.evals, made.first_seconds, 1
+        out.evals, out.first_seconds, out.fed = made.evals, made.first_seconds, made.fed
         return out
 
     def lookup(self, context: list[int], n: int, params: SamplingParams, rng: np.random.Generator) -> Draft:

@@ -88,6 +88,7 @@ class MtpDraft:
     tokens: list[int] = field(default_factory=list)
     evals: int = 0  # MTP passes run
     first_seconds: float = 0.0  # the first of them
+    fed: int = 1  # tokens the first pass caught up on (1: a round's usual, see :meth:`MtpHead._first_pass`)
 
 
 class MtpHead:
@@ -159,9 +160,16 @@ class MtpHead:
         self._zero = np.zeros(self.n_embd, dtype=np.float32)
         self._pos = (llama_cpp.llama_pos * 4)()
         self.follow_passes = 0  # MTP passes that followed a target pass
-        #: positions ``[0, valid)`` of the MTP cache (and their hidden rows) match the target's cache
+        #: positions ``[0, valid)`` of the MTP cache (and their hidden rows) match the target's cache, or are
+        #: owed to it (:attr:`_owed`)
         self.valid = 0
         self.following = True
+        #: one head of its own cache: the last verify pass, not evaluated here yet, as ``(tokens, pos0,
+        #: paired rows)`` (:meth:`_owe`). The next draft evaluates the positions the target kept in its first
+        #: pass, with the pending token (:meth:`_first_pass`): one MTP pass less per round than following
+        #: each target pass at once, and none for drafts the target rejected
+        self._owed: list[tuple[list[int], int, np.ndarray]] = []
+        self._last_draft = 0  # tokens the last draft proposed: its verify pass is a round's usual catch-up
 
     def _row_before(self, pos: int) -> np.ndarray:
         """The target's hidden row at ``pos - 1`` (zeros at a sequence's start or when no longer kept)."""
@@ -179,6 +187,7 @@ class MtpHead:
         n = len(tokens)
         if n == 0:
             return
+        self._drop_owed_from(pos0)
         if not self.following:
             self.valid = min(self.valid, pos0)
             return
@@ -193,17 +202,72 @@ class MtpHead:
             paired = np.empty((n, self.n_embd), dtype=np.float32)
             paired[0] = self._row_before(pos0)  # before the rows below overwrite a slot of the ring
             paired[1:] = rows[:-1]
-            for head in range(self.n_layers if self.chained else 1):
-                llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
-                with self._head(head):
-                    self._run(tokens, pos0, paired, output=False)
-            self.follow_passes += 1
+            if self.chained:
+                for head in range(self.n_layers):
+                    llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
+                    with self._head(head):
+                        self._run(tokens, pos0, paired, output=False)
+                self.follow_passes += 1
+            else:
+                self._owe(list(tokens), pos0, paired)
         for i in range(max(0, n - ROWS_KEPT), n):
             slot = (pos0 + i) % ROWS_KEPT
             self._rows[slot] = rows[i]
             self._row_pos[slot] = pos0 + i
         if pos0 <= self.valid:  # else a gap stays: positions the head did not follow
             self.valid = pos0 + n
+
+    def _owe(self, tokens: list[int], pos0: int, paired: np.ndarray) -> None:
+        """Keep a target pass for the next draft's first pass when it is a round's verify pass (no longer
+        than the last draft and its pending token, nothing else owed); evaluate anything else now, as the
+        target's pass ran (a prompt, a replay), so that a draft's first pass costs what a round's does."""
+        self._owed.append((tokens, pos0, paired))
+        if len(self._owed) > 1 or len(tokens) > self._last_draft + 1:
+            self._settle()
+
+    def _drop_owed_from(self, pos: int) -> None:
+        """Forget what is owed from position ``pos`` on (a later target pass replaces it)."""
+        kept = []
+        for tokens, p, rows in self._owed:
+            if p < pos:
+                kept.append((tokens[: pos - p], p, rows[: pos - p]))
+        self._owed = kept
+
+    def _first_pass(self, last: int, pos0: int) -> int:
+        """Draft step 0 of one head: the positions owed before ``pos0`` (those the target kept), then the
+        pending token ``last`` at ``pos0`` with the row before it, fused into the owed pass that ends at
+        ``pos0`` (by chunks of the batch when a long prompt is owed); logits for ``last``. Returns the
+        tokens it caught up on (1: no more than the last verify pass, which every round evaluates)."""
+        self._drop_owed_from(pos0)
+        owed, self._owed = self._owed, []
+        llama_cpp.llama_memory_seq_rm(self.memory, 0, owed[0][1] if owed else pos0, -1)
+        pending = ([last], pos0, self._row_before(pos0)[None, :])
+        if owed and owed[-1][1] + len(owed[-1][0]) == pos0:  # the last pass ends where the draft starts
+            tokens, p, rows = owed.pop()
+            pending = ([*tokens, last], p, np.concatenate([rows, pending[2]]))
+        for tokens, p, rows in owed:
+            self._run_chunked(tokens, p, rows, output=False)
+        self._run_chunked(*pending, output=True)
+        self.follow_passes += 1 if len(pending[0]) > 1 or owed else 0
+        if not owed and len(pending[0]) <= self._last_draft + 2:
+            return 1  # a round's own: the kept part of the last verify pass rides with the pending token
+        return sum(len(t) for t, _, _ in owed) + len(pending[0])  # catching up (a prompt, a pause)
+
+    def _run_chunked(self, tokens: list[int], pos0: int, rows: np.ndarray, *, output: bool) -> None:
+        """:meth:`_run` by chunks of the batch (logits for the very last token when ``output``)."""
+        step = int(llama_cpp.llama_n_batch(self.ctx))
+        for at in range(0, len(tokens), step):
+            last_chunk = at + step >= len(tokens)
+            self._run(tokens[at : at + step], pos0 + at, rows[at : at + step], output=output and last_chunk)
+
+    def _settle(self) -> None:
+        """Evaluate everything owed now."""
+        owed, self._owed = self._owed, []
+        if owed:
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, owed[0][1], -1)
+        for tokens, p, rows in owed:
+            self._run_chunked(tokens, p, rows, output=False)
+            self.follow_passes += 1
 
     def set_following(self, on: bool) -> None:
         """Follow the target's passes (on) or not (off: the target's passes cost nothing more, and the
@@ -228,11 +292,16 @@ class MtpHead:
         """
         n = min(n, self.n_layers) if self.chained else n
         out = MtpDraft()
-        llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
+        if self.shared or self.chained:
+            llama_cpp.llama_memory_seq_rm(self.memory, 0, pos0, -1)
         tokens, rows = [last], [self._row_before(pos0)]
         for i in range(n):
             t = time.perf_counter()
-            output_row = self._step(i, tokens, rows, pos0)
+            if i == 0 and not (self.shared or self.chained):
+                out.fed = self._first_pass(last, pos0)
+                output_row = -1
+            else:
+                output_row = self._step(i, tokens, rows, pos0)
             logits = np.ctypeslib.as_array(
                 llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,)
             )
@@ -251,6 +320,7 @@ class MtpHead:
                 ).copy()
             )
             tokens.append(int(picked))
+        self._last_draft = len(out.tokens)
         return out
 
     def _step(self, i: int, tokens: list[int], rows: list[np.ndarray], pos0: int) -> int:
