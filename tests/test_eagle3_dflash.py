@@ -12,11 +12,13 @@ from __future__ import annotations
 import re
 import subprocess
 
+import gguf
 import pytest
 from _arch_models import write_model
 from _chi2 import second_token_pvalue
 from _dummy_runs import PROMPT, argmax_run, first_position_rate
 from _feature_drafters import dflash_drafter, eagle3_drafter
+from _gguf_build import header_fields
 from click.testing import CliRunner
 
 import localspec
@@ -89,8 +91,9 @@ def test_fitted_drafters_are_accepted_in_long_runs_and_random_ones_rejected(file
 def _llama_cpp_drafts(binary, target, drafter, spec, prompt: str, n: int) -> tuple[list[list[int]], str]:
     """llama.cpp's own loop (``llama-speculative-simple -v``) on the same files: each round's draft (the
     top candidate per position it logs), and its log."""
-    cmd = [str(binary), "-m", str(target), "-md", str(drafter), "--spec-type", spec, "--spec-draft-n-max", "4"]
-    cmd += ["--spec-draft-p-min", "0", "--temp", "0", "-n", str(n), "-p", prompt, "-t", "2", "-c", "256", "-v"]
+    cmd = [str(binary), "-m", str(target), "-md", str(drafter), "--spec-type", spec]
+    cmd += ["--spec-draft-n-max", "4", "--spec-draft-p-min", "0", "--temp", "0", "-n", str(n), "-p", prompt]
+    cmd += ["-t", "2", "-c", "256", "-v"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-2000:]
@@ -166,10 +169,6 @@ def test_pairing_says_what_the_file_is_and_what_it_fits(files, tmp_path):
     assert ranked[0].fits and "drafter fitting this target" in ranked[0].why
     # a target of another width: refused before anything loads, saying why
     wide = write_model(tmp_path, "qwen3", 1)
-    from _gguf_build import header_fields
-
-    import gguf
-
     width = header_fields(gguf.GGUFReader(files["llama"]))["llama.embedding_length"][0]
     other = header_fields(gguf.GGUFReader(wide))["qwen3.embedding_length"][0]
     if other == width:  # the same width: the layers still have to fit
@@ -191,9 +190,11 @@ def test_pair_and_export_from_the_command_line(files):
     res = CliRunner().invoke(main, ["pair", target, path])
     assert res.exit_code == 0, res.output
     assert "a DFlash drafter: it drafts as the target's MTP layers do" in res.output
-    res = CliRunner().invoke(main, ["export", target, "--draft", path, "--n-max", "7", "--to", "llama-server"])
+    args = ["export", target, "--draft", path, "--n-max", "7", "--to", "llama-server"]
+    res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
-    assert "--spec-type draft-dflash --spec-draft-n-max 7" in res.output and f"--model-draft {path}" in res.output
+    assert "--spec-type draft-dflash --spec-draft-n-max 7" in res.output
+    assert f"--model-draft {path}" in res.output
     eagle = str(files["llama", "eagle3", "token"])
     res = CliRunner().invoke(main, ["export", target, "--draft", eagle, "--to", "llama-server"])
     assert res.exit_code == 0 and "--spec-type draft-eagle3" in res.output, res.output
