@@ -6,7 +6,9 @@ accepted), greedy, the same prompt of token ids. Per setting, interleaved over `
 tokens/s, its rollback seconds per drafting round (state copies) and the tokens it evaluated again after a
 restore; with ``--peer PATH`` (llama.cpp's ``llama-speculative-simple`` built from the same vendored source),
 llama.cpp's own speculative loop on the same files and settings (``--spec-type draft-simple``, the same draft
-length, p-min 0), and the ratio. Medians over repeats.
+length, p-min 0), and the ratio. llama.cpp's loop stops after the round that passes ``-n``, so it decodes up
+to a draft more than asked: localspec then generates as many tokens as it decoded, so that both rates count
+the same work. Medians over repeats.
 
 With ``--mtp``: MTP drafting instead, on qwen35 files with an MTP block (a random head, and one fitted to the
 target: tests/_mtp_model.py), against llama.cpp's ``--spec-type draft-mtp`` on the same files.
@@ -138,13 +140,17 @@ def theirs(
     for _ in range(3):  # its log is written by a thread: a fast exit sometimes loses the last lines
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         text = run.stdout + run.stderr
-        speed = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", text)
+        speed = re.search(r"decoded\s+(\d+) tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", text)
         accept = re.search(r"accept\s+=\s+([\d.]+)%", text)
         if run.returncode != 0 or speed:
             break
     if run.returncode != 0 or not speed:
         raise RuntimeError(f"llama-speculative-simple failed ({run.returncode}): {text[-800:]}")
-    return {"tok_s": float(speed.group(1)), "acceptance": float(accept.group(1)) / 100 if accept else None}
+    return {
+        "tok_s": float(speed.group(2)),
+        "acceptance": float(accept.group(1)) / 100 if accept else None,
+        "tokens": int(speed.group(1)),  # its loop stops after the round that passes -n: up to a draft more
+    }
 
 
 def cpu_name() -> str:
@@ -282,12 +288,14 @@ def main() -> int:
         for arch, target, label, draft, spec in cases(Path(tmp), args):
             runs: dict[str, list[dict]] = {"ours": [], "theirs": [], "alone": []}
             for _ in range(args.repeats):  # interleaved: a slow spell touches both alike
-                runs["ours"].append(ours(target, draft, spec, args.n_max, args.tokens, args.threads))
-                if args.eagle3 or args.dflash:  # the speed-up over the target alone, measured beside
-                    runs["alone"].append({"tok_s": alone(target, args.tokens, args.threads)})
+                tokens = args.tokens
                 if args.peer:
                     peer_run = theirs(args.peer, target, draft, spec, args.n_max, args.tokens, args.threads)
                     runs["theirs"].append(peer_run)
+                    tokens = peer_run["tokens"]  # as many tokens as llama.cpp's loop decoded
+                runs["ours"].append(ours(target, draft, spec, args.n_max, tokens, args.threads))
+                if args.eagle3 or args.dflash:  # the speed-up over the target alone, measured beside
+                    runs["alone"].append({"tok_s": alone(target, tokens, args.threads)})
             row: dict[str, object] = {"arch": arch, "draft": label}
             for key in ("tok_s", "rollback_ms_per_round", "replayed_per_round", "round_ms", "acceptance"):
                 row[key] = statistics.median(r[key] for r in runs["ours"])
