@@ -192,6 +192,9 @@ class Eagle3Head(FeatureHead):
         self._g = np.zeros((ROWS_KEPT, self.n_embd), dtype=np.float32)
         self._g_pos = np.full(ROWS_KEPT, -1, dtype=np.int64)
         self._zero = np.zeros(self.n_embd, dtype=np.float32)
+        #: the last verify pass, ``(tokens, pos0)``, whose pairs wait for the next draft (:meth:`follow`)
+        self._owed: list[tuple[list[int], int]] = []
+        self._last_draft = 0  # tokens the last draft proposed: its verify pass is a round's usual one
 
     def _g_at(self, pos: int) -> np.ndarray | None:
         slot = pos % ROWS_KEPT
@@ -214,8 +217,10 @@ class Eagle3Head(FeatureHead):
         return out
 
     def follow(self, tokens: list[int], pos0: int) -> None:
-        """After the target evaluated ``tokens`` at ``pos0...``: encode its rows and put the pairs
-        ``(token[P+1], g[P])`` of the positions before the last into the drafter's cache.
+        """After the target evaluated ``tokens`` at ``pos0...``: encode its rows (``g``, kept by position),
+        and put the pairs ``(token[P+1], g[P])`` of the positions before the last into the drafter's cache:
+        a round's verify pass waits for the next draft, whose first pass takes the pairs of the positions
+        the target kept (:meth:`_first_pass`); any other pass (a prompt, a replay) goes in now.
 
         Args:
             tokens: the pass's tokens, as the target evaluated them.
@@ -224,51 +229,80 @@ class Eagle3Head(FeatureHead):
         n = len(tokens)
         if n == 0:
             return
+        self._owed = [(t[: pos0 - p], p) for t, p in self._owed if p < pos0]
         if not self.following:
             self.valid = min(self.valid, pos0)
             return
         g = self._encode(self.features(n))
-        before = self._g_at(pos0 - 1)
-        first = pos0 - 1 if before is not None else pos0  # the pair bridging to the pass before
-        rows = np.ascontiguousarray(g[:-1] if before is None else np.concatenate([before[None, :], g[:-1]]))
-        self._forget_from(first)
-        llama_cpp.llama_batch_ext_clear(self._batch)
-        for i in range(len(rows)):
-            self._add_row(rows, i, first + i, tokens[first + i + 1 - pos0], output=False)
-        if len(rows):
-            self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, "follow")
         for i in range(max(0, n - ROWS_KEPT), n):
             slot = (pos0 + i) % ROWS_KEPT
             self._g[slot], self._g_pos[slot] = g[i], pos0 + i
+        self._owed.append((list(tokens), pos0))
+        if len(self._owed) > 1 or n > self._last_draft + 1:
+            for owed_tokens, p in self._owed:
+                self._decode_pairs(owed_tokens, p, output=False)
+            self._owed = []
         self._seen(pos0, n)
+
+    def _decode_pairs(self, tokens: list[int], pos0: int, *, output: bool) -> None:
+        """One decoder pass of pairs: token ``i`` of ``tokens`` (the token at position ``pos0 + i``) with
+        ``g`` of the position before it, at that position before (from ``pos0 - 1``; without the first pair
+        when that ``g`` is no longer kept); logits for the last when ``output``."""
+        rows = [self._g_at(pos0 + i - 1) for i in range(len(tokens))]
+        skip = 1 if rows and rows[0] is None else 0
+        if len(tokens) <= skip:
+            return
+        g = np.ascontiguousarray(np.stack([r if r is not None else self._zero for r in rows[skip:]]))
+        first = pos0 - 1 + skip
+        self._forget_from(first)
+        llama_cpp.llama_batch_ext_clear(self._batch)
+        for i in range(len(g)):  # every row an output: the decoder's graph keeps no output selection, so
+            # llama.cpp hands out the first rows as many as were asked for, whichever were (as for DFlash)
+            self._add_row(g, i, first + i, tokens[skip + i], output=output)
+        self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, "follow" if not output else "draft")
+
+    def _first_pass(self, last: int, pos0: int) -> None:
+        """Draft step 0: the pairs owed for the positions the target kept before ``pos0``, then the pending
+        token ``last`` with ``g`` of the position before it, in one decoder pass; logits for ``last``."""
+        owed = [(t[: pos0 - p], p) for t, p in self._owed if p < pos0]
+        self._owed = []
+        for tokens, p in owed[:-1]:
+            self._decode_pairs(tokens, p, output=False)
+        if owed and owed[-1][1] + len(owed[-1][0]) == pos0:  # the kept verify tokens, then the pending one
+            tokens, p = owed[-1]
+            self._decode_pairs([*tokens, last], p, output=True)
+        else:
+            if owed:
+                self._decode_pairs(*owed[-1], output=False)
+            self._decode_pairs([last], pos0, output=True)
 
     def draft(self, last: int, pos0: int, n: int, choose: Any) -> MtpDraft:
         """Up to ``n`` tokens after ``last`` (the pending token, at ``pos0``; the target holds the positions
         before it). ``choose`` as :meth:`localspec.llama.mtp.MtpHead.draft` takes it."""
         out = MtpDraft()
-        g = self._g_at(pos0 - 1)
         if n <= 0 or pos0 == 0:
             return out
-        row = (g if g is not None else self._zero)[None, :].copy()
-        token, pos = last, pos0 - 1
-        self._forget_from(pos)
+        row, token = self._zero[None, :], last
         for i in range(n):
             t = time.perf_counter()
-            llama_cpp.llama_batch_ext_clear(self._batch)
-            self._add_row(row, 0, pos + i, token, output=True)
-            self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, "draft")
             if i == 0:
+                self._first_pass(last, pos0)
                 out.first_seconds = time.perf_counter() - t
+            else:
+                llama_cpp.llama_batch_ext_clear(self._batch)
+                self._add_row(row, 0, pos0 - 1 + i, token, output=True)
+                self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, "draft")
             out.evals += 1
-            picked, go_on = choose(i, self._logits(0))
+            picked, go_on = choose(i, self._logits(-1))
             if picked is None:
                 break
             out.tokens.append(int(picked))
             if not go_on or i + 1 == n:
                 break
-            prenorm = self._ext.llama_get_embeddings_nextn_ith(self.ctx, 0)
+            prenorm = self._ext.llama_get_embeddings_nextn_ith(self.ctx, -1)
             row = np.ctypeslib.as_array(prenorm, shape=(1, self.n_embd)).copy()
             token = int(picked)
+        self._last_draft = len(out.tokens)
         return out
 
 
@@ -343,7 +377,9 @@ class DFlashHead(FeatureHead):
         for i in range(n + 1):
             idx = llama_cpp.llama_batch_ext_add_token(b, 0, last if i == 0 else self.mask_token)
             self._set_pos(idx, pos0 + i)
-            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)  # as llama.cpp: rows index entries
+            # every entry an output, as llama.cpp: the graph keeps no output selection, so llama.cpp hands
+            # out the first rows as many as were asked for, whichever entries were asked
+            llama_cpp.llama_batch_ext_set_output_logits(b, idx, True)
         try:
             self._process(llama_cpp.LLAMA_PROCESS_TYPE_DECODE, "draft")
             out.first_seconds, out.evals = time.perf_counter() - t, 1
