@@ -82,12 +82,35 @@ def test_response_format_maps_onto_grammars_and_names_the_bad_field():
         ({"type": "number", "exclusiveMinimum": 2.5, "maximum": 2.5}, "leave no number"),
         ({"type": "integer", "minimum": 1.5, "maximum": 1.9}, "leave no integer"),
         ({"type": "object", "properties": {"a": {"anyOf": []}}}, "anyOf is empty"),
+        # a keyword of the wrong kind (the soak's bad schemas): "required": "name" was read as the
+        # properties n, a, m and e and the request answered 200; others crashed the converter
+        ({"type": "object", "required": "name"}, r"required is a string \("),
+        ({"type": "object", "required": ["a", 1]}, "required is an array"),
+        ({"type": "object", "properties": "x"}, "properties is a string"),
+        ({"type": "array", "items": 3}, "items is a number"),
+        ({"type": "object", "additionalProperties": 3}, "additionalProperties is a number"),
+        ({"anyOf": {"type": "string"}}, "anyOf is an object"),
+        ({"type": "string", "pattern": 5}, "pattern is a number"),
+        # a pattern the grammar cannot hold: "^($" became the empty string, and the reply broke the schema
+        ({"type": "string", "pattern": "^($"}, "not a regular expression"),
+        ({"type": "string", "pattern": "[a-z]+"}, "not anchored"),
     ],
 )
 def test_hostile_schemas_are_refused_before_conversion(schema, match):
     with pytest.raises(GrammarError, match=match) as err:
         Grammar.json_schema(schema)
     assert err.value.param == "response_format.json_schema.schema"
+
+
+def test_keywords_named_as_properties_are_names_not_keywords():
+    """The shape checks read keywords of a schema, never the names in its ``properties``."""
+    schema = {
+        "type": "object",
+        "properties": {"required": {"type": "string"}, "pattern": {"type": "integer"}},
+        "required": ["required", "pattern"],
+        "additionalProperties": False,
+    }
+    assert "root ::=" in Grammar.json_schema(schema).text
 
 
 def _range_regex(lo, hi):

@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -148,11 +148,14 @@ def peer_settings(modes: Sequence[str], parallel: Sequence[int]) -> list[Clients
 
 
 class ServerProcess:
-    """A started server: its ``/v1`` address, the model name it answers to, its log, and how to stop it. A
-    context manager that stops it."""
+    """A started server: its ``/v1`` address, the model name it answers to, its log, how to stop it, and its
+    process id (None when unknown: what a soak reads its threads and memory from). A context manager that
+    stops it."""
 
-    def __init__(self, url: str, model: str, log: Path, close: Callable[[], None]) -> None:
-        self.url, self.model, self.log, self.close = url, model, log, close
+    def __init__(
+        self, url: str, model: str, log: Path, close: Callable[[], None], pid: int | None = None
+    ) -> None:
+        self.url, self.model, self.log, self.close, self.pid = url, model, log, close, pid
 
     def __enter__(self) -> ServerProcess:
         return self
@@ -164,8 +167,16 @@ class ServerProcess:
 _LISTENING = re.compile(r"at (http://\S+/v1)\s+model (\S+)")
 
 
-def start_serve(args: Sequence[str], log: Path) -> ServerProcess:
+def start_serve(args: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> ServerProcess:
     """``localspec serve --port 0 ARGS`` in a child process, once it answers ``/health``.
+
+    Args:
+        args: ``serve``'s arguments.
+        log: where its output goes.
+        env: its environment (default: this process's).
+
+    Returns:
+        The running server.
 
     Raises:
         BenchError: it exited or did not listen within :data:`START_TIMEOUT_S` (naming its log).
@@ -173,7 +184,13 @@ def start_serve(args: Sequence[str], log: Path) -> ServerProcess:
     log.parent.mkdir(parents=True, exist_ok=True)
     fh = log.open("w", encoding="utf-8")
     cmd = [sys.executable, "-m", "localspec", "serve", "--port", "0", *args]
-    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, **die_with_this_process())
+    proc = subprocess.Popen(
+        cmd,
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        env=None if env is None else dict(env),
+        **die_with_this_process(),
+    )
 
     def close() -> None:
         stop(proc, grace_s=30)
@@ -189,7 +206,7 @@ def start_serve(args: Sequence[str], log: Path) -> ServerProcess:
     except BaseException:
         close()
         raise
-    return ServerProcess(found.group(1), found.group(2), log, close)
+    return ServerProcess(found.group(1), found.group(2), log, close, proc.pid)
 
 
 def start_llama_server(setting: ClientsSetting, files: PeerFiles, log: Path) -> ServerProcess:

@@ -191,6 +191,8 @@ def _json_kind(value: Any) -> str:
         return "a string"
     if isinstance(value, (list, tuple)):
         return "an array"
+    if isinstance(value, Mapping):
+        return "an object"
     return type(value).__name__
 
 
@@ -235,6 +237,7 @@ def check_schema(schema: Any, what: str) -> None:
             )
         if isinstance(node, Mapping):
             if is_schema:
+                _check_shapes(node, what)
                 _check_schema_node(node, what)
             stack.extend(
                 (v, depth + 1, not (is_schema and k in _SCHEMA_MAPS))  # a map's values are schemas
@@ -243,6 +246,70 @@ def check_schema(schema: Any, what: str) -> None:
             )
         elif isinstance(node, list):
             stack.extend((v, depth + 1, True) for v in node)
+
+
+#: What the value of each keyword must be (a value of another kind makes no schema: the converter crashed on
+#: some, and read others as something else, e.g. ``"required": "name"`` as the properties n, a, m and e).
+_SHAPES: dict[str, tuple[tuple[type, ...], str, str]] = {
+    "required": ((list,), "an array of property names", '"required": ["name"]'),
+    "properties": ((Mapping,), "an object of property schemas", '"properties": {"name": {"type": "string"}}'),
+    "$defs": ((Mapping,), "an object of schemas", '"$defs": {"item": {"type": "string"}}'),
+    "definitions": ((Mapping,), "an object of schemas", '"definitions": {"item": {"type": "string"}}'),
+    "items": ((Mapping, bool, list), "a schema", '"items": {"type": "string"}'),
+    "prefixItems": ((list,), "an array of schemas", '"prefixItems": [{"type": "string"}]'),
+    "additionalProperties": ((Mapping, bool), "a schema or true/false", '"additionalProperties": false'),
+    "anyOf": ((list,), "an array of schemas", '"anyOf": [{"type": "string"}, {"type": "null"}]'),
+    "oneOf": ((list,), "an array of schemas", '"oneOf": [{"type": "string"}, {"type": "null"}]'),
+    "allOf": ((list,), "an array of schemas", '"allOf": [{"$ref": "#/$defs/base"}]'),
+    "enum": ((list,), "an array of values", '"enum": ["red", "green"]'),
+    "pattern": ((str,), "a regular expression", '"pattern": "^[a-z]+$"'),
+    "type": ((str, list), "a type name or an array of them", '"type": "string"'),
+}
+
+
+def _check_shapes(node: Mapping, what: str) -> None:
+    """Refuse a keyword whose value is of the wrong kind (:data:`_SHAPES`), naming the keyword."""
+    for key, (kinds, shape, example) in _SHAPES.items():
+        if key not in node:
+            continue
+        value = node[key]
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        if ok and key in ("required", "type") and isinstance(value, list):
+            ok = all(isinstance(v, str) for v in value)
+        if not ok:
+            said = json.dumps(value, default=str)[:80]
+            raise GrammarError(
+                f"the JSON schema's {key} is {_json_kind(value)} ({said}), not {shape}",
+                param=what,
+                hint=f"e.g. {example}",
+            )
+
+
+def _check_pattern(pattern: str, what: str) -> None:
+    """Refuse a pattern that is not a regular expression, or not one the grammar can hold whole."""
+    for m in _PATTERN_COUNT.finditer(pattern):
+        if any(g and int(g) > MAX_SCHEMA_COUNT for g in m.groups()):
+            raise GrammarError(
+                f"the pattern's repeat {m.group(0)} is more than a grammar can spell out",
+                param=what,
+                hint=f"use counts of {MAX_SCHEMA_COUNT} or less",
+            )
+    if not (pattern.startswith("^") and pattern.endswith("$")):
+        raise GrammarError(
+            f"the JSON schema's pattern {pattern[:80]!r} is not anchored: a grammar holds a pattern of the "
+            "whole string only",
+            param=what,
+            hint="start it with ^ and end it with $ (for a match anywhere: ^.*(...).*$)",
+        )
+    try:
+        re.compile(pattern)
+    except re.error as exc:  # the converter read "^($" as the empty string, and the reply broke the schema
+        raise GrammarError(
+            f"the JSON schema's pattern {pattern[:80]!r} is not a regular expression a grammar can hold: "
+            f"{exc}",
+            param=what,
+            hint="fix the pattern: brackets and parentheses must close (\\p{...} classes are not supported)",
+        ) from None
 
 
 def _check_schema_node(node: Mapping, what: str) -> None:
@@ -257,13 +324,7 @@ def _check_schema_node(node: Mapping, what: str) -> None:
             )
     pattern = node.get("pattern")
     if isinstance(pattern, str):
-        for m in _PATTERN_COUNT.finditer(pattern):
-            if any(g and int(g) > MAX_SCHEMA_COUNT for g in m.groups()):
-                raise GrammarError(
-                    f"the pattern's repeat {m.group(0)} is more than a grammar can spell out",
-                    param=what,
-                    hint=f"use counts of {MAX_SCHEMA_COUNT} or less",
-                )
+        _check_pattern(pattern, what)
     for low, high in _BOUND_PAIRS:
         lo, hi = node.get(low), node.get(high)
         if _is_number(lo) and _is_number(hi) and lo > hi:
