@@ -135,6 +135,27 @@ def test_the_drafts_are_llama_cpps_own_round_by_round(files, arch, drafter):
     pytest.fail(f"llama.cpp drafted {rounds}, localspec {full}")
 
 
+@pytest.mark.parametrize("arch", TARGETS)
+def test_a_round_runs_the_passes_llama_cpp_runs_less_one(files, arch):
+    """EAGLE-3: an encoder pass per target pass and one decoder pass per drafted token (the verify pass's
+    kept pairs ride with the first); DFlash: an injection pass per target pass and one pass per draft."""
+    for drafter, kind in (("eagle3", "token"), ("dflash", "fitted")):
+        with _load(files, arch, drafter, kind) as pipe:
+            head, passes = pipe.target.mtp, []
+            process = head._process
+
+            def spy(kind_, what, process=process, passes=passes):
+                passes.append(what)
+                return process(kind_, what)
+
+            head._process = spy
+            _, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
+        drafts = passes.count("draft")
+        assert drafts == stats.draft_evals and stats.rounds >= 5, drafter
+        followed = len(passes) - drafts - passes.count("encoder" if drafter == "eagle3" else "injection")
+        assert followed <= 1, f"{drafter}: {passes}"  # the prompt's pairs only
+
+
 def test_sampling_keeps_the_target_distribution(files):
     with _load(files, "llama", "dflash", "fitted") as pipe:
         assert second_token_pvalue(pipe, PROMPT, {"strategy": "mtp", "adaptive": False}) > 0.001
@@ -187,6 +208,9 @@ def test_a_target_that_does_not_hand_out_its_layer_rows_is_refused_before_loadin
 
 def test_pair_and_export_from_the_command_line(files):
     target, path = str(files["llama"]), str(files["llama", "dflash", "fitted"])
+    res = CliRunner().invoke(main, ["scan", str(files["llama", "dflash", "fitted"].parent)])
+    assert res.exit_code == 0, res.output
+    assert "DFlash: a draft" in res.output and "EAGLE-3: a draft" in res.output
     res = CliRunner().invoke(main, ["pair", target, path])
     assert res.exit_code == 0, res.output
     assert "a DFlash drafter: it drafts as the target's MTP layers do" in res.output

@@ -65,6 +65,25 @@ def test_the_head_reads_the_target_hidden_row_of_the_position_before(files):
     assert first_position_rate(stats) >= 0.25
 
 
+def test_a_round_runs_one_mtp_pass_per_drafted_token(files):
+    """The part of a verify pass the target kept is evaluated in the next draft's first pass, with the pending
+    token: no following pass of its own (llama.cpp runs one), and none for rejected drafts."""
+    with _load(files["token"]) as pipe:
+        head, passes = pipe.target.mtp, []
+        run = head._run
+
+        def spy(tokens, pos0, rows, *, output):
+            passes.append(len(tokens))
+            return run(tokens, pos0, rows, output=output)
+
+        head._run = spy
+        ids, stats = argmax_run(pipe, "mtp", adaptive=False, p_min=0.0)
+        base, _ = argmax_run(pipe, "none", baseline=True)
+    assert ids == base and stats.rounds >= 5
+    assert len(passes) <= stats.draft_evals + 1  # the prompt's pass, then only the drafts' own
+    assert max(passes[1:]) > 1  # first passes carry the kept verify tokens
+
+
 def test_other_strategies_on_an_mtp_pipeline_and_back(files):
     """Rounds without MTP do not feed the head (the baseline pays nothing for it); when MTP drafts again, the
     head evaluates what it missed and is as good as before."""

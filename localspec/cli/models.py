@@ -35,6 +35,9 @@ def _cut(text: str | None, width: int) -> str:
 
 
 _SHORT = (
+    ("an MTP assistant", "MTP assistant: a draft"),
+    ("an EAGLE-3 drafter", "EAGLE-3: a draft"),
+    ("a DFlash drafter", "DFlash: a draft"),
     ("vocab-only", "vocab only"),
     ("vision projector", "mmproj"),
     ("LoRA", "adapter"),

@@ -69,9 +69,15 @@ from localspec.settings import DraftSettings
 
 #: How long another thread waits for a running generation's next round before taking the models over.
 HANDOVER_SECONDS = 0.25
-#: The most prompt tokens evaluated in one step beside running generations (chunked prefill): a long prompt
-#: delays their tokens by one such chunk's time at most.
+#: The most prompt tokens evaluated in one step beside running generations (chunked prefill); fewer when
+#: the measured cost of a pass says so (:data:`PREFILL_SLOWDOWN`).
 PREFILL_CHUNK = 256
+#: A step that carries a prompt chunk beside running generations costs at most this many times the step
+#: without it, by the measured cost of a pass of each width: their next token comes at most that much later
+#: (the long prompt's own first token comes later instead).
+PREFILL_SLOWDOWN = 2.0
+#: The fewest prompt tokens a step carries beside running generations: a prompt always moves on.
+PREFILL_MIN = 8
 #: Adaptive controllers kept per engine (one per distinct drafter setting; least recently used dropped).
 MAX_CONTROLLERS = 8
 
@@ -306,12 +312,13 @@ class Engine:
     def _chunks(
         self, filling: list[Generation], rounds: list[Generation]
     ) -> list[tuple[Generation, list[int]]]:
-        """The prompt chunks that go in this step's pass beside the running rounds: at most
-        :data:`PREFILL_CHUNK` tokens in all (a long prompt delays the running sequences' tokens by about one
-        chunk's time), in what the batch leaves after every round's widest pass."""
+        """The prompt chunks that go in this step's pass beside the running rounds, in what the batch leaves
+        after every round's widest pass: at most :data:`PREFILL_CHUNK` tokens in all, and with rounds running,
+        no more than keeps the pass within :data:`PREFILL_SLOWDOWN` times its cost without them (a long prompt
+        delays the running sequences' tokens by at most that much a step)."""
         target = self.target
         widest = sum(1 + _seq(g).owed + (g.settings.n_max if g.drafter else 0) for g in rounds)
-        room = min(target.n_batch - widest, PREFILL_CHUNK)
+        room = min(target.n_batch - widest, self._prompt_room(widest) if rounds else PREFILL_CHUNK)
         out = []
         for gen in filling:
             take = min(len(gen.todo), room - _seq(gen).owed)
@@ -320,6 +327,10 @@ class Engine:
             out.append((gen, gen.todo[:take]))
             room -= take + _seq(gen).owed
         return out
+
+    def _prompt_room(self, width: int) -> int:
+        """Prompt tokens a pass of ``width`` rows may carry besides: :meth:`PassCosts.room`."""
+        return self.pass_costs.room(width, PREFILL_SLOWDOWN, least=PREFILL_MIN, most=PREFILL_CHUNK)
 
     def _prefill(self, gen: Generation) -> None:
         """Evaluate what is left of ``gen``'s prompt now (in chunks of the batch), then begin it."""

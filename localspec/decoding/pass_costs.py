@@ -40,6 +40,30 @@ class PassCosts:
 
         return verify
 
+    def room(self, width: int, slowdown: float, *, least: int, most: int) -> int:
+        """How many rows a pass of ``width`` rows may take on and cost at most ``slowdown`` times as much,
+        by the measured curve (:meth:`curve`).
+
+        Args:
+            width: the pass's own rows.
+            slowdown: the most the pass may cost, in times its own cost.
+            least: the fewest rows to answer (something always moves on).
+            most: the most rows to answer (also the answer before two widths were measured).
+
+        Returns:
+            The rows.
+        """
+        verify = self.curve()
+        if verify is None:
+            return most
+        alone = verify(max(1, width))
+        allowed = (slowdown - 1.0) * alone * (1 + 1e-9)  # a width that just fits counts as fitting
+        lo, hi = least, most
+        while lo < hi:  # the most rows within the allowance (the curve never falls with the width)
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if verify(width + mid) - alone <= allowed else (lo, mid - 1)
+        return lo
+
 
 @dataclass(frozen=True)
 class _SecondsLine:

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+import llama_cpp._internals as llama_internals
 
 from localspec import constants
 from localspec.errors import GGUFError, LocalspecError, SettingsError
 from localspec.llama import mtp as mtp_layers
 from localspec.llama import recurrent, rpc
 from localspec.llama.build import check_amx
+from localspec.llama.load_hooks import replaced
 from localspec.llama.logs import Said, quiet_stderr
 from localspec.llama.sequence import sequences_asked
 from localspec.settings import N_CTX_RANGE, max_threads
@@ -215,6 +217,7 @@ def load_llama(
             recurrent.snapshots_asked(ask.rollback_depth),
             sequences_asked(ask.n_seq),
             mtp_layers.layers_asked(ask.mtp),
+            attention_as_llama_cpp(),
         ):
             llama = call(load)
     except (ValueError, RuntimeError, OSError) as exc:
@@ -222,6 +225,25 @@ def load_llama(
             raise
         raise _refusal(path, said, exc) from None
     return llama, said, bool(interrupted)
+
+
+@contextlib.contextmanager
+def attention_as_llama_cpp() -> Iterator[None]:
+    """While the block loads a model through ``llama_cpp.Llama``, its context lets llama.cpp choose flash
+    attention (``AUTO``: on where the device runs it), as llama.cpp's own programs and llama-server do;
+    ``Llama`` turns it off unless asked (its argument is on or off, never llama.cpp's choice). The context
+    class it calls is replaced for the block, as for the sequences."""
+
+    def with_auto(original: type) -> type:
+        class WithAutoAttention(original):
+            def __init__(self, *, model: Any, params: Any, verbose: bool = True) -> None:
+                params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+                super().__init__(model=model, params=params, verbose=verbose)
+
+        return WithAutoAttention
+
+    with replaced(llama_internals, "LlamaContext", with_auto):
+        yield
 
 
 def _refusal(path: Path, said: Said, exc: Exception) -> GGUFError:
