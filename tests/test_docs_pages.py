@@ -33,6 +33,10 @@ RENDERED = {
         "docs/results/mtp.json",
         "tests/test_mtp.py::test_the_published_mtp_table_is_its_result_file",
     ),
+    "docs/eagle3-dflash.md": (
+        "docs/results/dflash-wide.json",
+        "tests/test_eagle3_dflash.py::test_the_published_tables_are_their_result_files",
+    ),
 }
 # the README's "What to expect" sums up the archived tables; its figures are checked against them below
 SUMMARY = "README.md"

@@ -14,7 +14,7 @@ import subprocess
 
 import gguf
 import pytest
-from _arch_models import write_model
+from _arch_models import unrendered_tables, write_model
 from _chi2 import second_token_pvalue
 from _dummy_runs import PROMPT, argmax_run, first_position_rate
 from _feature_drafters import dflash_drafter, eagle3_drafter
@@ -235,3 +235,8 @@ def test_a_drafter_file_with_parallel_sequences_is_refused_with_what_to_do(files
     with pytest.raises(LocalspecError, match="one") as info:
         _load(files, "llama", "dflash", "fitted", parallel=2)
     assert info.value.hint
+
+
+def test_the_published_tables_are_their_result_files():
+    """docs/eagle3-dflash.md's tables: what `bench_hybrid.py --from-json` prints from the committed runs."""
+    assert unrendered_tables("eagle3-dflash.md", ("eagle3-wide.json", "dflash-wide.json")) == []

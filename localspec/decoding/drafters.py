@@ -343,3 +343,13 @@ class CombinedDrafter:
     def finish(self, context: list[int]) -> None:
         self.lookup_drafter.finish(context)
         self.model.finish(context)
+
+
+def draft_model_of(drafter: Drafter | None) -> ModelDrafter | None:
+    """The draft model ``drafter`` drafts with (itself, or a combination's), whose reading of a prompt costs
+    passes of its own; None for lookups and MTP layers (which follow the target's passes)."""
+    if isinstance(drafter, ModelDrafter):
+        return drafter
+    if isinstance(drafter, CombinedDrafter) and isinstance(drafter.model, ModelDrafter):
+        return drafter.model
+    return None

@@ -58,6 +58,7 @@ from localspec.decoding.adaptive import AdaptiveLength
 from localspec.decoding.drafters import Draft, Drafter
 from localspec.decoding.model_draft import joint_drafting
 from localspec.decoding.pass_costs import PassCosts
+from localspec.decoding.prefill import PREFILL_CHUNK, keep_pace, prompt_room
 from localspec.decoding.speed import batch_lengths
 from localspec.decoding.stats import GenerationStats
 from localspec.decoding.text_stream import TextStream
@@ -69,15 +70,6 @@ from localspec.settings import DraftSettings
 
 #: How long another thread waits for a running generation's next round before taking the models over.
 HANDOVER_SECONDS = 0.25
-#: The most prompt tokens evaluated in one step beside running generations (chunked prefill); fewer when
-#: the measured cost of a pass says so (:data:`PREFILL_SLOWDOWN`).
-PREFILL_CHUNK = 256
-#: A step that carries a prompt chunk beside running generations costs at most this many times the step
-#: without it, by the measured cost of a pass of each width: their next token comes at most that much later
-#: (the long prompt's own first token comes later instead).
-PREFILL_SLOWDOWN = 2.0
-#: The fewest prompt tokens a step carries beside running generations: a prompt always moves on.
-PREFILL_MIN = 8
 #: Adaptive controllers kept per engine (one per distinct drafter setting; least recently used dropped).
 MAX_CONTROLLERS = 8
 
@@ -300,6 +292,9 @@ class Engine:
             gen.stats.prompt_seconds += spent
             if not gen.todo:
                 self._begin(gen)
+            else:  # its draft model reads the prompt as far as the target has: no long pass when it begins
+                done = gen.ctx[: len(gen.ctx) - 1 - len(gen.todo)]
+                gen.stats.prompt_seconds += keep_pace(gen.drafter, _seq(gen).seq_id, done)
         n = len(chunks)
         out = {}
         for p, r, v in zip(plans, rows[n:], share[n:], strict=True):
@@ -313,12 +308,13 @@ class Engine:
         self, filling: list[Generation], rounds: list[Generation]
     ) -> list[tuple[Generation, list[int]]]:
         """The prompt chunks that go in this step's pass beside the running rounds, in what the batch leaves
-        after every round's widest pass: at most :data:`PREFILL_CHUNK` tokens in all, and with rounds running,
-        no more than keeps the pass within :data:`PREFILL_SLOWDOWN` times its cost without them (a long prompt
-        delays the running sequences' tokens by at most that much a step)."""
+        after every round's widest pass: at most :data:`~localspec.decoding.prefill.PREFILL_CHUNK` tokens in
+        all, and with rounds running, what :func:`~localspec.decoding.prefill.prompt_room` allows."""
         target = self.target
         widest = sum(1 + _seq(g).owed + (g.settings.n_max if g.drafter else 0) for g in rounds)
-        room = min(target.n_batch - widest, self._prompt_room(widest) if rounds else PREFILL_CHUNK)
+        drafters = [g.drafter for g in filling]
+        allowed = prompt_room(self.pass_costs, widest, drafters) if rounds else PREFILL_CHUNK
+        room = min(target.n_batch - widest, allowed)
         out = []
         for gen in filling:
             take = min(len(gen.todo), room - _seq(gen).owed)
@@ -327,10 +323,6 @@ class Engine:
             out.append((gen, gen.todo[:take]))
             room -= take + _seq(gen).owed
         return out
-
-    def _prompt_room(self, width: int) -> int:
-        """Prompt tokens a pass of ``width`` rows may carry besides: :meth:`PassCosts.room`."""
-        return self.pass_costs.room(width, PREFILL_SLOWDOWN, least=PREFILL_MIN, most=PREFILL_CHUNK)
 
     def _prefill(self, gen: Generation) -> None:
         """Evaluate what is left of ``gen``'s prompt now (in chunks of the batch), then begin it."""
