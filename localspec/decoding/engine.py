@@ -309,11 +309,14 @@ class Engine:
     ) -> list[tuple[Generation, list[int]]]:
         """The prompt chunks that go in this step's pass beside the running rounds, in what the batch leaves
         after every round's widest pass: at most :data:`~localspec.decoding.prefill.PREFILL_CHUNK` tokens in
-        all, and with rounds running, what :func:`~localspec.decoding.prefill.prompt_room` allows."""
+        all, and with rounds running, what :func:`~localspec.decoding.prefill.prompt_room` allows beside the
+        rows they take whatever they draft (the step's least cost: the slowdown it allows is measured from
+        there)."""
         target = self.target
         widest = sum(1 + _seq(g).owed + (g.settings.n_max if g.drafter else 0) for g in rounds)
+        least = sum(1 + _seq(g).owed for g in rounds)  # the rows the rounds take whatever they draft
         drafters = [g.drafter for g in filling]
-        allowed = prompt_room(self.pass_costs, widest, drafters) if rounds else PREFILL_CHUNK
+        allowed = prompt_room(self.pass_costs, least, drafters) if rounds else PREFILL_CHUNK
         room = min(target.n_batch - widest, allowed)
         out = []
         for gen in filling:
