@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import gguf
 import llama_cpp
 import numpy as np
 import pytest
+from _scripts import script
 from conftest import missing_embedded
 
 from localspec.constants import EMBEDDED_DRAFT, EMBEDDED_TARGET
@@ -174,15 +173,8 @@ def test_a_missing_embedded_file_stops_the_session(tmp_path):
 
 @pytest.fixture(scope="module")
 def maker():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "make_embedded_pair.py"
-    spec = importlib.util.spec_from_file_location("make_embedded_pair", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with script("make_embedded_pair") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def _logits(rows: int = 6, vocab: int = 50) -> np.ndarray:

@@ -3,25 +3,14 @@ script)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from _scripts import script
 
 
 @pytest.fixture(scope="module")
 def pg():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "prefill_gap.py"
-    spec = importlib.util.spec_from_file_location("prefill_gap", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with script("prefill_gap") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_gaps_are_taken_within_a_request_around_the_long_prompt(pg):

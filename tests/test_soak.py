@@ -4,25 +4,14 @@ nothing unexpected, nothing leaked)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from _scripts import script
 
 
 @pytest.fixture(scope="module")
 def soak():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "soak_serve.py"
-    spec = importlib.util.spec_from_file_location("soak_serve", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with script("soak_serve") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 @pytest.mark.slow
