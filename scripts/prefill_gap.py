@@ -432,7 +432,8 @@ def _result(
     pairs = zip(serve_args, serve_args[1:], strict=False)
     threads = next((int(v) for k, v in pairs if k == "--threads"), None)
     return {
-        "measured": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "measured": dt.datetime.now(dt.timezone.utc).date().isoformat(),  # the date, as every result file
+        "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(threads),
         "setup": {
             "serve_args": [Path(a).name if a.endswith(".gguf") else a for a in serve_args],
