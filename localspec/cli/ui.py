@@ -188,16 +188,19 @@ def ui(
     # SIGTERM stops the page as Ctrl-C does, with exit status 0 (as serve): Gradio installs no handler of its
     # own with ssr_mode=False, so the process died of the signal (status 143)
     with stop_on_sigterm():
-        launch(
-            host=host,
-            port=port,
-            share=share,
-            auth=credentials,
-            open_browser=open_browser,
-            n_threads=threads,
-            rpc=rpc,
-            preset=preset,
-        )
+        try:
+            launch(
+                host=host,
+                port=port,
+                share=share,
+                auth=credentials,
+                open_browser=open_browser,
+                n_threads=threads,
+                rpc=rpc,
+                preset=preset,
+            )
+        except KeyboardInterrupt:  # stopped before Gradio's own loop took the signal: the same stop
+            _stop_servers()
         # Stopped: one more signal while the process ends would turn a clean exit into a death by signal.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
