@@ -104,11 +104,13 @@ class Tally:
 
 @dataclass(frozen=True)
 class Check:
-    """One end-of-run check: its name, whether it passed and what was seen."""
+    """One end-of-run check: its name, whether it passed and what was seen; a check not ``required`` is
+    reported but does not fail the soak."""
 
     name: str
     ok: bool
     detail: str
+    required: bool = True
 
 
 @dataclass
@@ -124,7 +126,9 @@ class SoakResult:
         """Every valid request answered, nothing unexpected, every check passed."""
         valid = all(self.tallies[k].answered == self.tallies[k].sent for k in VALID_KINDS)
         return (
-            valid and not any(t.unexpected for t in self.tallies.values()) and all(c.ok for c in self.checks)
+            valid
+            and not any(t.unexpected for t in self.tallies.values())
+            and all(c.ok for c in self.checks if c.required)
         )
 
 
@@ -452,7 +456,10 @@ def _greedy_check(greedy: dict[int, collections.Counter[str]]) -> Check:
     detail = f"{answers} answers to {len(greedy)} requests"
     for k, texts in sorted(split.items())[:2]:
         detail += f"; request {k}: " + " | ".join(f"{n}x {t[:40]!r}" for t, n in texts.most_common(3))
-    return Check("each greedy request got one text", not split, detail)
+    # llama.cpp's logits depend on the pass a token is verified in (its width and neighbours): a near tie may
+    # go either way beside other requests, so this is reported, not required (each token is still the
+    # verifying pass's argmax: the tests check that)
+    return Check("each greedy request got one text", not split, detail, required=False)
 
 
 def _server(proc: ServerProcess) -> Server:
@@ -548,7 +555,12 @@ def run_soak(
         checks = [_greedy_check(shared.greedy), *_idle_checks(server)]
         checks += _growth_checks(first, _status(proc.pid), peak)
         after = _greedy_text(server)
-        checks.append(Check("same greedy text alone before and after", after == before, f"{after[:60]!r}"))
+        same = Check(
+            "same greedy text alone before and after", after == before, f"{after[:60]!r}", required=False
+        )
+        checks.append(
+            same
+        )  # reported: near ties again (and `auto` may draft otherwise after what it learned)
         checks.append(_log_check(proc.log))
     return SoakResult(shared.tallies, checks, ran)
 
@@ -573,7 +585,10 @@ def table(result: SoakResult) -> str:
             f"| {kind} | {t.sent} | {t.answered} | {t.refused} | {t.unexpected} | {p50:.2f} / {q[18]:.2f} |"
         )
     rows.append("")
-    rows += [f"- [{'ok' if c.ok else 'FAILED'}] {c.name}: {c.detail}" for c in result.checks]
+    rows += [
+        f"- [{'ok' if c.ok else 'FAILED' if c.required else 'differs'}] {c.name}: {c.detail}"
+        for c in result.checks
+    ]
     for kind, t in result.tallies.items():
         rows += [f"- unexpected {kind}: {note}" for note in t.notes]
     verdict = "PASS" if result.ok else "FAIL"
