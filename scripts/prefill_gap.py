@@ -23,8 +23,8 @@ median gap between tokens can be next to nothing, so the verdict (the target's 2
 printed and written.
 
 ``--models DIR``: a folder holding the preset's GGUF files under their Hub names (as
-scripts/fetch_qwen_pair.py leaves them, e.g. /work/models): they are linked into an offline Hugging Face
-cache beside the server's log, so ``--preset`` runs them without a download.
+scripts/fetch_qwen_pair.py leaves them in the folder it is given): they are linked into an offline Hugging
+Face cache beside the server's log, so ``--preset`` runs them without a download.
 """
 
 from __future__ import annotations

@@ -336,7 +336,8 @@ class DFlashHead(FeatureHead):
         from llama_cpp import llama_cpp_ext
 
         llama_cpp_ext.llama_set_embeddings_nextn(self.ctx, True, True)
-        llama_cpp.llama_set_causal_attn(self.ctx, _meta_str(model, "dflash.attention.causal") == "true")
+        causal = head_calls.meta_str(model, "dflash.attention.causal") == "true"
+        llama_cpp.llama_set_causal_attn(self.ctx, causal)
 
     def follow(self, tokens: list[int], pos0: int) -> None:
         """After the target evaluated ``tokens`` at ``pos0...``: project its rows into the drafter's cache at
@@ -395,15 +396,8 @@ class DFlashHead(FeatureHead):
         return out
 
 
-def _meta_str(model: Any, key: str) -> str | None:
-    buf = ctypes.create_string_buffer(64)
-    if llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf)) < 0:
-        return None
-    return buf.value.decode("utf-8", "replace")
-
-
 def _meta_int(model: Any, key: str, default: int) -> int:
-    value = _meta_str(model, key)
+    value = head_calls.meta_str(model, key)
     try:
         return int(value) if value is not None else default
     except ValueError:

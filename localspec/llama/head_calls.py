@@ -108,3 +108,19 @@ def layer_rows(ctx: Any, layer: int) -> Any:
 def selector_top_k(model: Any) -> int:
     """A DFlash2 drafter's selector width (0: a DFlash or DSpark drafter, which has no selector)."""
     return int(_call("selector_top_k")(model))
+
+
+def meta_str(model: Any, key: str) -> str | None:
+    """A loaded model's header value ``key`` as text (None when the header has no such key).
+
+    Args:
+        model: a ``llama_model`` pointer.
+        key: the GGUF key, e.g. ``general.architecture``.
+
+    Returns:
+        The value, or None.
+    """
+    buf = ctypes.create_string_buffer(128)
+    if llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf)) < 0:
+        return None
+    return buf.value.decode("utf-8", "replace")

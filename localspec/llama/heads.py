@@ -17,6 +17,7 @@ from typing import Any
 import llama_cpp
 
 from localspec.errors import GGUFError, LocalspecError
+from localspec.llama import head_calls
 from localspec.llama.feature_heads import HEADS, DFlashHead, Eagle3Head
 from localspec.llama.logs import cache_bytes_logged, quiet_stderr
 from localspec.llama.mtp import MtpHead, layer_count
@@ -39,13 +40,6 @@ def _load_file(path: str, n_gpu_layers: int) -> Any:
     return model
 
 
-def _architecture(model: Any) -> str:
-    buf = llama_cpp.ctypes.create_string_buffer(64)
-    if llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf)) < 0:
-        return ""
-    return buf.value.decode("utf-8", "replace")
-
-
 def file_head(
     path: str, target_ctx: Any, *, n_gpu_layers: int, n_ctx: int, n_batch: int, n_threads: int
 ) -> Head:
@@ -66,7 +60,7 @@ def file_head(
             another target (another width or layers), or is neither kind (an ordinary model).
     """
     model = _load_file(path, n_gpu_layers)
-    kind = HEADS.get(_architecture(model))
+    kind = HEADS.get(head_calls.meta_str(model, "general.architecture") or "")
     if kind is not None:
         return kind(model, target_ctx, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
     head = MtpHead(model, target_ctx, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, owns_model=True)
