@@ -225,22 +225,6 @@ def test_a_long_prompt_goes_in_by_chunks_beside_running_requests():
         model.close()
 
 
-def test_a_prompt_chunk_keeps_the_pass_within_its_allowed_slowdown():
-    """Beside running requests, a step takes on no more prompt tokens than keep its pass within twice its own
-    cost (by the measured cost per width), and always a few, so that the long prompt moves on."""
-    costs = PassCosts()
-    assert costs.room(10, 2.0, least=8, most=256) == 32  # nothing measured: a probe of a few rows
-    for width in (4, 12, 260):
-        costs.add(width, 0.01 + 0.001 * width)  # 10 ms a pass, 1 ms a row
-    assert costs.room(10, 2.0, least=8, most=256) == 20  # 20 ms of pass: 20 rows more double it
-    assert costs.room(10, 1.0, least=8, most=256) == 8  # no slowdown allowed: the fewest
-    assert costs.room(500, 2.0, least=8, most=256) == 32  # wider than anything measured: a probe
-    cpu = PassCosts()  # a CPU: a few rows cost little more than one, a wide pass a row's compute per row
-    for width, seconds in ((3, 0.060), (6, 0.062), (12, 0.066), (300, 0.36)):
-        cpu.add(width, seconds)
-    assert 55 <= cpu.room(6, 2.0, least=8, most=256) <= 65  # 62 ms more at about 1 ms a row (the wide pass)
-
-
 def test_the_mtp_layers_are_refused_for_several_sequences():
     with pytest.raises(SettingsError, match="one sequence at a time"):
         check_sequences(2, mtp=True, what="x.gguf")

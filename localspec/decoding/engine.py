@@ -58,7 +58,7 @@ from localspec.decoding.adaptive import AdaptiveLength
 from localspec.decoding.drafters import Draft, Drafter
 from localspec.decoding.model_draft import joint_drafting
 from localspec.decoding.pass_costs import PassCosts
-from localspec.decoding.prefill import PREFILL_CHUNK, keep_pace, prompt_room
+from localspec.decoding.prefill import PREFILL_CHUNK, keep_pace
 from localspec.decoding.speed import batch_lengths
 from localspec.decoding.stats import GenerationStats
 from localspec.decoding.text_stream import TextStream
@@ -307,17 +307,13 @@ class Engine:
     def _chunks(
         self, filling: list[Generation], rounds: list[Generation]
     ) -> list[tuple[Generation, list[int]]]:
-        """The prompt chunks that go in this step's pass beside the running rounds, in what the batch leaves
-        after every round's widest pass: at most :data:`~localspec.decoding.prefill.PREFILL_CHUNK` tokens in
-        all, and with rounds running, what :func:`~localspec.decoding.prefill.prompt_room` allows beside the
-        rows they take whatever they draft (the step's least cost: the slowdown it allows is measured from
-        there)."""
+        """The prompt chunks that go in this step's pass beside the running rounds: at most
+        :data:`~localspec.decoding.prefill.PREFILL_CHUNK` tokens in all (a long prompt delays the running
+        sequences' tokens by about one chunk's time), in what the batch leaves after every round's widest
+        pass."""
         target = self.target
         widest = sum(1 + _seq(g).owed + (g.settings.n_max if g.drafter else 0) for g in rounds)
-        least = sum(1 + _seq(g).owed for g in rounds)  # the rows the rounds take whatever they draft
-        drafters = [g.drafter for g in filling]
-        allowed = prompt_room(self.pass_costs, least, drafters) if rounds else PREFILL_CHUNK
-        room = min(target.n_batch - widest, allowed)
+        room = min(target.n_batch - widest, PREFILL_CHUNK)
         out = []
         for gen in filling:
             take = min(len(gen.todo), room - _seq(gen).owed)

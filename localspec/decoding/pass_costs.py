@@ -40,32 +40,6 @@ class PassCosts:
 
         return verify
 
-    def room(self, width: int, slowdown: float, *, least: int, most: int) -> int:
-        """How many rows a pass of ``width`` rows may take on and cost at most ``slowdown`` times as much.
-
-        A row's cost is the secant from ``width`` to the widest pass measured: on a CPU a pass of a few rows
-        costs little more than one (the weights are read once) and a wide one a row's compute per row, so
-        the line fitted through mostly narrow passes would price prompt rows far too low. Before a pass
-        wider than ``width + least`` was measured, a few times ``least`` rows (that measures one).
-
-        Args:
-            width: the pass's own rows.
-            slowdown: the most the pass may cost, in times its own cost.
-            least: the fewest rows to answer (something always moves on).
-            most: the most rows to answer.
-
-        Returns:
-            The rows.
-        """
-        verify = self.curve()
-        widest = max(self._seconds, default=0)
-        if verify is None or widest <= width + least:
-            return min(most, 4 * least)
-        alone = verify(max(1, width))
-        per_row = max(1e-9, (self._seconds[widest] - alone) / (widest - width))
-        allowed = (slowdown - 1.0) * alone * (1 + 1e-9)  # a width that just fits counts as fitting
-        return max(least, min(most, int(allowed / per_row)))
-
 
 @dataclass(frozen=True)
 class _SecondsLine:

@@ -6,37 +6,12 @@ from __future__ import annotations
 import time
 
 from localspec.decoding.drafters import Drafter, draft_model_of
-from localspec.decoding.pass_costs import PassCosts
 
-#: The most prompt tokens evaluated in one step beside running generations (chunked prefill); fewer when
-#: the measured cost of a pass says so (:data:`PREFILL_SLOWDOWN`).
+#: The most prompt tokens evaluated in one step beside running generations (chunked prefill): a long prompt
+#: delays their tokens by about one such chunk's time. (Chunks sized to keep a step within twice its cost
+#: were measured: on a 2-core CPU, where a prompt row costs a fifth of a 3-request step, they left a few
+#: tokens a step, and serve's throughput under 4-8 clients fell by a third.)
 PREFILL_CHUNK = 256
-#: A step that carries a prompt chunk beside running generations costs at most this many times the step
-#: without it, by the measured cost of a pass of each width: their next token comes at most that much later
-#: (the long prompt's own first token comes later instead).
-PREFILL_SLOWDOWN = 2.0
-#: The fewest prompt tokens a step carries beside running generations: a prompt always moves on. (On a
-#: 2-core CPU a prompt row of a 1.5B model costs about a fifth of a 3-request step: a few rows is all that
-#: keeps that step within :data:`PREFILL_SLOWDOWN`.)
-PREFILL_MIN = 4
-
-
-def prompt_room(costs: PassCosts, width: int, drafters: list[Drafter | None]) -> int:
-    """Prompt tokens a pass of ``width`` rows may carry besides (:meth:`PassCosts.room`).
-
-    Args:
-        costs: the passes measured so far.
-        width: the running rounds' rows.
-        drafters: those of the generations whose prompts go in: half the allowance when a draft model
-            reads the same tokens in the step (:func:`keep_pace`).
-
-    Returns:
-        The tokens.
-    """
-    slowdown = PREFILL_SLOWDOWN
-    if any(draft_model_of(d) is not None for d in drafters):
-        slowdown = 1.0 + (PREFILL_SLOWDOWN - 1.0) / 2
-    return costs.room(width, slowdown, least=PREFILL_MIN, most=PREFILL_CHUNK)
 
 
 def keep_pace(drafter: Drafter | None, seq_id: int, done: list[int]) -> float:
