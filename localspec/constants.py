@@ -55,6 +55,9 @@ EMBEDDED_DRAFT = EMBEDDED_DIR / "tiny-draft.gguf"
 EMBEDDED_PRESET = "tiny-embedded"
 
 DEFAULT_N_CTX = 4096
+#: Host memory, in MB, that a pipeline's prompt caches may hold (the states of prompts its sequences held
+#: before, for later requests that start the same way: localspec.llama.prompt_cache).
+DEFAULT_PROMPT_CACHE_MB = 2000
 DEFAULT_MAX_TOKENS = 256
 
 

@@ -101,6 +101,9 @@ def ui_server(env_extra: dict[str, str], log_path: Path, timeout: float = 300.0)
 #: How long a page may show no change at all while a test waits for it: the slowest legitimate step between
 #: two changes (a model's load, a first run that measures this machine's costs) on a busy 2-core machine.
 STALL_SECONDS = 180.0
+#: The same for one Playwright wait on a step that shows no progress of its own (a page's load, a pair's
+#: load), in ms: never shorter than the slowest legitimate step.
+STEP_MS = int(STALL_SECONDS * 1000)
 #: What shows progress: the page's text (a run's streamed output and stats, a bench's progress bar).
 _PROGRESS = "() => document.body.innerText"
 

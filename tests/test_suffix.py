@@ -812,3 +812,27 @@ def test_every_request_starts_from_what_a_new_process_would():
             (("prompt", 2, True, 0), 1): [8.0, 8.0],
         }
     )
+
+
+def test_generations_at_once_each_learn_from_their_own_rounds():
+    """Two generations drafting in turn (a batch) through drafters of their own over one cache: each one's
+    proposals are scored against its own context. Through one shared drafter every watch was dropped as
+    "another generation ran in between": nothing was learnt, and the calibrated drafts shrank to nothing."""
+    rng, params = np.random.default_rng(0), SamplingParams()
+    cache = SuffixDrafter(SuffixIndex(n_vocab=200))
+    texts = [list(range(1, 60)), list(range(100, 160))]
+    for text in texts:
+        cache.index.add_request(text)
+    mine = [cache.for_request(), cache.for_request()]
+    contexts = [text[:10] for text in texts]
+    for drafter, ctx in zip(mine, contexts, strict=True):
+        drafter.begin(ctx)
+    for _ in range(8):
+        for drafter, ctx, text in zip(mine, contexts, texts, strict=True):
+            n = len(drafter.draft(ctx, 8, params, rng).tokens)
+            ctx.extend(text[len(ctx) : len(ctx) + n + 1])  # the draft accepted, and the target's token
+    for drafter, ctx in zip(mine, contexts, strict=True):
+        assert sum(cell[0] for cell in drafter.calibration.values()) > 0  # its watches were scored
+        assert ctx[-1] > ctx[9] + 20  # drafts carried it well past one token a round
+        drafter.finish(ctx)
+    assert cache.index.history_requests == 4 and cache.calibration is mine[1].calibration

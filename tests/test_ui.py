@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from _browser import browser_page, ui_server, wait_on_page
+from _browser import STALL_SECONDS, STEP_MS, browser_page, ui_server, wait_on_page
 from localspec.ui.render import error_html, memory_rows, result_panel_html, tokens_html
 
 from localspec import constants
@@ -179,7 +179,7 @@ def ui(tmp_path_factory):
     (home / "models").mkdir()
     with browser_page() as page, ui_server(env, home / "server.log") as url:
         page.goto(url)
-        page.wait_for_selector("#ls-run", timeout=30_000)
+        page.wait_for_selector("#ls-run", timeout=STEP_MS)
         yield page, home
         assert page.external == [], f"the page fetched from outside localhost: {page.external[:5]}"
 
@@ -651,7 +651,7 @@ def test_browser_stop_in_another_tab_leaves_this_run_alone(ui):
     page.click("#ls-settings .label-wrap")  # open the accordion (the max tokens slider is inside)
     other = page.context.browser.new_page()  # a second browser tab: its own Gradio session
     other.goto(page.url)
-    other.wait_for_selector("#ls-stop", timeout=30_000)
+    other.wait_for_selector("#ls-stop", timeout=STEP_MS)
 
     def run_and_stop(stopper, max_tokens: int) -> str:
         box = page.locator("#ls-max-tokens input[type=number]")
@@ -712,7 +712,7 @@ def test_browser_the_bench_tabs_stop_ends_a_long_bench(ui):
     """A bench of hundreds of runs had no Stop: only killing the server ended it."""
     page, _ = ui
     page.click("button[role=tab]:has-text('Bench')")
-    page.wait_for_selector("#ls-bench-run", timeout=30_000)
+    page.wait_for_selector("#ls-bench-run", timeout=STEP_MS)
     for name in ("chat", "translate"):  # more workloads: hundreds of runs on the embedded pair
         page.click(f"#ls-bench-workloads label:has-text('{name}')")
     page.click("#ls-bench-run")
@@ -734,7 +734,7 @@ def test_browser_a_reloaded_page_stops_its_bench(ui):
     stopped = "the benchmark was stopped after"
     seen_before = log.read_text(errors="replace").count(stopped)
     page.click("button[role=tab]:has-text('Bench')")
-    page.wait_for_selector("#ls-bench-run", timeout=30_000)
+    page.wait_for_selector("#ls-bench-run", timeout=STEP_MS)
     for name in ("chat", "translate"):  # hundreds of runs on the embedded pair
         page.click(f"#ls-bench-workloads label:has-text('{name}')")
     page.click("#ls-bench-run")
@@ -744,11 +744,11 @@ def test_browser_a_reloaded_page_stops_its_bench(ui):
     )
     first_run = time.monotonic() - clicked  # the pair's load and at least one run, on this machine, now
     page.reload()
-    page.wait_for_selector("#ls-run", timeout=30_000)
+    page.wait_for_selector("#ls-run", timeout=STEP_MS)
     # The bench stops after the run in progress, which takes less than everything up to the first counted
-    # run; a limit of ten times that fits a slow or busy machine, and stays far below the hundreds of runs
-    # a bench that went on would take.
-    deadline = time.monotonic() + max(90.0, 10 * first_run)
+    # run. Only the server's "stopped" line passes: a bench that went on to its end never writes it, so a
+    # generous limit (a busy machine) cannot let a bench that did not stop through; it only bounds the wait.
+    deadline = time.monotonic() + max(STALL_SECONDS, 20 * first_run)
     while log.read_text(errors="replace").count(stopped) == seen_before:  # the server's own line
         assert time.monotonic() < deadline, "the bench went on after its page was reloaded"
         time.sleep(0.5)
@@ -974,7 +974,7 @@ def _open(page, box: str, accordion: str) -> None:
     """Open the accordion ``accordion`` (its id) unless ``box`` inside it is visible already."""
     if not page.locator(box).is_visible():
         page.click(f"{accordion} .label-wrap")
-        page.wait_for_selector(box, state="visible", timeout=10_000)
+        page.wait_for_selector(box, state="visible", timeout=STEP_MS)
 
 
 def _max_tokens(page) -> tuple[str, str]:
@@ -984,12 +984,13 @@ def _max_tokens(page) -> tuple[str, str]:
 
 
 def _wait_max_tokens(page, top: str, value: str | None = None) -> None:
-    page.wait_for_function(
+    wait_on_page(
+        page,
         "([top, value]) => { const r = document.querySelector('#ls-max-tokens input[type=range]');"
         " const b = document.querySelector('#ls-max-tokens input[type=number]');"
         " return r.max === top && (value === null || b.value === value); }",
         arg=[top, value],
-        timeout=30_000,
+        what="the Max tokens slider",
     )
 
 

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from _browser import browser_page, ui_server
+from _browser import STEP_MS, browser_page, ui_server
 from conftest import QWEN_DRAFT, QWEN_TARGET, qwen_dir
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -47,13 +47,13 @@ def test_a_big_target_loads_compare_stays_responsive_and_shows_memory_next_to_sp
     env = {"LOCALSPEC_CONFIG": str(tmp_path / "config"), "LOCALSPEC_MODELS": str(tmp_path)}
     with browser_page() as page, ui_server(env, tmp_path / "server.log") as url:
         page.goto(url)
-        page.wait_for_selector("#ls-run", timeout=30_000)
+        page.wait_for_selector("#ls-run", timeout=STEP_MS)
         page.click("#ls-source label:has-text('My models')")
         page.fill("#ls-target input", str(target))
         page.keyboard.press("Enter")
         # the target's draft candidates come back (a verdict per model next to it, or none): then the draft
         page.wait_for_function(
-            "() => document.querySelector('#ls-candidates').innerText.trim().length > 0", timeout=30_000
+            "() => document.querySelector('#ls-candidates').innerText.trim().length > 0", timeout=STEP_MS
         )
         page.wait_for_timeout(1000)
         page.fill("#ls-draft input", str(draft))
@@ -66,7 +66,7 @@ def test_a_big_target_loads_compare_stays_responsive_and_shows_memory_next_to_sp
 
         # While the pair loads and Compare runs: the page reacts and the server answers at once.
         page.wait_for_function(  # Compare's progress names the files being loaded and their sizes
-            "() => document.body.innerText.includes('loading the pair (target')", timeout=30_000
+            "() => document.body.innerText.includes('loading the pair (target')", timeout=STEP_MS
         )
         waits = []
         for _ in range(3):

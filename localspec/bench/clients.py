@@ -138,6 +138,47 @@ def serve_settings(
     return out
 
 
+def parse_serve_mode(mode: str) -> tuple[str, int | None]:
+    """A ``--serve-modes`` item: a strategy of ``serve --strategy`` (``none`` included), optionally with a
+    fixed draft length (``model:2``).
+
+    Raises:
+        BenchError: an unknown strategy or a length that is not 1 to 64.
+    """
+    from localspec.settings import STRATEGY_BY_NAME
+
+    name, _, k = mode.strip().partition(":")
+    if name not in STRATEGY_BY_NAME:
+        names = ", ".join(STRATEGY_BY_NAME)
+        raise BenchError(f"unknown serve mode {mode!r}", hint=f"use a strategy ({names}), e.g. model:2")
+    if not k:
+        return name, None
+    if not k.isdigit() or not 1 <= int(k) <= 64:
+        raise BenchError(f"serve mode {mode!r}: the draft length must be 1 to 64", hint="e.g. model:4")
+    return name, int(k)
+
+
+def mode_settings(model_args: Sequence[str], modes: Sequence[str], parallel: int) -> list[ClientsSetting]:
+    """``localspec serve``'s settings named by ``--serve-modes``, each at ``parallel``: a strategy as ``serve
+    --strategy`` runs it, or with a fixed draft length (``model:2``: ``--n-max 2 --fixed``).
+
+    Args:
+        model_args: ``serve``'s arguments that pick the pair and its running (with ``--draft``).
+        modes: the modes (:func:`parse_serve_mode`).
+        parallel: ``serve``'s ``--parallel``.
+
+    Returns:
+        The settings, in the order given.
+    """
+    out = []
+    for mode in modes:
+        name, k = parse_serve_mode(mode)
+        args = [*model_args, "--strategy", name, "--parallel", str(parallel)]
+        args += ["--n-max", str(k), "--fixed"] if k else []
+        out.append(ClientsSetting(f"localspec --parallel {parallel} {mode}", LOCALSPEC, tuple(args)))
+    return out
+
+
 def peer_settings(modes: Sequence[str], parallel: Sequence[int]) -> list[ClientsSetting]:
     """llama-server's settings: each of ``modes`` at each slot count of ``parallel``."""
     return [

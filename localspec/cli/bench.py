@@ -21,6 +21,7 @@ from localspec.cli.bench_options import (
     check_names,
     check_out_dir,
     check_preset_name,
+    check_serve_modes,
     make_out_dir,
     parse_counts,
     parse_lengths,
@@ -187,6 +188,14 @@ _DEFAULT_SESSION_ROWS = _SESSION_ROWS[:8]
     help="With --peer and --sessions or --clients: llama.cpp's modes to run, comma-separated, of "
     f"{', '.join(CLIENT_PEER_MODES)} (draft-mtp: --clients only; default: --sessions all but draft-mtp, "
     "--clients none, ngram-mod, draft-simple with a draft model, draft-mtp with MTP layers).",
+)
+@click.option(
+    "--serve-modes",
+    multiple=True,
+    callback=lambda ctx, param, values: check_serve_modes(values),
+    help="With --clients: localspec's settings to run, comma-separated, each a strategy (auto, none, ngram, "
+    "suffix, model, ...) optionally with a fixed draft length (model:2), all at the largest --parallel "
+    "(default: the pair as `serve` runs it at each --parallel, one request at a time, and --draft none).",
 )
 @click.option(
     "--clients",

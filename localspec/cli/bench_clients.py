@@ -35,7 +35,12 @@ def bench_clients(o: BenchOptions) -> None:
     # the user's suffix store is never read or written by a bench (--no-store)
     model_args = [*_pick(o), "--threads", str(threads), "--no-store"]
     model_args += ["--n-ctx", str(o.n_ctx)] if o.n_ctx else []
-    settings = cb.serve_settings(model_args, o.draft, parallel)
+    modes = split_names(o.serve_modes)
+    if modes:
+        pair = [*model_args, *(["--draft", o.draft] if o.draft else [])]
+        settings = cb.mode_settings(pair, modes, max(parallel))
+    else:
+        settings = cb.serve_settings(model_args, o.draft, parallel)
     files = None
     if o.peer:
         files = _peer_files(o, threads)
@@ -53,6 +58,7 @@ def bench_clients(o: BenchOptions) -> None:
         "peer_n_ctx_per_slot": files.n_ctx if files else None,
         "clients": counts,
         "parallel": parallel,
+        "serve_modes": modes,
         "requests": o.requests,
         "max_tokens": o.max_tokens,
         "repeats": o.repeats,

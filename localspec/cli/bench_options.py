@@ -39,6 +39,20 @@ def check_names(
     return values
 
 
+def check_serve_modes(values: tuple[str, ...]) -> tuple[str, ...]:
+    """``--serve-modes``: every comma-separated item a strategy, optionally with a draft length, checked as
+    the options are parsed (a usage error before anything loads)."""
+    from localspec.bench.clients import parse_serve_mode
+
+    for item in values:
+        for mode in item.split(","):
+            try:
+                parse_serve_mode(mode)
+            except LocalspecError as exc:
+                raise click.UsageError(f"--serve-modes: {usage_line(exc)}") from None
+    return values
+
+
 def usage_line(exc: LocalspecError, drop: str = "") -> str:
     """A library error as one line of a usage error: what is wrong; what to type instead."""
     message = exc.message.removeprefix(drop)
@@ -246,6 +260,7 @@ def check_together(ctx: click.Context) -> None:
         "session_rows": (("sessions",), "it names the rows of the session bench"),
         "requests": (("clients",), "it names the requests per client count"),
         "parallel": (("clients",), "it names the servers' slots"),
+        "serve_modes": (("clients",), "it names localspec's settings under concurrent clients"),
     }
     for name, (modes, why) in needs.items():
         missing = [m for m in modes if not o[m]]
@@ -366,6 +381,7 @@ class BenchOptions:
     save_preset: str | None
     session_rows: tuple[str, ...]
     peer_modes: tuple[str, ...]
+    serve_modes: tuple[str, ...]
     clients: list[int] | None
     requests: int
     parallel: list[int] | None

@@ -259,6 +259,7 @@ def load_pipeline(*, store_namespace: str = "default", **opts: Any) -> Pipeline:
         rpc=opts.get("rpc"),
         tensor_split=opts.get("tensor_split"),
         parallel=opts.get("parallel", 1),
+        prompt_cache_mb=opts.get("prompt_cache_mb", constants.DEFAULT_PROMPT_CACHE_MB),
         **{k: v for k, v in gpu.items() if v is not None},
     )
     pipe.notify = lambda line: click.echo(f"localspec: {line}", err=True)

@@ -6,6 +6,7 @@ import signal
 
 import click
 
+from localspec import constants
 from localspec.cli.options import load_pipeline, model_options
 
 
@@ -47,6 +48,14 @@ from localspec.cli.options import load_pipeline, model_options
     help="Requests that generate at once, in one pass of the target per step (default: 4, fewer when "
     "their KV caches do not fit the free memory, 1 with MTP drafting).",
 )
+@click.option(
+    "--prompt-cache-mb",
+    default=float(constants.DEFAULT_PROMPT_CACHE_MB),
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Host memory (MB) for the states of earlier prompts, so that a request starting as an earlier one "
+    "did (a chat's next turn, an agent's system prompt) evaluates only what is new; 0 turns it off.",
+)
 @click.option("--model-id", help="The model id the API reports (default: the target's file name).")
 @click.option("--log-requests", is_flag=True, help="Log each HTTP request (uvicorn's access log).")
 def serve(
@@ -57,6 +66,7 @@ def serve(
     max_queue,
     max_body_mb,
     parallel,
+    prompt_cache_mb,
     model_id,
     log_requests,
     **model,
@@ -67,7 +77,6 @@ def serve(
     pass of the target verifies all of them each step); others wait in a FIFO queue. With no --target and
     no --preset it serves the small embedded pair, offline.
     """
-    from localspec import constants
     from localspec.serve.app import serve
     from localspec.serve.options import ServeOptions, exposure_line
     from localspec.suffix.store_files import namespace_for_key
@@ -88,7 +97,9 @@ def serve(
     exposure_line(opts)  # refuse an exposed bind before spending time on loading the models
     # With an API key, the suffix store is that key's own: another key's server never drafts from it.
     namespace = namespace_for_key(api_key) if api_key else "default"
-    pipe = load_pipeline(store_namespace=namespace, parallel=parallel, **model)
+    pipe = load_pipeline(
+        store_namespace=namespace, parallel=parallel, prompt_cache_mb=prompt_cache_mb, **model
+    )
     with pipe:
         serve(pipe, opts, echo=lambda line: click.echo(line, err=True), log_requests=log_requests)
         # Stopped: one more Ctrl-C or SIGTERM (an impatient user, a supervisor) while the models are freed

@@ -47,6 +47,7 @@ from localspec.llama.loading import (
     supports_gpu_offload,
 )
 from localspec.llama.logs import Said, cache_bytes_logged
+from localspec.llama.prompt_cache import PromptCache
 from localspec.llama.sequence import ContextHandle, Sequence
 
 
@@ -217,6 +218,19 @@ class Model:
         self._textless: np.ndarray | None = None
         self._space: np.ndarray | None = None
         self.eog_ids = token_sets.eog_ids(self.vocab, self.n_vocab)
+        #: the KV states of prompts its sequences held before, in host memory (:meth:`use_prompt_cache`)
+        self.prompt_cache: PromptCache | None = None
+
+    def use_prompt_cache(self, budget: int) -> bool:
+        """Keep up to ``budget`` bytes of the states its sequences are about to drop, for later requests
+        that start the same way (:mod:`localspec.llama.prompt_cache`). Not for a model whose head drafts
+        from its rows (MTP layers, a drafter file): the head's own cache would not follow a copied state.
+
+        Returns:
+            Whether the cache is on.
+        """
+        self.prompt_cache = PromptCache(budget) if budget > 0 and self.mtp is None else None
+        return self.prompt_cache is not None
 
     def _start_mtp(self, n_threads: int, assistant: Path | None = None) -> None:
         """Make the MTP head: of this file's MTP layers, or of an ``assistant`` file that reads this model's
@@ -395,7 +409,10 @@ class Model:
         Returns:
             The tokens of ``context`` that still need evaluating.
         """
-        return (seq or self.seq0).sync(context, keep_last)
+        seq = seq or self.seq0
+        if self.prompt_cache is not None:
+            self.prompt_cache.before_sync(seq, context, keep_last)
+        return seq.sync(context, keep_last)
 
     def decode(self, tokens: list[int], seq: Sequence | None = None) -> None:
         """Evaluate ``tokens`` after the ones ``seq`` (default sequence 0) holds, without any logits rows

@@ -238,6 +238,12 @@ class Sequence:
         self.rollback.resets += n > 0
         return 0
 
+    def clear(self) -> None:
+        """Empty this sequence: nothing held, nothing owed, no checkpoint."""
+        self.forget_checkpoints()
+        self.handle.call(self._clear)
+        self.tokens, self._owed = [], []
+
     def _clear(self) -> None:
         """Empty this sequence in llama.cpp's memory (the whole context only when it holds no other)."""
         h = self.handle

@@ -54,7 +54,9 @@ def drafter_for(
         target.follow_mtp(False)
     if not s.is_speculative:
         return None
-    lookup: Drafter = suffix() if s.uses_suffix else NgramDrafter()
+    # (the suffix cache: one generation's drafter over the pipeline's, so that a batch's requests keep their
+    # own tables)
+    lookup: Drafter = suffix().for_request() if s.uses_suffix else NgramDrafter()
     if s.uses_mtp:
         mtp = _mtp_drafter(s, target)
         return CombinedDrafter(mtp, lookup) if s.strategy.combined else mtp

@@ -123,6 +123,7 @@ def load(
     rpc: str | Sequence[str] | None = None,
     tensor_split: Sequence[float] | None = None,
     parallel: int | None = 1,
+    prompt_cache_mb: float = constants.DEFAULT_PROMPT_CACHE_MB,
 ) -> Pipeline:
     """Load a target and a draft (or a model-free drafter) into a reusable :class:`Pipeline`.
 
@@ -145,7 +146,8 @@ def load(
         adaptive: let the adaptive controller pick the draft model's lengths.
         progress: called as ``progress(what, done, total)`` while a preset downloads.
         n_threads, n_gpu_layers, draft_n_threads, draft_n_gpu_layers, suffix_store, corpus,
-            store_namespace, rpc, tensor_split, parallel: as :class:`Pipeline` takes them.
+            store_namespace, rpc, tensor_split, parallel, prompt_cache_mb: as :class:`Pipeline` takes
+            them.
 
     Returns:
         The loaded :class:`Pipeline` (close it, or use it as a context manager, to free the models).
@@ -180,6 +182,7 @@ def load(
         rpc=rpc,
         tensor_split=tensor_split,
         parallel=parallel,
+        prompt_cache_mb=prompt_cache_mb,
     )
 
 
@@ -292,6 +295,7 @@ _LOAD_KEYS = {
     "suffix_store",
     "corpus",
     "store_namespace",
+    "prompt_cache_mb",
 }
 _CACHE: dict[tuple, Pipeline] = {}
 

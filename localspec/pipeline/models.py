@@ -55,6 +55,15 @@ class LoadedModels:
     parallel_reason: str = "asked for"  # why that many
 
 
+def use_prompt_caches(models: LoadedModels, mb: float) -> None:
+    """Give the models prompt caches (:mod:`localspec.llama.prompt_cache`) sharing ``mb`` MB (10^6 bytes) of
+    host memory, each its share by the bytes its KV cache holds (0: none)."""
+    loaded = [m for m in (models.target, models.draft) if m is not None]
+    sizes = [max(1, m.kv_bytes()) for m in loaded]
+    for m, size in zip(loaded, sizes, strict=True):
+        m.use_prompt_cache(int(mb * 1e6 * size / sum(sizes)))
+
+
 def load_models(
     info: PairInfo,
     settings: DraftSettings,

@@ -29,7 +29,7 @@ from localspec.pipeline.checks import checked_text
 from localspec.pipeline.compare import compare
 from localspec.pipeline.drafting import model_drafter
 from localspec.pipeline.many import generate_many, start_kwargs
-from localspec.pipeline.models import for_pair, load_models
+from localspec.pipeline.models import for_pair, load_models, use_prompt_caches
 from localspec.pipeline.results import GenerationResult, collect
 from localspec.pipeline.suffix_and_costs import SuffixAndCosts
 from localspec.settings import DRAFT_MODEL, TARGET_ALONE, DraftSettings, Strategy
@@ -87,6 +87,9 @@ class Pipeline(CallSetup, Chatting, SuffixAndCosts):
             the target and the draft hold that many sequences, each with ``n_ctx`` of room (the KV cache
             grows with it; the MTP layers draft for one). None: chosen (at most 4, as many as fit the free
             memory) and :attr:`parallel_reason` says why.
+        prompt_cache_mb: host memory (MB) for the states of prompts the sequences held before, so that a
+            later request starting the same way (a chat's next turn, an agent's system prompt) evaluates only
+            what is new (0: off; not with MTP layers or a drafter file).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class Pipeline(CallSetup, Chatting, SuffixAndCosts):
         rpc: str | Sequence[str] | None = None,
         tensor_split: Sequence[float] | None = None,
         parallel: int | None = 1,
+        prompt_cache_mb: float = constants.DEFAULT_PROMPT_CACHE_MB,
     ) -> None:
         self.info = info
         store_path(".", "0" * 16, store_namespace)  # a namespace no file can be named by: refused now
@@ -126,6 +130,7 @@ class Pipeline(CallSetup, Chatting, SuffixAndCosts):
             tensor_split=tensor_split,
             parallel=parallel,
         )
+        use_prompt_caches(loaded, prompt_cache_mb)
         self._target, self._draft, self.memory = loaded.target, loaded.draft, loaded.memory
         #: generations that run at once in one pass (the sequences the models hold), and why that many
         self.parallel, self.parallel_reason = loaded.parallel, loaded.parallel_reason

@@ -7,6 +7,7 @@ import threading
 from typing import Any, Protocol
 
 from localspec.decoding.stats import GenerationStats
+from localspec.llama.prompt_cache import PromptCache
 
 
 class QueueState(Protocol):
@@ -23,6 +24,8 @@ class QueueState(Protocol):
     slots: int  # requests that generate at once
 
     def slot_stats(self) -> list[GenerationStats]: ...
+
+    def prompt_caches(self) -> dict[str, PromptCache]: ...
 
 
 class Metrics:
@@ -139,6 +142,19 @@ def prometheus_text(metrics: Metrics, worker: QueueState, model_id: str) -> str:
         "gauge",
         "Drafted tokens of each running request left out of passes shared with others (they would not pay).",
         [(f'{{slot="{i}"}}', s.batch_cut) for i, s in enumerate(running)],
+    )
+    caches = worker.prompt_caches()
+    metric(
+        "prompt_cache_bytes",
+        "gauge",
+        "Host memory the prompt cache holds (states of earlier prompts), per model.",
+        [(f'{{model="{m}"}}', c.nbytes) for m, c in caches.items()],
+    )
+    metric(
+        "prompt_cache_restored_tokens_total",
+        "counter",
+        "Prompt tokens copied back from the prompt cache instead of evaluated, per model.",
+        [(f'{{model="{m}"}}', c.stats.restored_tokens) for m, c in caches.items()],
     )
     metric("info", "gauge", "The served model.", [(f'{{model="{model}"}}', 1)])
     return "\n".join(lines) + "\n"

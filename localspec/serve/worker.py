@@ -26,6 +26,7 @@ from localspec.decoding.batch import Batch, StepEvent
 from localspec.decoding.engine import Generation, TokenResponse
 from localspec.decoding.stats import GenerationStats
 from localspec.errors import LocalspecError, RpcError
+from localspec.llama.prompt_cache import PromptCache
 from localspec.pipeline.tool_calls import NO_TOOLS, ChatResponse, ToolUse
 from localspec.serve.metrics import Metrics
 from localspec.serve.schemas import APIError, from_localspec
@@ -117,6 +118,11 @@ class Worker:
     def slot_stats(self) -> list[GenerationStats]:
         """The running generations' stats as they stand (acceptance, draft lengths cut to fit the pass)."""
         return [live.gen.stats for live in list(self.live.values())]
+
+    def prompt_caches(self) -> dict[str, PromptCache]:
+        """The models' prompt caches by role ("target", "draft"): what earlier prompts left in host memory."""
+        models = {"target": self.pipe.target, "draft": self.pipe.draft}
+        return {k: m.prompt_cache for k, m in models.items() if m is not None and m.prompt_cache is not None}
 
     def start(self) -> None:
         if self._thread is None:

@@ -12,6 +12,7 @@ The names this module held before the suffix cache became a folder of modules ar
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -140,6 +141,19 @@ class SuffixDrafter:
         self._watches: list[_Watch] = []
         self._costs: list[float] = []  # verify_cost(b) by b, read once per width
         self._costs_of: Callable[[int], float] | None = None
+        # the pipeline's drafter this one drafts one generation for (None: this is the pipeline's)
+        self._owner: SuffixDrafter | None = None
+
+    def for_request(self) -> SuffixDrafter:
+        """One generation's drafter over this suffix cache: the same history, corpus and store, with its own
+        current-request tables, watches, calibration and token table, so that generations running at once
+        (a batch) do not read or score each other's. What it learnt comes back to this drafter at its
+        :meth:`finish`, which adds the request to the history here (as one drafter's requests in turn)."""
+        child = copy.copy(self)
+        child.index = self.index.request_view()
+        child._watches, child._costs, child._costs_of = [], [], None
+        child._owner = self
+        return child
 
     def use_sequence(self, seq_id: int) -> None:
         """A lookup reads the context it is given, whatever sequence holds it."""
@@ -200,6 +214,15 @@ class SuffixDrafter:
         """Remember the finished request (prompt and output) and persist it when a store is attached."""
         self._settle(context)
         self._watches = []  # what a request did not emit says nothing about its proposals
+        owner = self._owner
+        if owner is not None:  # one generation's: what it learnt goes on in the pipeline's drafter
+            owner.calibration, owner.tokens, owner.token_totals = (
+                self.calibration,
+                self.tokens,
+                self.token_totals,
+            )
+            owner.finish(context)
+            return
         if not self.learn or not context:
             return
         self.index.add_request(context)

@@ -11,6 +11,7 @@ forward to a :class:`Proposal`, with a confidence per token (:mod:`localspec.suf
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,15 @@ class SuffixIndex:
         self._live_copied = 0
         #: how many times this index was told to :meth:`forget` (a drafter forgets what it learnt then too)
         self.forgotten = 0
+
+    def request_view(self) -> SuffixIndex:
+        """An index over this one's history and corpus (the same objects: what is added to them shows in
+        both) with current-request tables of its own: one generation's, so that generations running at once
+        do not overwrite each other's (:meth:`SuffixDrafter.for_request`)."""
+        view = copy.copy(self)
+        view._live, view._live_pairs, view._live_indexed = [], {}, 0
+        view._live_arr, view._live_copied = np.zeros(0, np.int64), 0
+        return view
 
     # Feeding ---------------------------------------------------------------------------------------
     def begin(self, context: Sequence[int]) -> None:
