@@ -82,6 +82,21 @@ def test_a_handful_of_tokens_measured_slow_is_measured_again_at_the_next_request
     assert after.strategy == MTP_WITH_LOOKUPS and after.reason.endswith("over 2 requests: it pays")
 
 
+def test_a_handful_of_tokens_measured_slow_waits_where_the_costs_say_it_does_not_pay_either():
+    """On a small CPU (a draft token costs half a target token) a retry whose adaptive controller drafted a
+    few tokens measured too little to be sure: with the costs' prediction saying no as well, the draft
+    model is not run again at every next request (each one paid the draft model's prompt), but after the
+    waits of a drafter that does not pay; it still gets them."""
+    router = Router(model=True, mtp=False)
+    runs = []
+    for _ in range(60):
+        if _route(router, DEAR).strategy == MODEL_WITH_LOOKUPS:
+            runs.append(router.requests)
+            router.model.record(router.requests, drafted=2, accepted=1, rounds=1, speed=0.3)
+    assert runs[0] == RETRY_FIRST and len(runs) >= 3
+    assert all(b - a >= RETRY_FIRST for a, b in zip(runs, runs[1:], strict=False))
+
+
 def test_a_drafter_surely_not_paying_is_tried_again_after_waits_that_double():
     router = Router(model=True, mtp=False)
     runs = []

@@ -25,7 +25,8 @@ pipeline's requests, and decides from it:
 
 A drafter that pays by its estimate (``MIN_GAIN`` over the target alone) runs, adaptive, with lookups; with
 both loaded, the one estimated fastest. One that does not pay is not given up: while paying lies within one
-standard error of its estimate it runs again at the next request, to measure more; one predicted not to pay
+standard error of its estimate it runs again at the next request, to measure more (unless the machine's costs
+predict it does not pay either: then it waits as one surely not paying does); one predicted not to pay
 and never run runs once after ``RETRY_FIRST`` requests; one measured surely not paying runs again after
 ``RETRY_FIRST`` requests, then after a wait that doubles each time it confirms it (up to ``RETRY_MAX``), and
 after at most ``RETRY_FIRST`` while the costs' prediction says it pays where the measurement says not. So one
@@ -151,6 +152,7 @@ class DrafterRecord:
     requests: int = 0
     last_run: int = 0  # the router's request number when it last drafted (0: never)
     wait: int = RETRY_FIRST  # requests before it runs again while measured as not paying
+    predicted: float | None = None  # what the machine's costs predicted when it was last weighed
 
     def estimate(self) -> Estimate | None:
         """The measured speed and its uncertainty; None until a request drafted with it and measured."""
@@ -182,8 +184,8 @@ class DrafterRecord:
         est = self.estimate()
         if est is None or est.pays:
             self.wait = RETRY_FIRST
-        elif est.unsure:  # too few tokens to say: measure more at the next request
-            self.wait = 1
+        elif est.unsure and (self.predicted is None or self.predicted >= MIN_GAIN):
+            self.wait = 1  # too few tokens to say, and nothing else says no: measure more at the next request
         else:  # not paying, and sure of it: look again later each time
             self.wait = RETRY_FIRST if self.wait < RETRY_FIRST else min(2 * self.wait, RETRY_MAX)
 
@@ -283,7 +285,7 @@ class Router:
         if est is not None:
             if c is None or ratio is None:
                 return _Weighed(r, est.speed, f"{r.what}: {est}", measured=True)
-            predicted = model_speed(c, r.acceptance(), n_max)[0]
+            predicted = r.predicted = model_speed(c, r.acceptance(), n_max)[0]
             both = (predicted * PREDICTION_TOKENS + est.speed * r.weight) / (PREDICTION_TOKENS + r.weight)
             why = (
                 f"{r.what}: {est}; with the costs' prediction at its acceptance {r.acceptance():.2f} "
@@ -295,6 +297,7 @@ class Router:
             return _Weighed(r, None, f"{'costs ' if r is self.model else ''}not measured yet", measured=False)
         a = r.acceptance()
         best, k = model_speed(c, a, n_max)
+        r.predicted = best
         where = f"a draft token costs {ratio:.2f} of a target token here"
         if not c.steady:  # measured while something else used the CPU: said with the decision
             where += " (measured on a busy machine; `localspec cache clear --costs` measures again)"
