@@ -66,9 +66,10 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
 
 
 def _gpu_offload() -> bool:
-    import llama_cpp
+    """A GPU here (a CPU build with llama.cpp's RPC backend says it offloads: to rpc-servers only)."""
+    from localspec.llama.loading import supports_gpu_offload
 
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    return supports_gpu_offload()
 
 
 def machine_label(m: dict[str, Any]) -> str:

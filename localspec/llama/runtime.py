@@ -218,19 +218,8 @@ class Model:
         self._textless: np.ndarray | None = None
         self._space: np.ndarray | None = None
         self.eog_ids = token_sets.eog_ids(self.vocab, self.n_vocab)
-        #: the KV states of prompts its sequences held before, in host memory (:meth:`use_prompt_cache`)
+        #: earlier prompts' states in host memory (:mod:`localspec.llama.prompt_cache`)
         self.prompt_cache: PromptCache | None = None
-
-    def use_prompt_cache(self, budget: int) -> bool:
-        """Keep up to ``budget`` bytes of the states its sequences are about to drop, for later requests
-        that start the same way (:mod:`localspec.llama.prompt_cache`). Not for a model whose head drafts
-        from its rows (MTP layers, a drafter file): the head's own cache would not follow a copied state.
-
-        Returns:
-            Whether the cache is on.
-        """
-        self.prompt_cache = PromptCache(budget) if budget > 0 and self.mtp is None else None
-        return self.prompt_cache is not None
 
     def _start_mtp(self, n_threads: int, assistant: Path | None = None) -> None:
         """Make the MTP head: of this file's MTP layers, or of an ``assistant`` file that reads this model's
@@ -253,17 +242,16 @@ class Model:
             raise
 
     def follow_mtp(self, on: bool) -> None:
-        """Whether this model's passes feed its MTP head (nothing without one): off, they cost nothing more
-        (a strategy that does not draft with it), and the head evaluates what it missed when it drafts
-        again."""
+        """Whether this model's passes feed its MTP head (nothing without one): off, they cost nothing more,
+        and the head evaluates what it missed when it drafts again."""
         head = self.mtp
         if head is not None:
             self._call(lambda: head.set_following(on))
 
     def mtp_bytes(self) -> int:
         """Memory the MTP head adds: its context's KV cache as llama.cpp allocated it (0 without MTP, and for
-        an assistant, which reads this model's). Its weights are part of the file, and of
-        :attr:`weights_bytes` once loaded; an assistant's are its own (``mtp.weights_bytes``)."""
+        an assistant, which reads this model's); its weights are in :attr:`weights_bytes` (an assistant's:
+        ``mtp.weights_bytes``)."""
         if self.mtp is None:
             return 0
         if self._mtp_cache_bytes is not None:
@@ -329,10 +317,8 @@ class Model:
         return int(llama_cpp.llama_model_size(self.model))
 
     def kv_bytes(self) -> int:
-        """The memory of this model's context: the KV cache and, for a recurrent or hybrid model, its
-        recurrent states with their snapshots, as llama.cpp allocated them (its load log). Without the log
-        (LOCALSPEC_VERBOSE shows it on the terminal instead), the KV cache from n_ctx, layers, KV heads and
-        head sizes (f16: 2 bytes), which counts every layer of a hybrid as attention."""
+        """The memory of this model's context (KV cache, a recurrent model's states and snapshots) as its load
+        log says; without it (LOCALSPEC_VERBOSE), estimated from its shape, every layer as attention."""
         if self._cache_bytes is not None:
             return self._cache_bytes
         return self._kv_estimate(int(llama_cpp.llama_model_n_layer(self.model)))
@@ -404,11 +390,8 @@ class Model:
 
     def sync(self, context: list[int], keep_last: int = 0, seq: Sequence | None = None) -> list[int]:
         """Trim ``seq`` (default sequence 0) to its longest common prefix with ``context`` minus ``keep_last``
-        tokens.
-
-        Returns:
-            The tokens of ``context`` that still need evaluating.
-        """
+        tokens (the prompt cache first keeping what goes, and putting back a longer prefix it holds); returns
+        the tokens of ``context`` that still need evaluating."""
         seq = seq or self.seq0
         if self.prompt_cache is not None:
             self.prompt_cache.before_sync(seq, context, keep_last)

@@ -19,6 +19,7 @@ from localspec.llama.loading import (
     default_gpu_layers,
     supports_gpu_offload,
 )
+from localspec.llama.prompt_cache import PromptCache
 from localspec.llama.recurrent import MAX_SNAPSHOTS
 from localspec.llama.rpc import Endpoint, parse_endpoints
 from localspec.llama.runtime import Model
@@ -57,11 +58,14 @@ class LoadedModels:
 
 def use_prompt_caches(models: LoadedModels, mb: float) -> None:
     """Give the models prompt caches (:mod:`localspec.llama.prompt_cache`) sharing ``mb`` MB (10^6 bytes) of
-    host memory, each its share by the bytes its KV cache holds (0: none)."""
+    host memory, each its share by the bytes its KV cache holds (0: none). Not where a head drafts from the
+    target's rows (MTP layers, a drafter file): the head's own cache would not follow a copied state."""
+    if mb <= 0 or models.target.mtp is not None:
+        return
     loaded = [m for m in (models.target, models.draft) if m is not None]
     sizes = [max(1, m.kv_bytes()) for m in loaded]
     for m, size in zip(loaded, sizes, strict=True):
-        m.use_prompt_cache(int(mb * 1e6 * size / sum(sizes)))
+        m.prompt_cache = PromptCache(int(mb * 1e6 * size / sum(sizes)))
 
 
 def load_models(
