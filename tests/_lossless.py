@@ -17,6 +17,21 @@ def traced(pipe, prompt, **kw):
         pipe.trace = None
 
 
+def traced_many(pipe, prompts, **kw):
+    """:meth:`Pipeline.generate_many` with the engine's per-token trace on: the results, and each one's trace
+    rows."""
+    pipe.trace = trace = []
+    try:
+        results = pipe.generate_many(prompts, **kw)
+    finally:
+        pipe.trace = None
+    rows, at = [], 0
+    for r in results:  # the trace holds each prompt's rows in turn
+        rows.append(trace[at : at + len(r.tokens)])
+        at += len(r.tokens)
+    return results, rows
+
+
 def assert_lossless(base, base_trace, spec, spec_trace):
     """Token-identical, or diverging only where the target's top-2 margin is a near-tie."""
     for tok, _, argmax, _ in spec_trace:

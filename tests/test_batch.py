@@ -8,7 +8,7 @@ import math
 import pytest
 from _arch_models import write_model
 from _dummy_runs import MAX_TOKENS, PROMPT
-from _lossless import NEAR_TIE
+from _lossless import NEAR_TIE, traced_many
 
 import localspec
 from localspec import constants
@@ -30,19 +30,6 @@ PROMPTS = ["def fib(n):", "class Stack:", "import os\n\ndef main():", "# sort a 
 def pipe3():
     with localspec.load(parallel=3, suffix_store=False) as pipe:
         yield pipe
-
-
-def _traced_many(pipe, prompts, **kw):
-    pipe.trace = trace = []
-    try:
-        results = pipe.generate_many(prompts, **kw)
-    finally:
-        pipe.trace = None
-    rows, at = [], 0
-    for r in results:  # the trace holds each prompt's rows in turn
-        rows.append(trace[at : at + len(r.tokens)])
-        at += len(r.tokens)
-    return results, rows
 
 
 def _traced_alone(pipe, prompt, **kw):
@@ -96,7 +83,7 @@ def test_each_request_of_a_batch_is_what_it_gives_alone(pipe3, strategy):
 
 
 def test_generate_many_gives_each_prompts_text_in_order(pipe3):
-    many, many_trace = _traced_many(pipe3, PROMPTS, max_tokens=16, strategy="ngram")
+    many, many_trace = traced_many(pipe3, PROMPTS, max_tokens=16, strategy="ngram")
     assert len(many) == len(PROMPTS)
     for prompt, result, rows in zip(PROMPTS, many, many_trace, strict=True):
         alone, alone_trace = _traced_alone(pipe3, prompt, max_tokens=16, strategy="ngram")

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from _arch_models import write_model
 from _dummy_runs import PROMPT
-from _lossless import assert_lossless
+from _lossless import assert_lossless, traced_many
 from _mtp_model import mtp_model
 
 import localspec
@@ -27,19 +27,6 @@ def _traced(pipe, prompt, **kw):
         return SimpleNamespace(tokens=[r.token for r in pipe.stream_tokens(prompt, **kw)]), trace
     finally:
         pipe.trace = None
-
-
-def _traced_many(pipe, prompts, **kw):
-    pipe.trace = trace = []
-    try:
-        results = pipe.generate_many(prompts, **kw)
-    finally:
-        pipe.trace = None
-    out, at = [], 0
-    for r in results:  # the trace holds each prompt's rows in turn
-        out.append((r, trace[at : at + len(r.tokens)]))
-        at += len(r.tokens)
-    return out
 
 
 def _cache(pipe) -> PromptCache:
@@ -67,11 +54,11 @@ def test_requests_in_a_batch_come_back_to_their_prompts():
     cache or its sequence, and every text is the first time's."""
     prompts = [A, B, C, A + B]
     with localspec.load(draft="none", parallel=2, suffix_store=False) as pipe:
-        first = _traced_many(pipe, prompts, max_tokens=12)
+        first = traced_many(pipe, prompts, max_tokens=12)
         restored = _cache(pipe).stats.restored
-        second = _traced_many(pipe, prompts, max_tokens=12)
+        second = traced_many(pipe, prompts, max_tokens=12)
         assert _cache(pipe).stats.restored >= restored + 2
-        for (a, a_trace), (b, b_trace) in zip(first, second, strict=True):
+        for a, a_trace, b, b_trace in zip(*first, *second, strict=True):
             assert_lossless(a, a_trace, b, b_trace)  # (the shared passes are not the first time's)
 
 
