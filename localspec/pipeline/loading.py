@@ -127,27 +127,23 @@ def load(
 ) -> Pipeline:
     """Load a target and a draft (or a model-free drafter) into a reusable :class:`Pipeline`.
 
-    The draft settings come from the preset (its ``[draft]`` table, strategy included), then ``draft``,
-    then the explicit arguments, each overriding the one before. A draft model is loaded only when the
-    resulting strategy uses it.
+    The draft settings come from the preset (its ``[draft]`` table), then ``draft``, then the explicit
+    arguments, each overriding the one before; a draft model is loaded only when the strategy uses it.
 
     Args:
-        target: the target GGUF; None (and no ``preset``): the embedded pair.
+        target: the target GGUF; None (no ``preset`` either): the embedded pair.
         draft: a draft GGUF, ``"ngram"`` or ``"none"`` (a strategy without a draft model), or ``"auto"``
-            / None: the preset's draft, else automatic pairing (the best compatible draft the scanner
-            finds).
+            / None: the preset's draft, else the best compatible draft the scanner finds.
         preset: a preset name (downloaded on first use); not with ``target``.
-        n_ctx: the context; None: the preset's, else the default. Lowered to the target's trained
-            context when it asks for more.
+        n_ctx: the context; None: the preset's, else the default (at most the target's trained one).
         strategy: the drafting strategy (see :class:`DraftSettings`).
         n_max: the longest draft.
-        n_min: the draft model drafts at least this many tokens before ``p_min`` may stop it.
-        p_min: the draft model's top probability below which its draft stops.
+        n_min, p_min: the draft model drafts ``n_min`` tokens at least before a top probability below
+            ``p_min`` stops its draft.
         adaptive: let the adaptive controller pick the draft model's lengths.
         progress: called as ``progress(what, done, total)`` while a preset downloads.
-        n_threads, n_gpu_layers, draft_n_threads, draft_n_gpu_layers, suffix_store, corpus,
-            store_namespace, rpc, tensor_split, parallel, prompt_cache_mb: as :class:`Pipeline` takes
-            them.
+        n_threads, n_gpu_layers, draft_n_threads, draft_n_gpu_layers, suffix_store, corpus, store_namespace,
+            rpc, tensor_split, parallel, prompt_cache_mb: as :class:`Pipeline` takes them.
 
     Returns:
         The loaded :class:`Pipeline` (close it, or use it as a context manager, to free the models).
@@ -157,8 +153,8 @@ def load(
         ValueError: both ``preset`` and ``target``.
         ModelNotFoundError: a model file that is missing, a folder, or not a regular file.
         RpcError: an rpc-server that does not answer (said within seconds), or a build without RPC.
-        LocalspecError: any other reason the pair cannot load (an incompatible pair, an unknown preset,
-            a failed download, a namespace no file can be named by, ...), with a hint.
+        LocalspecError: any other reason the pair cannot load (an incompatible pair, an unknown preset, a
+            failed download, ...), with a hint.
     """
     _refuse_empty_names(target=target, draft=draft, preset=preset)
     if preset is None and target is None:  # the embedded pair, with its preset's draft settings
