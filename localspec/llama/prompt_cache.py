@@ -28,7 +28,7 @@ from typing import Any
 
 import llama_cpp
 
-from localspec.llama.sequence import Sequence
+from localspec.llama.sequence import Sequence, common_length
 
 #: A held state shorter than this is not kept, nor copied back for fewer tokens than this: a few tokens cost
 #: little to evaluate again (a 27-token prompt took 0.3 s on a 2-core CPU; its copy, a millisecond).
@@ -75,7 +75,7 @@ class PromptCache:
         """Bytes its entries hold now."""
         return sum(e.size for e in self.entries)
 
-    def before_sync(self, seq: Sequence, context: list[int], keep_last: int = 0) -> None:
+    def before_sync(self, seq: Sequence, context: list[int], keep_last: int, own: int) -> int:
         """Before ``seq`` is trimmed to ``context`` (less its last ``keep_last`` tokens): keep what the trim
         would drop, and copy in the entry that holds more of ``context`` than ``seq`` does.
 
@@ -83,24 +83,29 @@ class PromptCache:
             seq: the sequence about to be synced.
             context: the tokens it is to hold.
             keep_last: the last tokens of ``context`` the caller evaluates itself.
+            own: how many leading tokens of ``context`` ``seq`` holds (:meth:`Sequence.common_prefix`).
+
+        Returns:
+            How many leading tokens of ``context`` ``seq`` holds now (``own``, or more when an entry came
+            back).
         """
         limit = len(context) - keep_last
-        own = seq.common_prefix(context, keep_last)
         if limit - own < MIN_TOKENS and seq.held - own < MIN_TOKENS:
-            return  # (a draft round's sync: little to drop, little to gain)
+            return own  # (a draft round's sync: little to drop, little to gain)
         whole = seq.handle.memory_kind != "attention"
         best, reach = self._best(context[: max(0, limit)], whole=whole)
         if seq.held - own >= MIN_TOKENS and not seq.owed:
             self._save(seq)
         if best is not None and reach >= own + MIN_TOKENS:
-            self._restore(seq, best, reach)
+            return reach if self._restore(seq, best, reach) else 0
+        return own
 
     def _best(self, context: list[int], *, whole: bool) -> tuple[_Entry | None, int]:
         """The entry that holds the longest prefix of ``context``, and how long (with ``whole``: an entry
         counts only when all of it is a prefix)."""
         best, reach = None, 0
         for e in self.entries:
-            n = _common(e.tokens, context)
+            n = common_length(e.tokens, context)
             if whole and n < len(e.tokens):
                 continue
             if n > reach:
@@ -136,7 +141,7 @@ class PromptCache:
             self.entries.remove(min(self.entries, key=lambda e: e.used))
             self.stats.evicted += 1
 
-    def _restore(self, seq: Sequence, entry: _Entry, reach: int) -> None:
+    def _restore(self, seq: Sequence, entry: _Entry, reach: int) -> bool:
         """Put ``entry``'s state in ``seq`` in place of what it holds, trimmed to ``reach`` tokens; when
         llama.cpp does not take it (no room in one piece), ``seq`` is left empty: its context is evaluated
         again, as without the cache."""
@@ -147,21 +152,14 @@ class PromptCache:
         self.stats.seconds += time.perf_counter() - t
         if got != entry.size:
             seq.clear()
-            return
+            return False
         seq.appended(list(entry.tokens))
         seq.truncate(reach)
         entry.used = self._tick()
         self.stats.restored += 1
         self.stats.restored_tokens += reach
+        return True
 
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
-
-
-def _common(a: tuple[int, ...], b: list[int]) -> int:
-    """The length of the longest common prefix of ``a`` and ``b``."""
-    n, top = 0, min(len(a), len(b))
-    while n < top and a[n] == b[n]:
-        n += 1
-    return n

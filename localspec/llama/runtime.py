@@ -393,9 +393,11 @@ class Model:
         tokens (the prompt cache first keeping what goes, and putting back a longer prefix it holds); returns
         the tokens of ``context`` that still need evaluating."""
         seq = seq or self.seq0
+        n = seq.common_prefix(context, keep_last)  # (once: this runs every draft round)
         if self.prompt_cache is not None:
-            self.prompt_cache.before_sync(seq, context, keep_last)
-        return seq.sync(context, keep_last)
+            n = self.prompt_cache.before_sync(seq, context, keep_last, n)
+        seq.truncate(n)
+        return context[n:]
 
     def decode(self, tokens: list[int], seq: Sequence | None = None) -> None:
         """Evaluate ``tokens`` after the ones ``seq`` (default sequence 0) holds, without any logits rows

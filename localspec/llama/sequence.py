@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from collections.abc import Sequence as SeqOf
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -71,6 +72,15 @@ class ContextHandle:
     n_seq: int  # sequences the context holds
     name: str  # the model file's name, for errors
     call: Callable[[Callable[[], Any]], Any]  # runs a llama.cpp call where the model's calls run
+
+
+def common_length(a: SeqOf[int], b: SeqOf[int], limit: int | None = None) -> int:
+    """The length of the longest common prefix of ``a`` and ``b`` (at most ``limit``)."""
+    top = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
+    n = 0
+    while n < top and a[n] == b[n]:
+        n += 1
+    return n
 
 
 class Sequence:
@@ -163,12 +173,7 @@ class Sequence:
 
     def common_prefix(self, context: list[int], keep_last: int = 0) -> int:
         """How many leading tokens of ``context`` (less its last ``keep_last``) this sequence holds."""
-        limit = len(context) - keep_last
-        n, mine = 0, self.tokens
-        top = min(len(mine), limit)
-        while n < top and mine[n] == context[n]:
-            n += 1
-        return n
+        return common_length(self.tokens, context, len(context) - keep_last)
 
     def sync(self, context: list[int], keep_last: int = 0) -> list[int]:
         """Trim to the longest common prefix with ``context`` minus its last ``keep_last`` tokens.
